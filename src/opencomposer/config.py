@@ -1,0 +1,93 @@
+"""Configs: pydantic models loaded from TOML, strict about keys and values.
+
+Every entry point has one root model. ``load_config(path, Model)`` reads a TOML file and
+turns any problem into a ``ConfigError`` that names the file, the key and what was
+expected, e.g.::
+
+    configs/demo.toml: key 'agent.max_turns': expected an integer >= 1, got 0
+
+Test: ``pytest tests/unit/test_config.py``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message says where and why."""
+
+
+class Strict(BaseModel):
+    """Base of every config model: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AgentConfig(Strict):
+    max_turns: int = Field(50, ge=1, description="model turns before the episode is cut")
+    max_tokens: int = Field(64_000, ge=1, description="total prompt+completion tokens")
+    max_seconds: float = Field(600.0, gt=0, description="wall clock for one episode")
+    command_timeout: float = Field(60.0, gt=0, description="seconds for one `run` call")
+    max_output_chars: int = Field(16_000, ge=256, description="cap on one observation")
+    search_max_results: int = Field(50, ge=1)
+
+
+class SandboxConfig(Strict):
+    backend: Literal["local", "namespace"] = "local"
+
+
+class TaskMakeConfig(Strict):
+    max_tasks: int = Field(100, ge=1)
+    seed: int = 0
+    levels: list[Literal["body", "function"]] = ["body", "function"]
+    max_candidates: int = Field(400, ge=1, description="deletions tried per source")
+    test_timeout: float = Field(300.0, gt=0)
+
+
+class AgentRunConfig(Strict):
+    """Root config of ``opencomposer agent``."""
+
+    agent: AgentConfig = AgentConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"key '{loc}': unknown key (check the spelling; allowed keys are the model's fields)"
+    if kind == "missing":
+        return f"key '{loc}': required but missing"
+    got = err.get("input")
+    return f"key '{loc}': {err['msg'].lower()}, got {got!r}"
+
+
+def validate(data: dict[str, Any], model: type[M], source: str) -> M:
+    """Validate a dict against ``model``; errors name ``source`` and every bad key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{source}: {_describe(err)}" for err in e.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: str | Path, model: type[M]) -> M:
+    """Read TOML at ``path`` into ``model``. Missing file, bad TOML and bad keys all raise ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
+    return validate(data, model, str(path))

@@ -1,0 +1,166 @@
+"""Every seam of opencomposer on one page.
+
+A newcomer reads this file to learn what talks to what:
+
+    TaskSource -> Task -> Sandbox <- tools <- Harness loop <-> Policy
+                                                 |
+                                             Trajectory -> RewardFn
+
+Implementations live in the component folders (``sandbox/``, ``harness/``, ``tasks/``,
+``rewards/``); nothing here imports them, so every module may import this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass
+class ToolCall:
+    """One tool call as the policy asked for it.
+
+    ``arguments`` is the parsed JSON object; when the call could not be parsed,
+    ``error`` says why and ``raw`` keeps the text, so the harness can answer with an
+    error observation and count an invalid call instead of dropping it.
+    """
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+    raw: str = ""
+    error: str | None = None
+
+
+@dataclass
+class Message:
+    """A chat message in OpenAI shape: role is system | user | assistant | tool."""
+
+    role: str
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class PolicyOutput:
+    """What a policy returns for one turn.
+
+    ``text`` is the raw assistant text (tool calls included, in the model's own format
+    for local models); ``tool_calls`` are the parsed calls. Token-level fields are
+    filled by local-model policies and used by RL; other policies leave them empty.
+    """
+
+    text: str
+    tool_calls: list[ToolCall]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    policy_version: int = 0
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that answers a conversation with text and tool calls.
+
+    Implementations: the scripted oracle (``harness/oracle.py``), a local model
+    (``models/``), any OpenAI-compatible endpoint (``harness/openai_policy.py``).
+    """
+
+    name: str
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput: ...
+
+
+# --------------------------------------------------------------------------- sandbox
+
+
+@dataclass
+class ExecResult:
+    """Result of one command in a sandbox. ``output`` is stdout+stderr interleaved, capped."""
+
+    exit_code: int
+    output: str
+    timed_out: bool = False
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated copy-on-write workspace made from a task's base image.
+
+    Paths given to ``read_file``/``write_file``/``list_dir`` are relative to the
+    workspace root; anything that resolves outside it raises ``PathEscape``.
+    """
+
+    backend: str
+    workdir: str  # the workspace root as commands inside the sandbox see it
+
+    def exec(
+        self,
+        command: str | list[str],
+        timeout: float = 60.0,
+        max_output: int = 32_000,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult: ...
+
+    def read_file(self, path: str) -> bytes: ...
+
+    def write_file(self, path: str, data: bytes) -> None: ...
+
+    def snapshot(self) -> str: ...
+
+    def restore(self, snapshot_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PathEscape(ValueError):
+    """A path that resolves outside the sandbox workspace."""
+
+
+@dataclass
+class SandboxSpec:
+    """How to build a sandbox: the read-only base image and the environment it runs in.
+
+    ``env_dir`` is the per-source Python environment (shared read-only by every task
+    of that source); ``pythonpath`` entries are relative to the workspace.
+    """
+
+    base_dir: Path
+    env_dir: Path | None = None
+    pythonpath: list[str] = field(default_factory=list)
+    network: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- tasks and rewards
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """Yields task directories (see ``tasks/format.py``) from some origin."""
+
+    def tasks(self, out_dir: Path) -> Iterator[Path]: ...
+
+
+@dataclass
+class RewardResult:
+    reward: float
+    passed: bool
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    def __call__(self, task: Any, sandbox: Sandbox) -> RewardResult: ...
