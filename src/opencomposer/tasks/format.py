@@ -63,7 +63,9 @@ class EnvironmentInfo(Strict):
 
 class TestsInfo(Strict):
     __test__ = False  # not a pytest class
-    command: str = Field(..., description="test runner command; node ids are appended")
+    command: str = Field(..., description="test runner command; the targets are appended")
+    files: list[str] = Field(..., min_length=1, description="workspace-relative test files the targets live in")
+    targets: list[str] = Field(..., min_length=1, description="runner arguments: test node ids or files")
     fail_to_pass: list[str] = Field(..., min_length=1)
     pass_to_pass: list[str] = Field(default_factory=list)
     timeout: float = Field(300.0, gt=0)

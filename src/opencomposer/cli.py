@@ -1,0 +1,216 @@
+"""`opencomposer <verb>`: parse arguments, build configs, call the component. No logic here.
+
+    opencomposer tasks make --source pypi:toolz==1.2.0 --out tasks/ --max 20
+    opencomposer tasks check tasks/ --sandbox namespace
+    opencomposer tasks list tasks/
+    opencomposer agent --task tasks/<id> --policy oracle --sandbox namespace
+
+Commands that check or measure print their result as one JSON line, last. Known
+failures (bad config, bad task, bad source) exit with code 2 and a one-line reason.
+
+Test: ``pytest tests/integration/test_cli.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opencomposer.config import AgentRunConfig, ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train coding agents in the harness they are deployed in.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Make, check and list coding tasks.")
+app.add_typer(tasks_app, name="tasks")
+err = Console(stderr=True)
+out = Console()
+
+
+def emit(result: dict) -> None:
+    """The machine-readable last line."""
+    print(json.dumps(result, default=str), flush=True)
+
+
+def known_errors() -> tuple[type[BaseException], ...]:
+    from opencomposer.sandbox.base import SandboxUnavailable
+    from opencomposer.tasks.envs import EnvError
+    from opencomposer.tasks.format import TaskFormatError
+    from opencomposer.tasks.pypi import SourceError
+
+    errs: list[type[BaseException]] = [ConfigError, TaskFormatError, SourceError, EnvError, SandboxUnavailable]
+    try:
+        from opencomposer.models import ModelLoadError
+        errs.append(ModelLoadError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def fail(e: BaseException) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+    emit({"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
+    raise typer.Exit(2)
+
+
+@tasks_app.command("make")
+def tasks_make(
+    source: str = typer.Option(..., help="pypi:NAME==VERSION"),
+    out_dir: Path = typer.Option(..., "--out", help="directory to write task directories into"),
+    max_tasks: int = typer.Option(50, "--max", min=1, help="stop after this many tasks"),
+    seed: int = typer.Option(0, help="seed for candidate order, levels and wording"),
+    sandbox: str = typer.Option("local", help="sandbox backend for validation runs"),
+    levels: str = typer.Option("body,function", help="comma-separated deletion levels"),
+    workers: int = typer.Option(2, min=1, help="candidates validated in parallel"),
+) -> None:
+    """Turn a real library into validated feature-deletion tasks."""
+    from opencomposer.tasks.make import make_tasks
+
+    lv = tuple(x.strip() for x in levels.split(",") if x.strip())
+    bad = [x for x in lv if x not in ("body", "function")]
+    if bad or not lv:
+        fail(ConfigError(f"--levels: unknown level(s) {bad or lv}; expected body and/or function"))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=False) as prog:
+            bar = prog.add_task(f"tasks from {source}", total=max_tasks)
+            rep = make_tasks(source, out_dir, max_tasks, seed, sandbox, lv, workers=workers,
+                             progress=lambda name, n, total: prog.update(bar, completed=n))
+    except known_errors() as e:
+        fail(e)
+    per_min = len(rep.made) / max(rep.seconds["total"], 1e-9) * 60
+    err.print(f"made {len(rep.made)} tasks from {rep.tried} candidates in {rep.seconds['total']}s "
+              f"({per_min:.1f}/min); rejected: {rep.rejected}")
+    emit({"source": source, "made": len(rep.made), "tried": rep.tried, "rejected": rep.rejected,
+          "baseline_passed": rep.baseline_passed, "seconds": rep.seconds,
+          "tasks_per_minute": round(per_min, 2), "out": str(out_dir)})
+
+
+@tasks_app.command("check")
+def tasks_check(
+    paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
+    sandbox: str = typer.Option("local", help="sandbox backend"),
+) -> None:
+    """Validate tasks: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
+    from opencomposer.tasks.check import check_task
+    from opencomposer.tasks.format import find_tasks
+
+    try:
+        found = find_tasks(paths)
+        results = []
+        with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err) as prog:
+            bar = prog.add_task("check", total=len(found))
+            for p in found:
+                results.append(check_task(p, sandbox))
+                prog.advance(bar)
+    except known_errors() as e:
+        fail(e)
+    table = Table("task", "ok", "F2P", "P2P", "leaks", "s", "problem")
+    for r in results:
+        table.add_row(Path(r.task).name, "yes" if r.ok else "[red]no[/]", str(r.f2p), str(r.p2p),
+                      str(r.leaks), f"{r.seconds:.1f}", (r.problems[0][:80] if r.problems else ""))
+    err.print(table)
+    ok = sum(r.ok for r in results)
+    emit({"checked": len(results), "ok": ok, "failed": len(results) - ok, "sandbox": sandbox,
+          "leaks": sum(r.leaks for r in results),
+          "failures": {Path(r.task).name: r.problems for r in results if not r.ok}})
+    if ok < len(results):
+        raise typer.Exit(1)
+
+
+@tasks_app.command("list")
+def tasks_list(paths: list[Path] = typer.Argument(..., help="task directories, or directories of them")) -> None:
+    """One row per task: id, level, symbol, tests, instruction length."""
+    from opencomposer.tasks.format import Task, TaskFormatError, find_tasks
+
+    table = Table("id", "level", "symbol", "F2P", "P2P", "chars")
+    rows, bad = [], []
+    for p in find_tasks(paths):
+        try:
+            t = Task.load(p)
+        except TaskFormatError as e:
+            bad.append(str(e))
+            continue
+        m = t.meta
+        rows.append(t)
+        table.add_row(t.id, m.feature.level, m.feature.symbol, str(len(m.tests.fail_to_pass)),
+                      str(len(m.tests.pass_to_pass)), str(len(t.instruction)))
+    out.print(table)
+    for b in bad:
+        err.print(f"[red]unreadable:[/] {b}")
+    lens = sorted(len(t.instruction) for t in rows)
+    emit({"tasks": len(rows), "unreadable": len(bad),
+          "median_instruction_chars": lens[len(lens) // 2] if lens else 0,
+          "levels": {lv: sum(t.meta.feature.level == lv for t in rows) for lv in sorted({t.meta.feature.level for t in rows})}})
+
+
+def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str]):
+    if kind == "oracle":
+        from opencomposer.harness.oracle import OraclePolicy
+        return OraclePolicy(task)
+    if kind == "model":
+        from opencomposer.models.policy import ModelPolicy
+        return ModelPolicy(model or "smollm2-135m")
+    if kind == "openai":
+        from opencomposer.harness.openai_policy import OpenAIPolicy
+        if not base_url:
+            raise ConfigError("--policy openai needs --base-url (any OpenAI-compatible endpoint)")
+        return OpenAIPolicy(model=model or "default", base_url=base_url, api_key=api_key)
+    raise ConfigError(f"--policy {kind!r}: expected oracle, model or openai")
+
+
+@app.command()
+def agent(
+    task_dir: Path = typer.Option(..., "--task", help="a task directory"),
+    policy: str = typer.Option("oracle", help="oracle | model | openai"),
+    model: Optional[str] = typer.Option(None, help="model name for --policy model/openai"),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai"),
+    api_key: Optional[str] = typer.Option(None, envvar="OPENAI_API_KEY", help="key for --policy openai"),
+    sandbox: str = typer.Option("local", help="local | namespace"),
+    config: Optional[Path] = typer.Option(None, help="TOML with [agent] limits"),
+    transcript: Optional[Path] = typer.Option(None, help="where to write the JSON transcript"),
+    verbose: bool = typer.Option(True, help="print each step"),
+) -> None:
+    """Run one episode on a task and print reward, turns, tool calls, invalid calls and time."""
+    from opencomposer.rl.episode import run_task
+    from opencomposer.tasks.format import Task
+
+    try:
+        cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
+        task = Task.load(task_dir)
+        pol = make_policy(policy, task, model, base_url, api_key)
+        transcript = transcript or Path("runs") / "transcripts" / f"{task.id}-{policy}-{int(time.time())}.json"
+        transcript.parent.mkdir(parents=True, exist_ok=True)
+
+        def show(step) -> None:
+            if verbose:
+                for ev in step.tool_events:
+                    args = json.dumps(ev.arguments)[:70]
+                    state = "ok" if ev.ok else ("[red]invalid[/]" if ev.invalid else "[yellow]error[/]")
+                    err.print(f"  turn {step.turn:>2} {ev.name or '?'} {args} -> {state}", highlight=False)
+
+        res = run_task(task, pol, sandbox, cfg.agent, transcript, on_step=show)
+    except known_errors() as e:
+        fail(e)
+    s = res.summary()
+    err.print(f"reward {s['reward']}  exit {s['exit_reason']}  turns {s['turns']}  tool calls "
+              f"{s['tool_calls']}  invalid {s['invalid_calls']}  {s['seconds']['total']}s  transcript {transcript}")
+    emit({**s, "policy": policy, "sandbox": sandbox, "transcript": str(transcript)})
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

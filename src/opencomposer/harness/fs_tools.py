@@ -1,0 +1,155 @@
+"""File tools: read_file, edit_file, write_file, over the Sandbox file API.
+
+Paths reaching these functions were already normalised by ``tools.workspace_path``; the
+sandbox still raises ``PathEscape`` for symlinks that lead outside. Problems the model
+can fix (missing file, ambiguous edit) raise ``ToolError``, which ``tools.execute`` turns
+into an ``Error: ...`` observation; a failed edit never changes the file.
+
+``read_file`` output is one ``{n:>6}\\t{line}`` row per line, then notices in ``[...]``;
+``numbered_lines`` parses it back (the oracle policy relies on that).
+
+Test: ``pytest tests/unit/harness/test_tools.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from opencomposer.config import AgentConfig
+from opencomposer.protocols import Sandbox
+
+NO_NEWLINE = "\\ No newline at end of file"
+LINE_CUT = " ...[line cut]"  # ends a row whose line was too long to show whole
+_ROW = re.compile(r"^ *(\d+)\t(.*)$")
+
+
+class ToolError(Exception):
+    """A tool could not do what was asked; the message is shown to the model."""
+
+
+def _read_text(sandbox: Sandbox, path: str) -> str:
+    try:
+        data = sandbox.read_file(path)
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise ToolError(f"{path} is a directory; use list_dir to see what it holds") from None
+    if b"\0" in data[:8192]:
+        raise ToolError(f"{path} is a binary file ({len(data)} bytes); only text files can be read or edited")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{path} is not UTF-8 text") from None
+
+
+def _rows(lines: list[str], first: int) -> list[str]:
+    return [f"{first + i:>6}\t{line}" for i, line in enumerate(lines)]
+
+
+def read_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
+    path = args["path"]
+    text = _read_text(sandbox, path)
+    if not text:
+        return f"({path} is empty)"
+    lines = text.split("\n")
+    ends_with_newline = lines[-1] == ""
+    if ends_with_newline:
+        lines.pop()
+    n = len(lines)
+    start, end = args.get("start_line", 1), args.get("end_line", n)
+    if start > n:
+        raise ToolError(f"start_line {start} is past the end: {path} has {n} lines")
+    if start < 1 or end < start:
+        raise ToolError(f"bad line range {start}-{end}: need 1 <= start_line <= end_line")
+    end = min(end, n)
+    budget = cfg.max_output_chars - 200  # room for the notice
+    out: list[str] = []
+    used = 0
+    for i in range(start, end + 1):
+        row = f"{i:>6}\t{lines[i - 1]}"
+        if used + len(row) + 1 > budget:
+            if not out:  # one enormous line: show its start rather than nothing
+                out.append(row[:budget] + LINE_CUT)
+                i += 1
+            return "\n".join(out) + (
+                f"\n[output cut to {cfg.max_output_chars} chars: showing lines {start}-{i - 1} of {n}. "
+                f"Call read_file with start_line={i} to read further]"
+            )
+        out.append(row)
+        used += len(row) + 1
+    if end == n and not ends_with_newline:
+        out.append(NO_NEWLINE)
+    elif end < n:
+        out.append(f"[lines {start}-{end} of {n}]")
+    return "\n".join(out)
+
+
+def numbered_lines(observation: str) -> tuple[dict[int, str], bool]:
+    """Parse a read_file observation back into ``{line number: text}`` and whether the
+    file's last line has no newline. Notice lines in ``[...]`` are skipped."""
+    rows: dict[int, str] = {}
+    for line in observation.split("\n"):
+        m = _ROW.match(line)
+        if m:
+            rows[int(m.group(1))] = m.group(2)
+    return rows, NO_NEWLINE in observation.split("\n")
+
+
+def _n_lines(text: str) -> int:
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def _line_of(text: str, index: int) -> int:
+    return text.count("\n", 0, index) + 1
+
+
+def edit_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
+    path, old, new = args["path"], args["old"], args["new"]
+    if not old:
+        raise ToolError("old is empty; to create or overwrite a whole file use write_file")
+    if old == new:
+        raise ToolError("old and new are the same; nothing would change")
+    text = _read_text(sandbox, path)
+    count = text.count(old)
+    if count == 0:
+        hint = "read the file again and copy the text exactly, indentation and blank lines included"
+        if old.strip() and old.strip() in text:
+            hint = "it does occur with different leading/trailing whitespace; copy it exactly"
+        raise ToolError(f"old text not found in {path}; file unchanged. Hint: {hint}")
+    if count > 1:
+        starts, i = [], text.find(old)
+        while i >= 0 and len(starts) < 10:
+            starts.append(_line_of(text, i))
+            i = text.find(old, i + len(old))
+        raise ToolError(
+            f"old text occurs {count} times in {path} (at lines {', '.join(map(str, starts))}); "
+            "file unchanged. Include more surrounding lines so it occurs exactly once"
+        )
+    at = text.find(old)
+    sandbox.write_file(path, text.replace(old, new, 1).encode("utf-8"))
+    first = _line_of(text, at)
+    new_lines = _n_lines(new)
+    after = (text[:at] + new + text[at + len(old) :]).split("\n")
+    lo, hi = max(first - 3, 1), min(first + new_lines + 2, len(after))
+    snippet = "\n".join(_rows(after[lo - 1 : hi], lo)[:40])
+    return (
+        f"Edited {path}: replaced {_n_lines(old)} line(s) at line {first} with {new_lines} line(s).\n"
+        f"{snippet}"
+    )
+
+
+def write_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
+    path, content = args["path"], args["content"]
+    data = content.encode("utf-8")
+    try:
+        sandbox.write_file(path, data)
+    except FileNotFoundError:  # a missing parent directory: create it and retry once
+        parent = path.rsplit("/", 1)[0] if "/" in path else "."
+        made = sandbox.exec(["mkdir", "-p", "--", parent], timeout=30)
+        if made.exit_code != 0:
+            raise ToolError(f"could not create directory {parent}: {made.output.strip()}") from None
+        sandbox.write_file(path, data)
+    except IsADirectoryError:
+        raise ToolError(f"{path} is a directory; give a file path") from None
+    return f"Wrote {path}: {_n_lines(content)} line(s), {len(data)} bytes."

@@ -1,0 +1,189 @@
+"""``ModelPolicy``: a local Hugging Face model behind the ``Policy`` protocol.
+
+One ``act(messages, tools)`` is one assistant turn: render the prompt with
+``chat.render_prompt`` (the only prompt builder), sample with HF ``generate`` until a
+stop token or the token budget, then parse ``<tool_call>`` blocks with the harness codec.
+
+    policy = ModelPolicy("smollm2-135m", temperature=0.7, seed=0)
+    out = policy.act([Message("user", "Say hello")], tools=[])
+    out.text, out.tool_calls, out.token_ids, out.logprobs, out.finish_reason
+
+Token-level fields, for RL:
+
+* ``token_ids`` are the sampled completion ids, the stop token included when the turn
+  ended on one (the model must learn to emit it); ``text`` is their decoding without it.
+* ``logprobs[i]`` is log p(token_ids[i]) under the distribution the sampler actually drew
+  from: the model's logits after the logits processors (temperature, top-k, top-p),
+  renormalised, i.e. ``compute_transition_scores(..., normalize_logits=True)`` on
+  ``output_scores``. Tokens outside the top-p/top-k set have -inf there, but a sampled
+  token never does, so every value is finite and <= 0. With ``temperature=0`` (greedy)
+  no warpers run and these are the model's plain temperature-1 log-probabilities.
+  A trainer computing importance ratios must apply the same temperature to its logits.
+* The model's own ``generation_config.json`` sampling defaults (Qwen ships top_k=20 and
+  repetition_penalty=1.05, for instance) are overridden, so the sampler is exactly what
+  this class's arguments say and the logprobs mean what is written above.
+
+Context: the policy never edits the conversation. If the rendered prompt leaves no room
+in the model's context it raises ``ContextLengthError`` (the harness owns shortening the
+history, by self-summarisation); silently dropping turns here would make the prompt the
+model saw differ from ``render_prompt(messages)``, which is what RL training recomputes.
+When the prompt fits but ``max_new_tokens`` would overflow, the budget shrinks to the room
+left and a turn that fills it ends with ``finish_reason="length"``.
+
+Test: ``pytest tests/unit/models/test_policy.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from opencomposer.harness import codec
+from opencomposer.models.chat import encode_prompt, ensure_chat_template, render_prompt
+from opencomposer.models.registry import DEFAULT_MODEL, load_model
+from opencomposer.protocols import Message, PolicyOutput
+
+# Values that switch off every logits processor we do not ask for, so none can sneak in
+# from the model's generation_config.json (``generate`` fills unset fields from there).
+_NEUTRAL = dict(
+    repetition_penalty=1.0,
+    typical_p=1.0,
+    epsilon_cutoff=0.0,
+    eta_cutoff=0.0,
+    no_repeat_ngram_size=0,
+    min_new_tokens=0,
+)
+
+
+class ContextLengthError(ValueError):
+    """The rendered prompt leaves no room to generate in the model's context window."""
+
+
+class ModelPolicy:
+    """A local causal LM answering harness conversations; implements ``Policy``.
+
+    ``model`` is a name for ``load_model`` (``"smollm2-135m"``, ``"tiny-random"``, a path,
+    a hub id) or an already loaded ``(model, tokenizer)`` pair, e.g. one a trainer updates
+    in place (then bump ``policy_version`` so trajectories record which weights sampled).
+    ``seed`` makes sampling reproducible: call *n* uses seed ``seed + n``, drawn from a
+    private RNG state, so the caller's global torch RNG is left untouched.
+    """
+
+    def __init__(
+        self,
+        model: str | tuple[Any, Any] = DEFAULT_MODEL,
+        *,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int = 512,
+        seed: int | None = None,
+        max_context: int | None = None,
+        name: str | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        policy_version: int = 0,
+    ) -> None:
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or max_new_tokens < 1:
+            raise ValueError(
+                f"bad sampling settings: temperature={temperature} (>= 0), top_p={top_p} "
+                f"(in (0, 1]), top_k={top_k} (>= 0, 0 = off), max_new_tokens={max_new_tokens} (>= 1)"
+            )
+        if isinstance(model, str):
+            self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
+            self.name = name or model
+        else:
+            self.model, self.tokenizer = model
+            ensure_chat_template(self.tokenizer)
+            self.name = name or str(getattr(self.model.config, "_name_or_path", "") or "local-model")
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.max_context = max_context or int(self.model.config.max_position_embeddings)
+        self.policy_version = policy_version
+        self.stop_ids = stop_token_ids(self.model, self.tokenizer)
+        self._calls = 0
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
+        prompt_ids = encode_prompt(self.tokenizer, render_prompt(self.tokenizer, messages, tools))
+        room = self.max_context - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"prompt is {len(prompt_ids)} tokens but {self.name}'s context is "
+                f"{self.max_context}; shorten the conversation (summarise or drop old turns)"
+            )
+        ids, logprobs = self._sample(prompt_ids, min(self.max_new_tokens, room))
+        stopped = bool(ids) and ids[-1] in self.stop_ids
+        text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
+        _, calls = codec.parse_tool_calls(text)
+        return PolicyOutput(
+            text=text,
+            tool_calls=calls,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(ids),
+            token_ids=ids,
+            logprobs=logprobs,
+            policy_version=self.policy_version,
+            finish_reason="stop" if stopped else "length",
+        )
+
+    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
+        """The full sampler definition for one turn (public so trainers can mirror it)."""
+        greedy = self.temperature == 0
+        # Greedy runs no warpers; it gets HF's own defaults because any other value only
+        # draws an "ignored flag" warning on every turn.
+        return GenerationConfig(
+            do_sample=not greedy,
+            temperature=1.0 if greedy else self.temperature,
+            top_p=1.0 if greedy else self.top_p,
+            top_k=50 if greedy else self.top_k,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(self.stop_ids),
+            pad_token_id=_pad_id(self.tokenizer, self.stop_ids),
+            output_scores=True,
+            return_dict_in_generate=True,
+            **_NEUTRAL,
+        )
+
+    @torch.no_grad()
+    def _sample(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+        device = self.model.device
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+        config = self.generation_config(max_new_tokens)
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=self.seed is not None):
+            if self.seed is not None:
+                torch.manual_seed(self.seed + self._calls)
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
+        self._calls += 1
+        scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        ids = out.sequences[0, len(prompt_ids) :].tolist()
+        return ids, scores[0, : len(ids)].float().tolist()
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a turn: the tokenizer's EOS, the model's EOS ids, and <|im_end|>.
+
+    ChatML models (SmolLM2, Qwen) end a turn with <|im_end|> even when their EOS is
+    <|endoftext|>, so it is added whenever the vocabulary has it.
+    """
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    if not ids:
+        raise ValueError("model and tokenizer define no EOS token; cannot tell when a turn ends")
+    return ids
+
+
+def _pad_id(tokenizer: Any, stop_ids: set[int]) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)

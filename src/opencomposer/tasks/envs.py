@@ -1,0 +1,81 @@
+"""Per-source Python environments: one venv per library release, shared read-only by its tasks.
+
+``build_env(layout, name, dest)`` creates a virtualenv with the library's runtime and
+test requirements (never the library itself: the original package must be importable
+only from a task's workspace), checks that claim, and writes ``env.json`` describing
+what was installed. Built in a temporary directory and renamed into place, so a
+killed build leaves nothing half-made; an existing complete env is reused.
+
+Test: ``pytest tests/integration/test_tasks_make.py`` (builds a real env).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from opencomposer.tasks.layout import ProjectLayout
+
+
+class EnvError(RuntimeError):
+    """The environment for a source could not be built; the message carries pip's reason."""
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = sys.executable,
+              timeout: float = 900.0) -> Path:
+    """Create (or reuse) the env at ``dest``; returns ``dest``."""
+    if (dest / "env.json").exists():
+        return dest
+    own = canonicalize_name(dist_name)
+    reqs = [r for r in layout.requirements if canonicalize_name(Requirement(r).name) != own]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    t0 = time.time()
+    try:
+        # venv paths are absolute; build at the final path's sibling, then rename and
+        # only ever run ``python -m ...`` (console-script shebangs would point at tmp).
+        r = _run([python, "-m", "venv", str(tmp)], 300)
+        if r.returncode:
+            raise EnvError(f"{dest}: venv creation failed: {r.stderr.strip()[-2000:]}")
+        pip = [str(tmp / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", "-q",
+               "--disable-pip-version-check"]
+        r = _run(pip + reqs, timeout)
+        if r.returncode:
+            # Optional test plugins often fail to build; retry with the essentials only.
+            essential = [x for x in reqs if "extra" not in x]
+            r2 = _run(pip + ["pytest"] + [x for x in essential if not x.startswith("pytest")], timeout)
+            if r2.returncode:
+                raise EnvError(
+                    f"{dest}: installing the test requirements {reqs} failed:\n{r.stderr.strip()[-3000:]}"
+                )
+        for pkg in layout.packages:
+            probe = _run([str(tmp / "bin" / "python"), "-c", f"import {pkg}"], 120)
+            if probe.returncode == 0:
+                raise EnvError(
+                    f"{dest}: the library's package {pkg!r} is importable from the environment itself "
+                    "(a dependency pulled it in); tasks would leak the deleted code"
+                )
+        freeze = _run([str(tmp / "bin" / "python"), "-m", "pip", "freeze"], 120).stdout.split()
+        manifest = {"requirements": reqs, "installed": freeze, "python": python,
+                    "seconds": round(time.time() - t0, 1)}
+        (tmp / "env.json").write_text(json.dumps(manifest, indent=1))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+        # the venv's own python symlinks stay valid; fix pyvenv.cfg-independent paths
+        return dest
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,119 @@
+"""Instructions: the terse request an agent gets for a deleted feature, as a developer writes one.
+
+An instruction names the missing behaviour (symbol, file, and a one-line summary taken from
+the first sentence of the docstring) and never the solution: no code from the deleted body.
+Several phrasings, picked by ``rng``, so a policy cannot learn to key on one template::
+
+    make_instruction(cand, "body", function_source, random.Random(0))
+    # "`chunked` in more_itertools/more.py raises NotImplementedError. Implement it so it
+    #  behaves as its docstring and the rest of the library expect."
+
+Test: ``.venv/bin/python -m pytest tests/unit/test_instructions.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+import textwrap
+
+from opencomposer.tasks.deletion import Candidate
+
+MAX_SUMMARY = 140  # characters of docstring summary; keeps the median instruction short
+
+# {sym}: `name` or `Class.method`; {file}: workspace path; {what}: the docstring summary.
+BODY = [
+    "{sym} in {file} raises NotImplementedError. Implement it so it behaves as its docstring "
+    "and the rest of the library expect.",
+    "{sym} ({file}) is only a stub that raises NotImplementedError. Write the real body.",
+    "The body of {sym} in {file} is missing. Implement it so the library works again.",
+    "{file}: {sym} is unimplemented. Fill it in.",
+]
+BODY_WHAT = [
+    "{sym} in {file} raises NotImplementedError. Implement it: {what}",
+    "Implement {sym} in {file} (it currently raises NotImplementedError). "
+    "Its docstring says: {what}",
+    "{file}: {sym} is a stub. It should do what its docstring says: {what}",
+]
+FUNCTION = [
+    "{file} lost {sym}; callers still use it. Add it back.",
+    "{sym} was removed from {file}, but the rest of the library still uses it. Restore it.",
+    "Add the missing {sym} to {file} so its callers work again.",
+]
+FUNCTION_WHAT = [
+    "{file} lost {sym}; callers still use it. Add it back. It should: {what}",
+    "Restore {sym} in {file}; the library still uses it. What it did: {what}",
+    "{sym} is missing from {file} and callers break. Bring it back: {what}",
+]
+METHOD = [
+    "Class `{cls}` in {file} lost its method `{name}`; callers still use it. Add it back.",
+    "{sym} was removed from {file}, but the library still calls it. Restore the method.",
+]
+METHOD_WHAT = [
+    "Class `{cls}` in {file} lost its method `{name}`, which callers still use. "
+    "Add it back: {what}",
+    "Restore the method {sym} in {file}; it is still called. What it did: {what}",
+]
+
+
+def make_instruction(
+    cand: Candidate, level: str, source_text_of_function: str, rng: random.Random
+) -> str:
+    """A one- or two-sentence instruction for deleting ``cand`` at ``level`` ("body"/"function").
+
+    ``source_text_of_function`` is the original definition (decorators optional); only its
+    docstring is read.
+    """
+    what = docstring_summary(source_text_of_function, cand.name)
+    if level == "body":
+        templates = BODY_WHAT if what else BODY
+    elif level == "function":
+        is_method = "." in cand.qualname
+        templates = (METHOD_WHAT if what else METHOD) if is_method else (
+            FUNCTION_WHAT if what else FUNCTION)
+    else:
+        raise ValueError(f"{cand.id}: unknown deletion level {level!r}; use 'body' or 'function'")
+    cls, _, name = cand.qualname.rpartition(".")
+    return rng.choice(templates).format(
+        sym=f"`{cand.qualname}`", file=cand.file, what=what, cls=cls, name=name
+    )
+
+
+def docstring_summary(source_text_of_function: str, name: str = "") -> str:
+    """The docstring's first sentence, one line, at most MAX_SUMMARY characters; "" if none.
+
+    Skips a leading repeated signature and doctest/reST lines.
+    """
+    doc = _docstring(source_text_of_function)
+    if not doc:
+        return ""
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", doc) if p.strip()]
+    for para in paragraphs:
+        if name:  # drop a repeated signature: "_split(text : string) -> [string]"
+            para = re.sub(rf"^{re.escape(name)}\(.*?\)(\s*->\s*\S+)?[\s.:-]*", "", para)
+        if not para or para.startswith((">>>", "..", ":")):
+            continue
+        return _truncate(re.split(r"(?<=[.!?])\s+(?=[A-Z(`\"'])", para, maxsplit=1)[0])
+    return ""
+
+
+def _docstring(source: str) -> str | None:
+    """The first definition's docstring; tolerant of indentation (methods come indented)."""
+    text = textwrap.dedent(source)
+    for attempt in (text, "class _:\n" + text):
+        try:
+            tree = ast.parse(attempt)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return ast.get_docstring(node)
+    return None
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= MAX_SUMMARY:
+        return text
+    cut = text[: MAX_SUMMARY - 3].rsplit(" ", 1)[0]
+    return cut.rstrip(",;:") + "..."

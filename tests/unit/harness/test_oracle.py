@@ -1,0 +1,167 @@
+"""The oracle solves hand-made feature-deletion tasks through the ordinary tools."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+
+from opencomposer.harness.loop import run_episode
+from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.harness.patch import split_lines
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks.deletion import make_patch
+from opencomposer.tasks.format import Task, TaskMeta, write_task_toml
+
+STATS = '''\
+"""Small statistics helpers."""
+
+
+def mean(xs):
+    if not xs:
+        raise ValueError("mean of an empty sequence")
+    return sum(xs) / len(xs)
+
+
+def span(xs):
+    return max(xs) - min(xs)
+'''
+STATS_DELETED = STATS.replace(
+    '    if not xs:\n        raise ValueError("mean of an empty sequence")\n    return sum(xs) / len(xs)\n',
+    "    raise NotImplementedError\n",
+)
+
+SHAPES = "".join(f"# filler line {i}\n" for i in range(60)) + '''\
+class Square:
+    def area(self):
+        return self.side ** 2
+
+    def name(self):
+        raise NotImplementedError
+
+
+class Circle:
+    def area(self):
+        return 3.14159 * self.r ** 2
+
+    def name(self):
+        return "circle"
+'''
+SHAPES_DELETED = SHAPES.replace('        return "circle"\n', "        raise NotImplementedError\n")
+
+
+def diff(path: str, old: str | None, new: str, context: int = 3) -> str:
+    a = f"a/{path}" if old is not None else "/dev/null"
+    return "".join(difflib.unified_diff(split_lines(old or ""), split_lines(new), a, f"b/{path}", n=context))
+
+
+def make_task(root: Path, original: dict[str, str], deleted: dict[str, str], patch: str, symbol: str) -> Task:
+    """A task dir: workspace holds ``deleted`` files, gold.patch turns them back into ``original``."""
+    for path, text in {**original, **deleted}.items():
+        target = root / "workspace" / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path in deleted:
+            target.write_text(deleted[path])
+        elif path.endswith("__init__.py"):
+            target.write_text(text)
+    (root / "solution").mkdir()
+    (root / "solution" / "gold.patch").write_text(patch)
+    (root / "instruction.md").write_text(f"Implement `{symbol}`.\n")
+    feature_file = symbol.rsplit(".", 1)[0].replace(".", "/") + ".py"
+    meta = TaskMeta(
+        id="hand-made-1",
+        source={"kind": "local", "spec": "mathy", "package": "mathy"},
+        feature={"level": "body", "file": feature_file, "symbol": symbol},
+        tests={"command": "python -m pytest -q", "files": ["tests/test_stats.py"],
+               "targets": ["tests/test_stats.py::test_mean"], "fail_to_pass": ["tests/test_stats.py::test_mean"]},
+    )
+    write_task_toml(root / "task.toml", meta)
+    return Task.load(root)
+
+
+def solve(task: Task, cfg):
+    spec = SandboxSpec(base_dir=task.workspace, env_dir=Path(sys.prefix))
+    sb = make_sandbox(spec, "local")
+    policy = OraclePolicy(task)
+    traj = run_episode(task.instruction, sb, policy, cfg, task_id=task.id)
+    return sb, traj
+
+
+def test_oracle_restores_a_function_body(tmp_path, cfg):
+    patch = make_patch(STATS, STATS_DELETED, "mathy/stats.py")  # how real tasks get their gold patch
+    task = make_task(
+        tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+        {"mathy/stats.py": STATS_DELETED}, patch, "mathy.stats.mean",
+    )
+    sb, traj = solve(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/stats.py").decode() == STATS
+    assert traj.exit_reason == "submitted" and "mathy.stats.mean" in traj.final_message
+    assert traj.invalid_calls == 0 and traj.failed_calls == 0
+    names = [e.name for s in traj.steps for e in s.tool_events]
+    assert names == ["list_dir", "search", "read_file", "edit_file", "run", "submit"]
+    assert "mathy/stats.py:4:def mean(xs):" in traj.steps[1].tool_events[0].observation
+    assert traj.steps[4].tool_events[0].observation.startswith("exit code 0")
+    assert "<tool_call>" in traj.steps[0].text  # the text is what a local model would write
+
+
+def shapes_task(tmp_path: Path) -> Task:
+    """A hunk whose text (1 line of context) occurs twice: Square.name and Circle.name."""
+    patch = diff("mathy/shapes.py", SHAPES_DELETED, SHAPES, context=1)
+    return make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/shapes.py": SHAPES},
+                     {"mathy/shapes.py": SHAPES_DELETED}, patch, "mathy.shapes.Circle.name")
+
+
+def test_oracle_widens_the_context_when_the_hunk_is_not_unique(tmp_path, cfg):
+    sb, traj = solve(shapes_task(tmp_path), cfg)
+    with sb:
+        assert sb.read_file("mathy/shapes.py").decode() == SHAPES
+    edits = [e for s in traj.steps for e in s.tool_events if e.name == "edit_file"]
+    assert len(edits) == 2 and "occurs 2 times" in edits[0].observation and edits[1].ok
+    assert len(edits[1].arguments["old"]) > len(edits[0].arguments["old"])
+    assert traj.exit_reason == "submitted" and traj.failed_calls == 1
+
+
+def test_oracle_falls_back_to_write_file_when_widening_fails(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"max_output_chars": 400})  # too small a window to widen; reads take pages
+    sb, traj = solve(shapes_task(tmp_path), cfg)
+    with sb:
+        assert sb.read_file("mathy/shapes.py").decode() == SHAPES
+    events = [e for s in traj.steps for e in s.tool_events]
+    edit = next(e for e in events if e.name == "edit_file")
+    assert "occurs 2 times" in edit.observation
+    assert sum(e.name == "read_file" for e in events) >= 3  # around the hunk, then page by page
+    assert events[-2].name == "run" and events[-3].name == "write_file"
+    assert traj.exit_reason == "submitted" and "could not" not in traj.final_message
+
+
+def test_oracle_handles_several_files_hunks_and_a_new_file(tmp_path, cfg):
+    fillers = "".join(f"\n\ndef f{i}():\n    return {i}\n" for i in range(6))  # keeps the hunks apart
+    long_stats = STATS.split("\n\ndef span")[0] + fillers + "\n\ndef span(xs):\n    return max(xs) - min(xs)\n"
+    long_deleted = STATS_DELETED.split("\n\ndef span")[0] + fillers + "\n\ndef span(xs):\n    raise NotImplementedError\n"
+    original = {"mathy/__init__.py": "from mathy.stats import mean\n", "mathy/stats.py": long_stats,
+                "mathy/extra.py": "VALUE = 3\n"}
+    deleted = {"mathy/__init__.py": "", "mathy/stats.py": long_deleted}
+    patch = (diff("mathy/stats.py", long_deleted, long_stats) + diff("mathy/__init__.py", "", original["mathy/__init__.py"])
+             + diff("mathy/extra.py", None, "VALUE = 3\n"))
+    task = make_task(tmp_path / "task", original, deleted, patch, "mathy.stats.mean")
+    assert len(task.gold_patch.split("@@ -")) - 1 == 4
+    sb, traj = solve(task, cfg)
+    with sb:
+        for path, text in original.items():
+            assert sb.read_file(path).decode() == text, path
+        assert sb.exec("python -c 'import mathy; print(mathy.mean([1, 3]))'").output.strip() == "2.0"
+    assert traj.exit_reason == "submitted" and traj.invalid_calls == 0
+
+
+def test_oracle_starts_over_for_a_new_episode(tmp_path, cfg):
+    task = make_task(
+        tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+        {"mathy/stats.py": STATS_DELETED}, diff("mathy/stats.py", STATS_DELETED, STATS), "mathy.stats.mean",
+    )
+    policy = OraclePolicy(task)
+    for _ in range(2):
+        with make_sandbox(SandboxSpec(base_dir=task.workspace), "local") as sb:
+            traj = run_episode(task.instruction, sb, policy, cfg)
+            assert traj.exit_reason == "submitted" and sb.read_file("mathy/stats.py").decode() == STATS

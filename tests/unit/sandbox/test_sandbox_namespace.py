@@ -1,0 +1,69 @@
+"""Isolation that only the namespace backend promises: no network, hidden host, read-only system.
+
+Run: ``pytest tests/unit/sandbox -m namespace -q`` (skipped where bwrap cannot run).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox_testutil import NEEDS_NS
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox import SandboxUnavailable, make_sandbox
+from opencomposer.sandbox.namespace import NamespaceSandbox
+
+pytestmark = NEEDS_NS
+
+
+@pytest.fixture
+def ns(base_repo, venv_dir, tmp_path):
+    with make_sandbox(SandboxSpec(base_dir=base_repo, env_dir=venv_dir), backend="namespace", root=tmp_path) as sb:
+        yield sb
+
+
+def test_no_network(ns):
+    r = ns.exec("python -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=3)'", timeout=10)
+    assert r.exit_code != 0 and "unreachable" in r.output.lower(), r.output
+    assert ns.exec("getent hosts example.com", timeout=10).exit_code != 0
+
+
+def test_loopback_works_offline(ns):
+    # Tests that start a local server must still run without network.
+    code = "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); print('ok')"
+    assert ns.exec(f'python -c "{code}"').output.strip() == "ok"
+
+
+def test_secrets_and_host_dirs_are_hidden(ns, venv_dir):
+    assert ns.exec("cat /etc/shadow").exit_code != 0
+    assert ns.exec("test -e /etc/shadow").exit_code == 1
+    hidden = [f"/root/{n}" for n in os.listdir("/root") if n != ".pyenv"] + ["/home", "/work", "/var", "/opt"]
+    visible = ns.exec("for p in " + " ".join(hidden) + '; do test -e "$p" && echo "$p"; done; true').output
+    assert visible == "", f"host paths visible inside: {visible}"
+    # Only the venv itself shows up from the host's /tmp, plus the private HOME.
+    assert ns.exec("ls -A /tmp").output.split() == sorted(["home", str(venv_dir).split("/")[2]])
+
+
+def test_system_is_read_only_and_capabilities_dropped(ns):
+    assert ns.exec("touch /usr/oc_probe").exit_code != 0
+    assert not os.path.exists("/usr/oc_probe")
+    assert ns.exec(f"touch {ns.spec.env_dir}/oc_probe").exit_code != 0
+    assert ns.exec("grep CapEff /proc/self/status").output.split()[1] == "0" * 16
+    assert ns.exec("mount -t tmpfs none /usr").exit_code != 0
+
+
+def test_own_pid_namespace(ns):
+    # Only bwrap's init, the shell and ls itself: the host's processes are invisible.
+    pids = ns.exec("ls /proc | grep -c '^[0-9]'").output.strip()
+    assert int(pids) <= 4
+
+
+def test_tmp_is_private_per_exec(ns):
+    ns.exec("echo x > /tmp/scratch")
+    assert ns.exec("test -e /tmp/scratch").exit_code == 1
+
+
+def test_missing_bwrap_is_a_clear_error(base_repo):
+    with pytest.raises(SandboxUnavailable, match="/nonexistent/bwrap"):
+        NamespaceSandbox(SandboxSpec(base_dir=base_repo), bwrap="/nonexistent/bwrap")
