@@ -9,7 +9,10 @@ optionally also uses a real directory (``--real-dir``), then runs ``--n`` iterat
 timing each step. Prints a table (p50/p99/mean in ms; p99 is nearest-rank, so with
 n < 100 it is the maximum) and then one JSON line with every number, for RESULTS.md.
 
-Run: ``.venv/bin/python benchmarks/bench_sandbox.py --n 50``
+Copies dominate the local backend, so disk speed matters: ``--root /dev/shm`` puts the
+sandbox dirs on tmpfs (the base repo stays in the temp dir either way).
+
+Run: ``.venv/bin/python benchmarks/bench_sandbox.py --n 50 [--root /dev/shm]``
 """
 
 from __future__ import annotations
@@ -46,17 +49,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def bench(spec: SandboxSpec, backend: str, n: int) -> dict[str, dict[str, float]]:
+def bench(spec: SandboxSpec, backend: str, n: int, root: Path) -> dict[str, dict[str, float]]:
     times: dict[str, list[float]] = {s: [] for s in STEPS}
 
-    def timed(step, fn, *args):
+    def timed(step, fn, *args, **kwargs):
         t = time.perf_counter()
-        out = fn(*args)
+        out = fn(*args, **kwargs)
         times[step].append((time.perf_counter() - t) * 1000)
         return out
 
     for _ in range(n):
-        sb = timed("create", make_sandbox, spec, backend)
+        sb = timed("create", make_sandbox, spec, backend, root=root)
         r = timed("exec_true", sb.exec, "true")
         assert r.exit_code == 0, r.output
         timed("write_file", sb.write_file, "bench/new.txt", b"hello\n")
@@ -79,10 +82,14 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2000, help="files in the synthetic repo")
     ap.add_argument("--real-dir", type=Path, default=None, help="also benchmark on this directory")
     ap.add_argument("--backends", default="local,namespace")
+    ap.add_argument("--root", type=Path, default=None,
+                    help="where sandbox dirs go (default: the benchmark's temp dir; try /dev/shm)")
     args = ap.parse_args()
 
     results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="oc-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="oc-bench-") as tmp, tempfile.TemporaryDirectory(
+        prefix="oc-bench-sbx-", dir=args.root
+    ) as root:
         repos = {f"synthetic{args.files}": synthetic_repo(Path(tmp) / "repo", args.files)}
         if args.real_dir:
             repos[f"real:{args.real_dir}"] = args.real_dir.resolve()
@@ -90,7 +97,7 @@ def main() -> None:
             for backend in args.backends.split(","):
                 key = f"{backend}/{repo_name}"
                 try:
-                    results[key] = bench(SandboxSpec(base_dir=repo), backend, args.n)
+                    results[key] = bench(SandboxSpec(base_dir=repo), backend, args.n, Path(root))
                 except SandboxUnavailable as e:
                     results[key] = {"unavailable": str(e)}
 
@@ -103,6 +110,7 @@ def main() -> None:
             print(f"{key:<32}{step:<12}{v['p50_ms']:>10.2f}{v['p99_ms']:>10.2f}{v['mean_ms']:>10.2f}")
     meta = {
         "bench": "sandbox", "date": time.strftime("%Y-%m-%d"), "n": args.n, "files": args.files,
+        "root": str(args.root or tempfile.gettempdir()),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu {platform.release()}",
     }
     print(json.dumps({**meta, "results": results}, sort_keys=True))

@@ -45,11 +45,9 @@ def known_errors() -> tuple[type[BaseException], ...]:
     from opencomposer.tasks.pypi import SourceError
 
     errs: list[type[BaseException]] = [ConfigError, TaskFormatError, SourceError, EnvError, SandboxUnavailable]
-    try:
-        from opencomposer.models import ModelLoadError
-        errs.append(ModelLoadError)
-    except ImportError:
-        pass
+    registry = sys.modules.get("opencomposer.models.registry")  # only if a model was asked for
+    if registry is not None:
+        errs.append(registry.ModelLoadError)
     return tuple(errs)
 
 
@@ -96,20 +94,26 @@ def tasks_make(
 def tasks_check(
     paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
     sandbox: str = typer.Option("local", help="sandbox backend"),
+    workers: int = typer.Option(2, min=1, help="tasks checked in parallel"),
 ) -> None:
     """Validate tasks: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from opencomposer.tasks.check import check_task
     from opencomposer.tasks.format import find_tasks
 
     try:
         found = find_tasks(paths)
-        results = []
         with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err) as prog:
+                      console=err) as prog, ThreadPoolExecutor(workers) as ex:
             bar = prog.add_task("check", total=len(found))
-            for p in found:
-                results.append(check_task(p, sandbox))
+
+            def one(p: Path):
+                r = check_task(p, sandbox)
                 prog.advance(bar)
+                return r
+
+            results = list(ex.map(one, found))
     except known_errors() as e:
         fail(e)
     table = Table("task", "ok", "F2P", "P2P", "leaks", "s", "problem")

@@ -91,3 +91,7 @@ def load_config(path: str | Path, model: type[M]) -> M:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
     return validate(data, model, str(path))
+
+
+# Root model of each shipped config, by file-name prefix (configs/<root>[-variant].toml).
+ROOTS: dict[str, type[BaseModel]] = {"agent": AgentRunConfig}

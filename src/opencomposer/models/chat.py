@@ -15,7 +15,7 @@ How each harness message is rendered (Hermes / Qwen convention, see ``harness/co
   messages and the template wraps them; otherwise (SmolLM2, Llama, plain ChatML) we wrap
   them ourselves and send consecutive results as one ``user`` turn, as Qwen does.
 
-Test: ``pytest tests/unit/models/test_chat.py``.
+Test: ``pytest tests/unit/models/test_models_chat.py``.
 """
 
 from __future__ import annotations

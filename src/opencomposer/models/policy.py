@@ -30,11 +30,12 @@ model saw differ from ``render_prompt(messages)``, which is what RL training rec
 When the prompt fits but ``max_new_tokens`` would overflow, the budget shrinks to the room
 left and a turn that fills it ends with ``finish_reason="length"``.
 
-Test: ``pytest tests/unit/models/test_policy.py``.
+Test: ``pytest tests/unit/models/test_models_policy.py``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ from opencomposer.protocols import Message, PolicyOutput
 # Values that switch off every logits processor we do not ask for, so none can sneak in
 # from the model's generation_config.json (``generate`` fills unset fields from there).
 _NEUTRAL = dict(
-    repetition_penalty=1.0,
+
     typical_p=1.0,
     epsilon_cutoff=0.0,
     eta_cutoff=0.0,
@@ -97,7 +98,9 @@ class ModelPolicy:
         else:
             self.model, self.tokenizer = model
             ensure_chat_template(self.tokenizer)
-            self.name = name or str(getattr(self.model.config, "_name_or_path", "") or "local-model")
+            # from_pretrained records the directory or hub id; its last part names the model
+            origin = str(getattr(self.model.config, "_name_or_path", "") or "local-model")
+            self.name = name or Path(origin).name
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_new_tokens = max_new_tokens
         self.seed = seed
@@ -139,6 +142,7 @@ class ModelPolicy:
             temperature=1.0 if greedy else self.temperature,
             top_p=1.0 if greedy else self.top_p,
             top_k=50 if greedy else self.top_k,
+            min_p=None if greedy else 0.0,  # 0.0 keeps everything yet overrides a model default
             max_new_tokens=max_new_tokens,
             eos_token_id=sorted(self.stop_ids),
             pad_token_id=_pad_id(self.tokenizer, self.stop_ids),

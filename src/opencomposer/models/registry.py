@@ -16,7 +16,8 @@ Caches live under ``$OPENCOMPOSER_CACHE/models/<name>`` (default root
 ``~/.cache/opencomposer``). Each is written to a temp dir and renamed into place, so a
 crash or a second process never leaves a half-written model behind.
 
-Test: ``pytest tests/unit/models/test_registry.py`` (add ``-m slow`` for smollm2-135m).
+Test: ``pytest tests/unit/models/test_models_registry.py``; the real smollm2-135m load is
+``pytest tests/unit/models/test_models_smollm2.py -s`` (marked slow).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import transformers
@@ -40,6 +41,7 @@ KNOWN_NAMES = ("smollm2-135m", "tiny-random")
 # Bump when the conversion below changes, so stale caches are rebuilt rather than trusted.
 CACHE_VERSION = 1
 MARKER = "opencomposer.json"
+TINY_SEED = 0
 
 _HINT = (
     "Known names: 'smollm2-135m' (embedded default), 'tiny-random' (for tests), a local "
@@ -73,9 +75,9 @@ def load_model(
     """
     dtype = _as_dtype(dtype)
     if name == "smollm2-135m":
-        path = _cached("smollm2-135m", _build_smollm2)
+        path = build_cached("smollm2-135m", _build_smollm2)
     elif name == "tiny-random":
-        path = _cached("tiny-random", _build_tiny_random)
+        path = build_cached("tiny-random", _build_tiny_random)
     elif Path(name).expanduser().exists():
         path = Path(name).expanduser()
     elif name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
@@ -170,8 +172,9 @@ def _load_gguf(file: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- cached builds
 
 
-def _cached(name: str, build) -> Path:
-    """The cache dir for ``name``, built by ``build(tmp_dir)`` and renamed in if missing."""
+def build_cached(name: str, build: Callable[[Path], dict[str, Any]]) -> Path:
+    """The cache dir for ``name``; if missing or stale, ``build(tmp_dir)`` fills a temp dir
+    (returning a description of its source) that is then renamed into place."""
     final = model_cache_dir(name)
     if _valid_cache(final):
         return final
@@ -212,6 +215,15 @@ def _build_smollm2(out: Path) -> dict[str, Any]:
 
 def _build_tiny_random(out: Path) -> dict[str, Any]:
     tokenizer = _smollm2_tokenizer()
+    model = tiny_random_model(tokenizer)
+    _prepare_tokenizer(tokenizer, model.config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
+
+
+def tiny_random_model(tokenizer: Any) -> Any:
+    """The tiny-random weights: a function of the tokenizer and ``TINY_SEED`` only."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -226,13 +238,10 @@ def _build_tiny_random(out: Path) -> dict[str, Any]:
         pad_token_id=tokenizer.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
-        torch.manual_seed(0)
+        torch.manual_seed(TINY_SEED)
         model = LlamaForCausalLM(config)
     model.config._name_or_path = "tiny-random"
-    _prepare_tokenizer(tokenizer, model.config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return {"seed": 0, "tokenizer": "smollm2-135m"}
+    return model
 
 
 def _smollm2_tokenizer() -> Any:

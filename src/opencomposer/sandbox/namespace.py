@@ -15,6 +15,12 @@ unless ``spec.network``.
 Snapshots are copies of the upper dir (``cp -a`` keeps overlay whiteouts and opaque-dir
 xattrs); the initial state is an empty upper dir, so ``reset()`` costs almost nothing.
 
+Limits worth knowing: /tmp (and so HOME) is fresh for every command. The sandbox user
+is the host uid mapped to 0 with no capabilities, so base files owned by *another* host
+uid show up as ``nobody`` and cannot be edited: build base images owned by the uid that
+runs the sandboxes. One command at a time per sandbox: ``snapshot``/``restore`` must not
+race an ``exec`` (overlayfs does not allow changing the upper dir under a live mount).
+
 Test: ``pytest tests/unit/sandbox -m namespace -q`` (skipped where bwrap cannot run).
 """
 
@@ -169,9 +175,13 @@ class NamespaceSandbox(SandboxBase):
         self._root = Path(tempfile.mkdtemp(prefix=f"oc-ns-{self.id}-", dir=root)).resolve()
         self._finalizer = weakref.finalize(self, remove_tree, self._root)
         self._upper, self._work, self._snaps = (self._root / d for d in ("upper", "work", "snapshots"))
-        for d in (self._upper, self._work, self._snaps):
-            d.mkdir()
-        self._prefix = bwrap_prefix(bwrap, spec.network, str(base), str(self._upper), str(self._work), spec.env_dir)
+        try:
+            for d in (self._upper, self._work, self._snaps):
+                d.mkdir()
+            self._prefix = bwrap_prefix(bwrap, spec.network, str(base), str(self._upper), str(self._work), spec.env_dir)
+        except BaseException:  # e.g. a missing env_dir: leave no temp dir behind
+            self._finalizer()
+            raise
         self._closed = False
         self._n = 0
 

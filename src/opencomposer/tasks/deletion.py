@@ -5,16 +5,17 @@ examples) that makes a fair "implement the missing feature" task: a real body (>
 statements, <= ~60 lines), not an abstract stub, overload, property setter or boilerplate
 ``__init__``. Two deletion levels:
 
-- ``body``: decorators, signature and docstring stay; the body becomes ``raise NotImplementedError``.
+- ``body``: decorators, signature and docstring stay; the body becomes
+  ``raise NotImplementedError``.
 - ``function``: the whole definition goes, decorators included. Offered (``cand.level ==
   "function"``) only for module-level functions and methods whose name other library code
   still uses, so the callers point at what is missing.
 
 Edits are made on lines, never via ``ast.unparse``, so every untouched byte stays as it was::
 
-    cands = find_candidates(repo, ["more_itertools"])
+    c = find_candidates(repo, ["more_itertools"])[0]
     d = delete(read_source(repo / c.file), c, "body")   # d.after, d.removed, d.patch
-    delete_in_repo(repo, c, "function")                 # same, and writes the file
+    delete_in_repo(repo, c, "function")                 # the same, written to the file
 
 Only UTF-8 sources without a BOM are candidates, so str edits are byte-exact on disk.
 Test: ``.venv/bin/python -m pytest tests/unit/test_deletion.py``.
@@ -24,12 +25,13 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Literal
 
 Level = Literal["body", "function"]
@@ -45,8 +47,10 @@ SKIP_DECORATORS = frozenset(
 )
 ACCESSORS = frozenset({"setter", "getter", "deleter"})  # @prop.setter and friends
 STUB = "raise NotImplementedError"
+NO_NEWLINE = "\n\\ No newline at end of file\n"  # how diff marks a last line without one
 
-_NEWLINE = re.compile(r"\r\n|\r|\n")  # the line breaks ast counts; str.splitlines adds \f etc.
+# The line breaks ast counts; str.splitlines would also break at \f, \x1c, \u2028...
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
 class DeletionError(ValueError):
@@ -158,18 +162,19 @@ def find_candidates(
         for node, qualname, scope in _walk_defs(tree):
             cand = _judge(node, qualname, scope, lines, rel, used, min_statements, max_lines,
                           min_dunder_statements)
-            if cand and (hit is None or hit & set(range(cand.body_start_line, cand.end_lineno + 1))):
+            if cand and (hit is None or not hit.isdisjoint(
+                    range(cand.body_start_line, cand.end_lineno + 1))):
                 out.append(cand)
     return out
 
 
 def delete(source: str, cand: Candidate, level: Level) -> Deletion:
-    """Delete ``cand`` from ``source`` at ``level``; the result parses, all else is byte-identical."""
+    """Delete ``cand`` from ``source`` at ``level``; the result parses, the rest is untouched."""
     where = f"{cand.file}: {cand.qualname}"
     if level not in cand.levels:
         raise DeletionError(f"{where}: level {level!r} not allowed here (allowed: {cand.levels})")
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except SyntaxError as e:
         raise DeletionError(f"{where}: source does not parse: {e}") from None
     found = [(n, s) for n, q, s in _walk_defs(tree) if q == cand.qualname]
@@ -210,7 +215,7 @@ def definition_text(source: str, cand: Candidate) -> str:
 
 
 def delete_in_repo(repo: Path, cand: Candidate, level: Level) -> Deletion:
-    """Delete in place in ``repo / cand.file`` and return the Deletion (gold patch in ``.patch``)."""
+    """Delete in place in ``repo / cand.file``; the Deletion's ``.patch`` is the gold patch."""
     path = Path(repo) / cand.file
     d = delete(read_source(path), cand, level)
     path.write_bytes(d.after.encode("utf-8"))
@@ -243,11 +248,16 @@ def make_patch(before: str, after: str, path: str) -> str:
             body = [" " + x for x in a[i1:i2]] if tag == "equal" else (
                 ["-" + x for x in a[i1:i2]] + ["+" + x for x in b[j1:j2]])
             for line in body:
-                out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+                out.append(line if line.endswith("\n") else line + NO_NEWLINE)
     return "".join(out)
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)  # a file's candidates are deleted one after another
+def _parse(source: str) -> ast.Module:
+    return ast.parse(source)
 
 
 def _is_library_file(name: str) -> bool:
@@ -257,11 +267,7 @@ def _is_library_file(name: str) -> bool:
 
 def _split_lines(text: str) -> list[str]:
     """Lines with their endings, split exactly where ast counts a new line."""
-    out, pos = [], 0
-    for m in _NEWLINE.finditer(text):
-        out.append(text[pos : m.end()])
-        pos = m.end()
-    return out + [text[pos:]] if pos < len(text) else out
+    return _LINE.findall(text)
 
 
 def _nl_lines(text: str) -> list[str]:

@@ -24,13 +24,15 @@ MAX_SUMMARY = 140  # characters of docstring summary; keeps the median instructi
 
 # {sym}: `name` or `Class.method`; {file}: workspace path; {what}: the docstring summary.
 BODY = [
-    "{sym} in {file} raises NotImplementedError. Implement it so it behaves as its docstring "
-    "and the rest of the library expect.",
+    "{sym} in {file} raises NotImplementedError. Implement it so it behaves as the rest of "
+    "the library expects.",
     "{sym} ({file}) is only a stub that raises NotImplementedError. Write the real body.",
     "The body of {sym} in {file} is missing. Implement it so the library works again.",
     "{file}: {sym} is unimplemented. Fill it in.",
 ]
 BODY_WHAT = [
+    "{sym} in {file} raises NotImplementedError. Implement it so it behaves as its docstring "
+    "and the rest of the library expect.",
     "{sym} in {file} raises NotImplementedError. Implement it: {what}",
     "Implement {sym} in {file} (it currently raises NotImplementedError). "
     "Its docstring says: {what}",
@@ -46,14 +48,13 @@ FUNCTION_WHAT = [
     "Restore {sym} in {file}; the library still uses it. What it did: {what}",
     "{sym} is missing from {file} and callers break. Bring it back: {what}",
 ]
-METHOD = [
-    "Class `{cls}` in {file} lost its method `{name}`; callers still use it. Add it back.",
-    "{sym} was removed from {file}, but the library still calls it. Restore the method.",
+METHOD = [  # "method" would be wrong for a property, so the wording avoids it
+    "Class `{cls}` in {file} lost `{name}`; callers still use it. Add it back.",
+    "{sym} was removed from {file}, but the library still uses it. Restore it.",
 ]
 METHOD_WHAT = [
-    "Class `{cls}` in {file} lost its method `{name}`, which callers still use. "
-    "Add it back: {what}",
-    "Restore the method {sym} in {file}; it is still called. What it did: {what}",
+    "Class `{cls}` in {file} lost `{name}`, which callers still use. Add it back: {what}",
+    "Restore {sym} in {file}; it is still used. What it did: {what}",
 ]
 
 

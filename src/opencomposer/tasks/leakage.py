@@ -44,7 +44,13 @@ TOP_DIRS = frozenset({"build", "dist"})  # only at the top: a package may have a
 JUNK_SUFFIXES = (".pyc", ".pyo", ".orig", ".rej")
 ARCHIVES = (".whl", ".zip", ".egg", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 MAX_BYTES = 64 << 20  # bigger files are counted, not read: no source file is this big
-TRIVIAL = re.compile(r"(return|yield|raise|pass|break|continue)( [\w.]+)?|(else|try|finally)\s*:")
+# Machine code, weights, images, fonts: no source text in them, and most of an env's bytes.
+BINARY_SUFFIXES = tuple(
+    ".so .dylib .dll .pyd .a .o .lib .exe .bin .safetensors .pt .ckpt .npy .npz .png .jpg "
+    ".jpeg .gif .ico .woff .woff2 .ttf .otf .pdf .mo".split()
+)
+TRIVIAL = re.compile(
+    r"(return|yield|raise|pass|break|continue)( [\w.]+)?|(else|try|finally|while True)\s*:")
 SOURCE_SUFFIXES = (".py", ".pyi", ".pyx", ".pxd")
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "opencomposer", "GIT_AUTHOR_EMAIL": "tasks@opencomposer.invalid",
@@ -73,7 +79,7 @@ class ProbeResult:
     def clean(self) -> bool:
         return not self.hits
 
-    def suspects(self, min_lines: int = 3) -> dict[str, set[str]]:
+    def suspects(self, min_lines: int = 2) -> dict[str, set[str]]:
         """Places holding several distinct deleted lines: copies, not a common idiom that
         happens to recur (``for line in text.split("\\n"):`` is in many packages)."""
         found: dict[str, set[str]] = {}
@@ -120,7 +126,8 @@ def scrub_workspace(ws: Path) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(ws):
         here = Path(dirpath)
         for name in list(dirnames):
-            if name in CACHE_DIRS or name.endswith(".egg-info") or (here == ws and name in TOP_DIRS):
+            top = here == ws and name in TOP_DIRS
+            if name in CACHE_DIRS or name.endswith(".egg-info") or top:
                 dirnames.remove(name)
                 _remove(here / name)
                 removed.append((here / name).relative_to(ws).as_posix() + "/")
@@ -165,8 +172,8 @@ def probe(root_paths: list[Path], lines: list[str]) -> ProbeResult:
                 p = Path(dirpath, name)
                 if name == ".git" or p.is_symlink() or not p.is_file():
                     continue
-                if p.stat().st_size > MAX_BYTES:
-                    result.out.checked["too_big"] += 1
+                if name.lower().endswith(BINARY_SUFFIXES) or p.stat().st_size > MAX_BYTES:
+                    result.out.checked["not_read"] += 1
                     continue
                 result.blob(str(p), p.read_bytes())
     return result.out
@@ -232,7 +239,11 @@ class _Searcher:
         """Every object in the repo's database, reachable or not (stashes, reflogs, dangling)."""
         cmd = ["git", "-c", "safe.directory=*", "-C", str(worktree), "cat-file",
                "--batch-all-objects", "--batch"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError:  # no git binary: say so rather than pass silently
+            self.out.checked["git_unreadable"] += 1
+            return
         assert proc.stdout is not None
         while header := proc.stdout.readline():
             sha, kind, size = header.decode().split()

@@ -68,7 +68,9 @@ class Prepared:
 def prepare_source(source: str, out: Path, backend: str, timeout: float) -> Prepared:
     kind, _, spec = source.partition(":")
     if kind != "pypi" or not spec:
-        raise SourceError(f"--source {source!r}: expected pypi:NAME==VERSION (other sources arrive later)")
+        raise SourceError(
+            f"--source {source!r}: expected pypi:NAME==VERSION or pypi:PATH/TO/SDIST.tar.gz "
+            "(other sources arrive with the task-factory issue)")
     ref = fetch_sdist(spec)
     slug = f"{ref.name}-{ref.version}".lower().replace("_", "-")
     root = unpack_sdist(ref.path, cache_dir("sources") / slug)
@@ -181,7 +183,7 @@ def write_task(prep: Prepared, out: Path, d: "deletion.Deletion", targets: list[
         (tmp / "tests" / "test.sh").write_text(
             "#!/bin/sh\n# copy tests/files over the workspace first; run from the workspace root\n"
             f"exec {DEFAULT_COMMAND} {' '.join(shlex.quote(t) for t in targets)}\n")
-        original_def = "".join(d.before.splitlines(True)[cand.decorator_lineno - 1: cand.end_lineno])
+        original_def = deletion.definition_text(d.before, cand)
         instr = instructions.make_instruction(cand, level, original_def, rng)
         (tmp / "instruction.md").write_text(instr + "\n")
         meta = TaskMeta(

@@ -113,6 +113,7 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     """Extract ``archive`` under ``dest`` (replaced if present) and return the project root."""
     if dest.exists():
         shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
     try:
         if archive.name.endswith(".zip"):

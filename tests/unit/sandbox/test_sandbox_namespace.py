@@ -67,3 +67,11 @@ def test_tmp_is_private_per_exec(ns):
 def test_missing_bwrap_is_a_clear_error(base_repo):
     with pytest.raises(SandboxUnavailable, match="/nonexistent/bwrap"):
         NamespaceSandbox(SandboxSpec(base_dir=base_repo), bwrap="/nonexistent/bwrap")
+
+
+def test_missing_env_dir_names_it_and_leaves_nothing(base_repo, tmp_path):
+    root = tmp_path / "sbx"
+    root.mkdir()
+    with pytest.raises(FileNotFoundError, match="no-such-env"):
+        NamespaceSandbox(SandboxSpec(base_dir=base_repo, env_dir=tmp_path / "no-such-env"), root=root)
+    assert list(root.iterdir()) == []

@@ -1,0 +1,132 @@
+"""The Composer-style GRPO loss: per-token weighting, masking, clipping, KL estimators."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from opencomposer.rl.loss import LossConfig, grpo_loss, kl_per_token, token_logprobs
+
+
+def _grad(logprobs, old, adv, mask, **kw):
+    lp = logprobs.clone().requires_grad_(True)
+    loss, stats = grpo_loss(lp, old, adv, mask, **kw)
+    loss.backward()
+    return lp.grad, loss, stats
+
+
+def test_k1_and_k3_on_hand_computed_values():
+    lp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    # k1 = log p - log p_ref = log 2; k3 = r - log r - 1 with r = p_ref / p = 1/2.
+    assert kl_per_token(lp, ref, "k1").item() == pytest.approx(math.log(2))
+    assert kl_per_token(lp, ref, "k3").item() == pytest.approx(0.5 + math.log(2) - 1)  # 0.1931
+    # Drifted far (p_ref / p = 100): k3 grows linearly in the ratio, k1 only logarithmically.
+    lp2, ref2 = torch.tensor([math.log(0.001)]), torch.tensor([math.log(0.1)])
+    assert kl_per_token(lp2, ref2, "k1").item() == pytest.approx(-math.log(100))
+    assert kl_per_token(lp2, ref2, "k3").item() == pytest.approx(100 - math.log(100) - 1)
+
+
+def test_kl_in_loss_and_stats():
+    lp = torch.full((1, 2), math.log(0.5))
+    ref = torch.full((1, 2), math.log(0.25))
+    mask = torch.tensor([[1.0, 0.0]])
+    for est, want in (("k1", math.log(2)), ("k3", 0.5 + math.log(2) - 1)):
+        cfg = LossConfig(kl_coef=0.1, kl_estimator=est, normalizer=4.0)
+        loss, stats = grpo_loss(lp, lp, torch.zeros(1), mask, ref_logprobs=ref, config=cfg)
+        assert stats["kl"] == pytest.approx(want)  # mean over the one masked token
+        assert loss.item() == pytest.approx(0.1 * want / 4.0)  # pg is 0 with A = 0
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
+        grpo_loss(lp, lp, torch.zeros(1), mask, config=LossConfig(kl_coef=0.1))
+
+
+def test_short_and_long_sequences_get_the_same_per_token_gradient():
+    T, adv = 30, torch.tensor([0.7, 0.7])
+    mask = torch.zeros(2, T)
+    mask[0, :3] = 1.0  # 3-token answer
+    mask[1, :] = 1.0  # 30-token answer
+    old = torch.randn(2, T).clamp(max=0) - 1.0
+    lp = old.clone()  # ratio 1 on every token
+    grad, _, stats = _grad(lp, old, adv, mask, config=LossConfig(normalizer=1000.0))
+    assert stats["tokens"] == 33
+    assert torch.allclose(grad[0, :3], torch.full((3,), -0.7 / 1000.0))
+    assert torch.allclose(grad[1], torch.full((T,), -0.7 / 1000.0))
+
+    # Contrast: GRPO's per-sequence mean gives a short-answer token 10x the weight.
+    lpg = lp.clone().requires_grad_(True)
+    per_tok = -torch.exp(lpg - old) * adv[:, None] * mask
+    (per_tok.sum(1) / mask.sum(1)).mean().backward()
+    assert lpg.grad[0, 0] / lpg.grad[1, 0] == pytest.approx(10.0)
+
+
+def test_masked_tokens_get_exactly_zero_gradient():
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [0, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    old = -torch.rand(2, 6) * 3
+    lp = old + 0.1 * torch.randn(2, 6)
+    lp[1, 5] = old[1, 5] = float("-inf")  # padding with -inf must not leak nan
+    ref = -torch.rand(2, 6) * 3
+    cfg = LossConfig(kl_coef=0.5)
+    grad, loss, _ = _grad(lp, old, torch.tensor([1.0, -2.0]), mask, ref_logprobs=ref, config=cfg)
+    assert torch.isfinite(loss)
+    assert torch.all(grad[~mask] == 0.0)
+    assert torch.all(grad[mask] != 0.0)
+
+
+def test_clipped_tokens_get_zero_pg_gradient():
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
+    log_r = torch.tensor([[math.log(1.5), math.log(1.1), math.log(0.5)]])
+    old = torch.full((1, 3), -1.0)
+    mask = torch.ones(1, 3)
+    # A > 0: ratio above 1 + clip_high is clipped (zero grad); inside the range is not.
+    # Below 1 - clip_low with A > 0 the unclipped term is the minimum, so that token
+    # still has gradient: PPO only stops moves that would overshoot in A's direction.
+    grad, _, stats = _grad(old + log_r, old, torch.tensor([1.0]), mask, config=cfg)
+    assert grad[0, 0] == 0.0
+    assert grad[0, 1] != 0.0 and grad[0, 2] != 0.0
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)
+    # A < 0: the mirror image, ratio below 1 - clip_low is clipped.
+    grad, _, stats = _grad(old + log_r, old, torch.tensor([-1.0]), mask, config=cfg)
+    assert grad[0, 2] == 0.0
+    assert grad[0, 0] != 0.0 and grad[0, 1] != 0.0
+    assert stats["ratio_max"] == pytest.approx(1.5)
+    assert stats["ratio_mean"] == pytest.approx(3.1 / 3)
+
+
+def test_shape_mismatch_errors_name_the_tensor():
+    lp, mask = torch.zeros(2, 5), torch.ones(2, 5)
+    with pytest.raises(ValueError, match=r"old_logprobs has shape \(2, 4\), expected \(2, 5\)"):
+        grpo_loss(lp, torch.zeros(2, 4), torch.zeros(2), mask)
+    with pytest.raises(ValueError, match=r"advantages has shape \(2, 1\), expected \(2,\)"):
+        grpo_loss(lp, lp, torch.zeros(2, 1), mask)
+    with pytest.raises(ValueError, match=r"target_ids has shape \(2, 3\)"):
+        token_logprobs(torch.zeros(2, 4, 7), torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("chunk_size", [3, 512])
+def test_token_logprobs_matches_direct_computation(chunk_size):
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(2, 10, 50)).requires_grad_(True)
+    targets = torch.randint(0, 50, (2, 10))
+    lp, ent = token_logprobs(logits, targets, temperature=0.7, chunk_size=chunk_size)
+
+    ref_logits = logits.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax(ref_logits / 0.7, dim=-1)
+    want_lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    want_ent = -(logp.exp() * logp).sum(-1)
+    assert torch.allclose(lp, want_lp, atol=1e-5)
+    assert torch.allclose(ent, want_ent, atol=1e-5)
+    assert not ent.requires_grad
+
+    w = torch.randn(2, 10)  # gradients through the checkpointed chunks match too
+    (lp * w).sum().backward()
+    (want_lp * w).sum().backward()
+    assert torch.allclose(logits.grad, ref_logits.grad, atol=1e-5)
+
+
+def test_token_logprobs_handles_masked_vocab():
+    logits = torch.tensor([[[0.0, 0.0, float("-inf")]]])
+    lp, ent = token_logprobs(logits, torch.tensor([[1]]))
+    assert lp.item() == pytest.approx(math.log(0.5))
+    assert ent.item() == pytest.approx(math.log(2))

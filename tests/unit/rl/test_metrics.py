@@ -1,0 +1,54 @@
+"""pass@k against brute force over k-subsets; group summary on a small hand-made batch."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+
+from opencomposer.rl.metrics import pass_at_k, summarize_groups
+
+
+def _brute_pass_at_k(n: int, c: int, k: int) -> float:
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(combinations(range(n), k))
+    return sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force_for_small_n():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                want = _brute_pass_at_k(n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(want, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_known_values_and_large_n():
+    assert pass_at_k(8, 2, 4) == pytest.approx(1 - 15 / 70)
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert pass_at_k(5, 0, 5) == 0.0
+    # C(2000, 100) overflows a float; the product form does not.
+    assert 0.0 < pass_at_k(2000, 1, 100) == pytest.approx(100 / 2000)
+
+
+@pytest.mark.parametrize("n,c,k", [(0, 0, 1), (4, 5, 1), (4, -1, 1), (4, 1, 0), (4, 1, 5)])
+def test_pass_at_k_rejects_bad_arguments(n, c, k):
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+
+
+def test_summarize_groups():
+    groups = {"t1": [1.0, 0.0, 0.0, 0.0], "t2": [0.0] * 4, "t3": [1.0] * 4}
+    s = summarize_groups(groups, k=2)
+    assert s["tasks"] == 3 and s["rollouts"] == 12
+    assert s["reward_mean"] == pytest.approx((0.25 + 0.0 + 1.0) / 3)
+    assert s["pass@1"] == pytest.approx((0.25 + 0.0 + 1.0) / 3)
+    assert s["pass@2"] == pytest.approx((0.5 + 0.0 + 1.0) / 3)  # t1: 1 - C(3,2)/C(4,2)
+    assert s["uniform_groups"] == pytest.approx(2 / 3)
+
+
+def test_summarize_groups_threshold_and_errors():
+    s = summarize_groups({"t": [0.9, 0.2]}, k=1, pass_threshold=0.5)
+    assert s["pass@1"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="'short'.*fewer than k=4"):
+        summarize_groups({"short": [1.0, 0.0]}, k=4)

@@ -1,0 +1,51 @@
+"""Configs: strict TOML loading with errors that name the file, the key and the expectation."""
+
+from pathlib import Path
+
+import pytest
+
+from opencomposer.config import AgentRunConfig, ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_loads_values(tmp_path):
+    cfg = load_config(write(tmp_path, "[agent]\nmax_turns = 7\n[sandbox]\nbackend = 'namespace'\n"), AgentRunConfig)
+    assert cfg.agent.max_turns == 7 and cfg.sandbox.backend == "namespace"
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    p = write(tmp_path, "[agent]\nmax_turn = 7\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, AgentRunConfig)
+    msg = str(e.value)
+    assert str(p) in msg and "agent.max_turn" in msg and "unknown key" in msg
+
+
+def test_bad_value_says_what_was_expected(tmp_path):
+    p = write(tmp_path, "[agent]\nmax_turns = 0\n[sandbox]\nbackend = 'docker'\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, AgentRunConfig)
+    msg = str(e.value)
+    assert "agent.max_turns" in msg and "greater than or equal to 1" in msg and "got 0" in msg
+    assert "sandbox.backend" in msg and "'local'" in msg and "'docker'" in msg
+
+
+def test_garbled_and_missing_files(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[agent\nmax_turns = 1"), AgentRunConfig)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml", AgentRunConfig)
+
+
+def test_every_shipped_config_loads():
+    from opencomposer.config import ROOTS
+    root = Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert files, "configs/ ships at least one config"
+    for f in files:
+        load_config(f, ROOTS[f.stem.split("-")[0]] if f.stem.split("-")[0] in ROOTS else AgentRunConfig)
