@@ -35,6 +35,11 @@ def test_made_tasks_keep_hidden_things_apart(toolz_tasks: Path):
         assert log.stdout.strip() == "1"
         assert not list(ws.rglob("__pycache__")) and not list(ws.rglob("*.pyc"))
         assert not list(ws.rglob("*.egg-info"))
+        # the env holds the deps and pytest, but neither the library nor installer tools
+        # (setuptools vendors more_itertools; pip vendors many libraries)
+        site = next(t.env_dir.glob("lib/python3*/site-packages"))
+        assert (site / "pytest").is_dir() or (site / "_pytest").is_dir()
+        assert not (site / "toolz").exists() and not (site / "setuptools").exists() and not (site / "pip").exists()
         # the deleted code is not in the workspace file
         added = [l[1:].strip() for l in t.gold_patch.splitlines() if l.startswith("+") and not l.startswith("+++")]
         body = (ws / t.meta.feature.file).read_text()

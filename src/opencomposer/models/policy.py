@@ -49,7 +49,7 @@ from opencomposer.protocols import Message, PolicyOutput
 # Values that switch off every logits processor we do not ask for, so none can sneak in
 # from the model's generation_config.json (``generate`` fills unset fields from there).
 _NEUTRAL = dict(
-
+    repetition_penalty=1.0,
     typical_p=1.0,
     epsilon_cutoff=0.0,
     eta_cutoff=0.0,

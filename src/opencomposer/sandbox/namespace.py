@@ -113,6 +113,13 @@ def _env_binds(env_dir: Path | None) -> list[str]:
             continue  # already visible through /usr or an earlier bind
         seen.append(d)
         out += ["--ro-bind", d, d]
+    # Other interpreters' installed packages are hidden: the venv does not use them, and
+    # they may hold the very library a task deleted (or a vendored copy of it, as
+    # setuptools vendors more_itertools), readable by the agent with `cat`.
+    for d in [x for x in seen if x != env] + ["/usr", "/usr/local"]:
+        for site in sorted(Path(d).glob("lib/python3*/site-packages")) + sorted(Path(d).glob("lib/python3/dist-packages")):
+            if site.is_dir() and not str(site).startswith(env + "/"):
+                out += ["--tmpfs", str(site)]
     return out
 
 

@@ -13,7 +13,6 @@ Test: ``pytest tests/integration/test_tasks_make.py``.
 
 from __future__ import annotations
 
-import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,14 +51,12 @@ def apply_gold(task: Task, sandbox) -> None:
 
 
 def _probe_roots(task: Task) -> list[Path]:
-    roots = [task.workspace]
-    if task.env_dir:
-        roots.append(task.env_dir)
-    pkg = task.meta.source.package
-    if pkg:  # the base interpreter is visible read-only inside the sandbox
-        site = Path(sysconfig.get_paths()["purelib"])
-        roots += sorted(site.glob(f"{pkg}*")) if site.is_dir() else []
-    return roots
+    """What a sandbox can read that may hold the library: the workspace and the env.
+
+    The base interpreter's own site-packages is hidden inside namespace sandboxes
+    (see ``sandbox/namespace.py``); the local backend isolates nothing by design.
+    """
+    return [task.workspace] + ([task.env_dir] if task.env_dir else [])
 
 
 def check_task(path: Path, backend: str = "local") -> CheckResult:
@@ -91,10 +88,16 @@ def check_task(path: Path, backend: str = "local") -> CheckResult:
     except Exception as e:  # a task that crashes the checker is a failed check, not a crash
         res.problems.append(f"{type(e).__name__}: {e}")
     lines = leakage.distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
-    probe = leakage.probe(_probe_roots(task), lines)
-    res.leak_channels = dict(probe.checked)
-    # a leak is a place holding several distinct deleted lines (a copy), not one common idiom
-    suspects = probe.suspects()
+    # In the workspace any deleted line is a leak (lines that remain elsewhere in it were
+    # dropped above). Outside it (the env, site-packages) a leak is a copy: a file holding
+    # >= 3 distinct deleted lines; one or two short lines there are shared idioms
+    # ("return self[key]"), and deletions with fewer distinctive lines reveal nothing.
+    roots = _probe_roots(task)
+    inside = leakage.probe(roots[:1], lines)
+    outside = leakage.probe(roots[1:], lines)
+    res.leak_channels = dict(inside.checked + outside.checked)
+    suspects = {**inside.suspects(min_lines=1),
+                **{p: t for p, t in outside.suspects(min_lines=3).items() if len(t) >= 3}}
     res.leaks = len(suspects)
     if suspects:
         where, found = next(iter(suspects.items()))

@@ -33,6 +33,33 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+# Installer tools vendor copies of popular libraries (setuptools ships more_itertools,
+# pip ships many): left in the env they would hand the agent the deleted code.
+TOOLS = ("pip", "setuptools", "wheel")
+
+
+def strip_tools(env: Path, reqs: list[str]) -> list[str]:
+    """Remove pip/setuptools/wheel from ``env`` unless the tests require them; returns what went."""
+    wanted = {canonicalize_name(Requirement(r).name) for r in reqs}
+    site = next((env / "lib").glob("python3*/site-packages"), None)
+    removed = []
+    if site is None:
+        return removed
+    for tool in TOOLS:
+        if tool in wanted:
+            continue
+        hits = [p for p in site.iterdir()
+                if p.name == tool or p.name == f"_{tool}" or p.name.startswith((f"{tool}-", f"{tool}."))
+                or (tool == "setuptools" and p.name in ("pkg_resources", "_distutils_hack", "distutils-precedence.pth"))]
+        for p in hits:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        for script in (env / "bin").glob(f"{tool}*"):
+            script.unlink()
+        if hits:
+            removed.append(tool)
+    return removed
+
+
 def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = sys.executable,
               timeout: float = 900.0) -> Path:
     """Create (or reuse) the env at ``dest``; returns ``dest``."""
@@ -60,6 +87,8 @@ def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = s
                 raise EnvError(
                     f"{dest}: installing the test requirements {reqs} failed:\n{r.stderr.strip()[-3000:]}"
                 )
+        freeze = _run([str(tmp / "bin" / "python"), "-m", "pip", "freeze", "--all"], 120).stdout.split()
+        stripped = strip_tools(tmp, reqs)
         for pkg in layout.packages:
             probe = _run([str(tmp / "bin" / "python"), "-c", f"import {pkg}"], 120)
             if probe.returncode == 0:
@@ -67,8 +96,7 @@ def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = s
                     f"{dest}: the library's package {pkg!r} is importable from the environment itself "
                     "(a dependency pulled it in); tasks would leak the deleted code"
                 )
-        freeze = _run([str(tmp / "bin" / "python"), "-m", "pip", "freeze"], 120).stdout.split()
-        manifest = {"requirements": reqs, "installed": freeze, "python": python,
+        manifest = {"requirements": reqs, "installed": freeze, "stripped": stripped, "python": python,
                     "seconds": round(time.time() - t0, 1)}
         (tmp / "env.json").write_text(json.dumps(manifest, indent=1))
         if dest.exists():

@@ -1,0 +1,32 @@
+"""Training: the ``Trainer`` (RL and SFT steps), checkpoints and exports, the SFT stage.
+
+    from opencomposer.train import Trainer, TrainConfig, save_checkpoint, run_sft
+
+Names resolve lazily, so importing the package does not load torch or peft.
+
+Test: ``pytest tests/unit/train``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TrainConfig": "config",
+    "Trainer": "trainer",
+    "frozen_copy": "trainer",
+    "save_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "export_model": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "run_sft": "sft",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'opencomposer.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"opencomposer.train.{_EXPORTS[name]}"), name)

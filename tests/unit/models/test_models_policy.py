@@ -53,7 +53,7 @@ def test_model_sampling_defaults_do_not_leak_in(tiny, conversation, tools):
     """A Qwen-like generation_config.json must not change what the sampler draws from."""
     model, tok = tiny
     saved = copy.deepcopy(model.generation_config)
-    model.generation_config.update(repetition_penalty=1.3, top_k=5, top_p=0.5, min_p=0.2, temperature=0.1)
+    model.generation_config.update(repetition_penalty=50.0, top_k=5, top_p=0.5, min_p=0.2, temperature=0.1)
     try:
         out = ModelPolicy(tiny, temperature=1.0, max_new_tokens=8, seed=1).act(conversation, tools)
     finally:

@@ -75,3 +75,14 @@ def test_missing_env_dir_names_it_and_leaves_nothing(base_repo, tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-env"):
         NamespaceSandbox(SandboxSpec(base_dir=base_repo, env_dir=tmp_path / "no-such-env"), root=root)
     assert list(root.iterdir()) == []
+
+
+def test_base_interpreter_packages_are_hidden(ns):
+    # The venv's base Python is bound read-only so it can run, but its site-packages may
+    # hold the task's library (or a vendored copy, as setuptools vendors more_itertools).
+    import sys
+    import sysconfig
+    site = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})["purelib"]
+    assert os.listdir(site), "the host's site-packages is not empty (test precondition)"
+    assert ns.exec(f"ls -A {site}").output.strip() == ""
+    assert ns.exec("python -c 'import sys; print(sys.version_info[0])'").output.strip() == "3"

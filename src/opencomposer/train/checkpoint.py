@@ -1,0 +1,248 @@
+"""Checkpoints of a ``Trainer`` (resume exactly) and exports of its model (deploy anywhere).
+
+    save_checkpoint("runs/a/ckpt", trainer, {"used_tasks": [...], "metrics": [...]}, step=12)
+    state = load_checkpoint("runs/a/ckpt", trainer)     # the newest, via the `latest` file
+    export_model("runs/a/model", trainer)               # then load_model("runs/a/model")
+
+Layout of ``<dir>/step-0012/``:
+
+* ``model/``: full fine-tuning: an HF model directory (``save_pretrained``: safetensors,
+  config, tokenizer), itself loadable with ``load_model``. LoRA: the peft adapter
+  (``adapter_model.safetensors`` + ``adapter_config.json``, whose base model is named).
+* ``optimizer.pt`` (AdamW state), ``rng.pt`` (torch, CUDA and ``random`` RNG states,
+  restored on load so a resumed run draws what an uninterrupted one would).
+* ``trainer.json`` (weights version, LoRA or not, the TrainConfig) and ``state.json``
+  (the caller's JSON state, plus ``step``).
+
+Each checkpoint is written into a temp dir and renamed into place, then ``latest`` is
+replaced atomically, so a crash leaves the previous checkpoint as the newest; only the
+last ``keep`` are kept. Every load problem raises ``CheckpointError`` naming the file.
+
+Test: ``pytest tests/unit/train/test_checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from opencomposer.train.trainer import Trainer
+
+CHECKPOINT_FORMAT = "opencomposer.checkpoint/1"
+LATEST = "latest"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:04d}"
+
+
+def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], step: int, keep: int | None = 3) -> Path:
+    """Write ``<dir>/step-NNNN`` atomically, point ``latest`` at it, keep the newest ``keep``."""
+    root = Path(dir)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        state_text = json.dumps({**state, "step": step}, indent=1)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{root}: the state to save is not JSON-serialisable: {e}") from None
+    final = root / step_dir_name(step)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        trainer.model.save_pretrained(tmp / "model")
+        trainer.tokenizer.save_pretrained(tmp / "model")
+        torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        meta = {
+            "format": CHECKPOINT_FORMAT, "step": step, "version": trainer.version, "model": trainer.name,
+            "lora": trainer.cfg.lora, "config": trainer.cfg.model_dump(mode="json"),
+        }
+        (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+        (tmp / "state.json").write_text(state_text)
+        _replace_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _write_atomic(root / LATEST, final.name + "\n")
+    if keep is not None:
+        _prune(root, keep, final.name)
+    return final
+
+
+def resolve_checkpoint(dir: str | Path) -> Path:
+    """``dir`` itself if it is a step directory, else the one its ``latest`` file names."""
+    root = Path(dir)
+    if (root / "trainer.json").is_file():
+        return root
+    latest = root / LATEST
+    if not latest.is_file():
+        raise CheckpointError(f"{latest}: missing, so {root} holds no checkpoint to resume from")
+    path = root / latest.read_text().strip()
+    if not path.is_dir():
+        raise CheckpointError(f"{latest}: points to {path.name!r}, which does not exist in {root}")
+    return path
+
+
+def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
+    """Restore weights, optimizer, RNG states and version into ``trainer``; returns the saved state."""
+    path = resolve_checkpoint(dir)
+    meta = _read_json(path / "trainer.json")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    if bool(meta.get("lora")) != trainer.cfg.lora:
+        kinds = {True: "LoRA", False: "full fine-tuning"}
+        raise CheckpointError(
+            f"{path / 'trainer.json'}: checkpoint is {kinds[bool(meta.get('lora'))]} but the trainer "
+            f"is set up for {kinds[trainer.cfg.lora]} (TrainConfig.lora)"
+        )
+    state = _read_json(path / "state.json")
+    if trainer.cfg.lora:
+        _load_adapter(path / "model" / "adapter_model.safetensors", trainer.model)
+    else:
+        _load_full(path / "model", trainer.model)
+    optimizer = _torch_load(path / "optimizer.pt")
+    try:
+        trainer.optimizer.load_state_dict(optimizer)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: {e}") from None
+    _set_rng_state(_torch_load(path / "rng.pt"))
+    trainer.version = int(meta["version"])
+    return state
+
+
+def export_model(dir: str | Path, trainer: Trainer) -> Path:
+    """A plain HF model directory (LoRA merged in) for ``load_model(dir)``; replaces ``dir``."""
+    final = Path(dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # Merge into a copy: merging in place would end the trainer's adapters.
+    model = copy.deepcopy(trainer.model).merge_and_unload() if trainer.cfg.lora else trainer.model
+    try:
+        model.save_pretrained(tmp)
+        trainer.tokenizer.save_pretrained(tmp)
+        _replace_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _load_adapter(file: Path, model: Any) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, _safetensors(file))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or missing:
+        raise CheckpointError(
+            f"{file}: adapter does not fit the model (unexpected {result.unexpected_keys[:3]}, "
+            f"missing {missing[:3]}); are lora_r and lora_target_modules the same?"
+        )
+
+
+def _load_full(model_dir: Path, model: Any) -> None:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(_safetensors(f))
+    try:
+        result = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise CheckpointError(f"{model_dir}: weights do not fit the model: {e}") from None
+    # save_pretrained writes a tied weight once (e.g. lm_head = embed_tokens); others must be there.
+    current = model.state_dict()
+    loaded = {current[k].data_ptr() for k in weights if k in current}
+    missing = [k for k in result.missing_keys if current[k].data_ptr() not in loaded]
+    if result.unexpected_keys or missing:
+        raise CheckpointError(
+            f"{model_dir}: weights do not fit the model (unexpected {result.unexpected_keys[:3]}, missing {missing[:3]})"
+        )
+
+
+def _safetensors(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    try:
+        return load_file(file)
+    except Exception as e:  # safetensors raises its own error types for bad headers and sizes
+        raise CheckpointError(f"{file}: unreadable safetensors: {type(e).__name__}: {e}") from None
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _torch_load(file: Path) -> Any:
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling errors come in many types
+        raise CheckpointError(f"{file}: unreadable: {type(e).__name__}: {e}") from None
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return data
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_atomic(file: Path, text: str) -> None:
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    os.replace(tmp, file)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``; an existing ``final`` (a re-saved step) is swapped out first."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
+def _prune(root: Path, keep: int, current: str) -> None:
+    steps = sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))
+    )
+    for _, path in steps[: max(len(steps) - max(keep, 1), 0)]:
+        if path.name != current:
+            shutil.rmtree(path, ignore_errors=True)

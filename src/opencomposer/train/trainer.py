@@ -1,0 +1,241 @@
+"""``Trainer``: one optimizer step of RL (GRPO, ``rl/loss.py``) or SFT on ``rl.samples.Sample``s.
+
+    model, tok = load_model("tiny-random")
+    trainer = Trainer(model, tok, TrainConfig(lora=True, temperature=0.7))
+    metrics = trainer.rl_step(samples, LossConfig(), normalizer=batch_size * max_tokens)
+    policy = ModelPolicy(trainer.policy_pair(), temperature=0.7, policy_version=trainer.version)
+
+A step is ``*_backward`` (micro-batches by token budget, one forward + backward each,
+gradients accumulating) then ``optimizer_step`` (clip, AdamW, ``version += 1``); callers
+that gather samples over time may call the two halves themselves. Every micro-batch of a
+step divides by the SAME constant normaliser, so the gradient does not depend on how the
+samples were split (tested). Sequences are right-padded, not packed into shared rows:
+packing needs block-diagonal attention (flash-attn varlen), which CPU/SDPA lacks.
+
+Precision: weights and AdamW state stay fp32; on CUDA with bf16 the forward runs under
+bf16 autocast, and log-probs are always taken in fp32 (``token_logprobs``). The model is
+in train mode only inside a step, so sampling from ``policy_pair()`` between steps sees
+eval mode.
+
+Reference model for the KL term: with LoRA, the same model with adapters disabled; with
+full fine-tuning, a frozen copy the caller keeps (``frozen_copy(model)``) and passes in.
+
+Test: ``pytest tests/unit/train/test_trainer.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import replace
+from typing import Any, Iterator
+
+import torch
+
+from opencomposer.rl.loss import LossConfig, grpo_loss, token_logprobs
+from opencomposer.rl.samples import Sample
+from opencomposer.train.config import TrainConfig
+
+
+def frozen_copy(model: Any) -> Any:
+    """A detached, gradient-free copy of ``model``: the KL reference for full fine-tuning."""
+    ref = copy.deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+class Trainer:
+    """Holds the model being trained, its optimizer and the weights version."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: TrainConfig | None = None, name: str | None = None):
+        self.cfg = cfg or TrainConfig()
+        self.tokenizer = tokenizer
+        self.name = name or str(getattr(model.config, "_name_or_path", "") or "model")
+        self.device = next(model.parameters()).device
+        self.bf16 = _use_bf16(self.cfg.bf16, self.device)
+        if self.cfg.lora:
+            model = _add_lora(model, self.cfg, self.device)
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if self.cfg.lora:  # frozen embeddings would cut the graph before the checkpoints
+                model.enable_input_require_grads()
+        self.model = model.eval()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        bad = sorted({str(p.dtype) for p in self.params} - {"torch.float32"})
+        if bad:
+            raise ValueError(
+                f"trainable parameters are {', '.join(bad)}; load the model in float32 "
+                "(bf16 is applied by autocast per forward, keeping fp32 master weights)"
+            )
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.version = 0  # optimizer steps taken; the policy_version of fresh samples
+
+    def policy_pair(self) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` for ``ModelPolicy``: it samples from the current weights."""
+        return self.model, self.tokenizer
+
+    # ------------------------------------------------------------------ steps
+
+    def rl_step(
+        self, samples: list[Sample], loss_cfg: LossConfig, normalizer: float, ref_model: Any = None
+    ) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = self.rl_backward(samples, loss_cfg, normalizer, ref_model)
+        metrics.update(self.optimizer_step())
+        return _timed(metrics, t0)
+
+    def sft_step(self, samples: list[Sample]) -> dict[str, float]:
+        """Mean cross-entropy over the batch's loss tokens (summed, / total loss tokens)."""
+        t0 = time.perf_counter()
+        metrics = self.sft_backward(samples, normalizer=max(sum(s.loss_tokens for s in samples), 1))
+        metrics.update(self.optimizer_step())
+        return _timed(metrics, t0)
+
+    def rl_backward(
+        self, samples: list[Sample], loss_cfg: LossConfig, normalizer: float, ref_model: Any = None
+    ) -> dict[str, float]:
+        """Accumulate the GRPO gradient of ``samples``; returns the loss metrics."""
+        use_ref = loss_cfg.kl_coef > 0 or ref_model is not None
+        if use_ref and ref_model is None and not self.cfg.lora:
+            raise ValueError("kl_coef > 0 with full fine-tuning needs ref_model=frozen_copy(initial model)")
+        cfg = replace(loss_cfg, normalizer=normalizer)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "ratio_mean"), 0.0)
+        sums.update(ratio_max=0.0, tokens=0.0, loss_tokens=0.0)
+        with self._training():
+            for ids, attn, mask, old, adv in self._micro_batches(samples):
+                ref = self._reference_logprobs(ids, attn, ref_model) if use_ref else None
+                lp, ent = self._logprobs(self.model, ids, attn, self.cfg.logprob_temperature)
+                loss, stats = grpo_loss(lp, old, adv, mask, ref, cfg)
+                loss.backward()
+                n = stats["tokens"]
+                sums["loss"] += stats["loss"]
+                sums["pg_loss"] += stats["pg_loss"]
+                for key in ("kl", "clip_fraction", "ratio_mean"):  # token-weighted means
+                    sums[key] += stats[key] * n
+                sums["entropy"] += float((ent * mask).sum())
+                sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
+                sums["tokens"] += float(attn.sum())
+                sums["loss_tokens"] += n
+        n = max(sums["loss_tokens"], 1.0)
+        for key in ("kl", "clip_fraction", "ratio_mean", "entropy"):
+            sums[key] /= n
+        return sums
+
+    def sft_backward(self, samples: list[Sample], normalizer: float) -> dict[str, float]:
+        """Accumulate the gradient of -sum(log p(loss tokens)) / ``normalizer``."""
+        sums = {"loss": 0.0, "tokens": 0.0, "loss_tokens": 0.0}
+        with self._training():
+            for ids, attn, mask, _, _ in self._micro_batches(samples):
+                lp, _ = self._logprobs(self.model, ids, attn, 1.0)
+                loss = -torch.where(mask.bool(), lp, 0.0).sum() / normalizer
+                loss.backward()
+                sums["loss"] += float(loss.detach())
+                sums["tokens"] += float(attn.sum())
+                sums["loss_tokens"] += float(mask.sum())
+        return sums
+
+    def clip_gradients(self) -> float:
+        """Clip the accumulated gradients to ``grad_clip``; returns their norm before clipping."""
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step, clear gradients; a non-finite gradient skips the step (version unchanged)."""
+        norm = self.clip_gradients()
+        skipped = not math.isfinite(norm)
+        if not skipped:
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, "skipped": float(skipped), "version": float(self.version)}
+
+    # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[None]:
+        self.model.train()
+        try:
+            yield
+        finally:
+            self.model.eval()
+
+    def _micro_batches(self, samples: list[Sample]) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Padded tensors of samples grouped so rows x longest row <= micro_batch_tokens."""
+        if not samples:
+            raise ValueError("no samples to train on")
+        budget = self.cfg.micro_batch_tokens
+        order = sorted(samples, key=len, reverse=True)  # similar lengths together: less padding
+        batch: list[Sample] = []
+        for s in order:
+            if batch and (len(batch) + 1) * len(batch[0]) > budget:
+                yield self._collate(batch)
+                batch = []
+            batch.append(s)
+        yield self._collate(batch)
+
+    def _collate(self, batch: list[Sample]) -> tuple[torch.Tensor, ...]:
+        rows, width = len(batch), max(len(s) for s in batch)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((rows, width), dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.float32)
+        old = torch.zeros((rows, width), dtype=torch.float32)
+        for i, s in enumerate(batch):
+            n = len(s)
+            ids[i, :n] = torch.tensor(s.input_ids)
+            attn[i, :n] = 1
+            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
+        # position t of the model's output predicts token t + 1: shift the per-token fields
+        dev = self.device
+        return ids.to(dev), attn.to(dev), mask[:, 1:].to(dev), old[:, 1:].to(dev), adv.to(dev)
+
+    def _logprobs(self, model: Any, ids: torch.Tensor, attn: torch.Tensor, temperature: float):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        return token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, ref_model: Any) -> torch.Tensor:
+        t = self.cfg.logprob_temperature
+        if ref_model is not None:
+            return self._logprobs(ref_model, ids, attn, t)[0]
+        with self.model.disable_adapter():  # LoRA: the base weights are the reference
+            return self._logprobs(self.model, ids, attn, t)[0]
+
+
+def _timed(metrics: dict[str, float], t0: float) -> dict[str, float]:
+    seconds = time.perf_counter() - t0
+    metrics["seconds"] = seconds
+    metrics["tokens_per_second"] = metrics["tokens"] / seconds if seconds > 0 else 0.0
+    return metrics
+
+
+def _use_bf16(setting: bool | str, device: torch.device) -> bool:
+    capable = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if setting == "auto":
+        return capable
+    if setting and not capable:
+        raise ValueError(f"TrainConfig.bf16=true needs a CUDA device with bf16; the model is on {device}")
+    return bool(setting)
+
+
+def _add_lora(model: Any, cfg: TrainConfig, device: torch.device) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM",
+    )
+    # Seed only the adapter init (A is random, B zero), leaving the caller's RNG alone.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(model, lora)
