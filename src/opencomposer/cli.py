@@ -209,6 +209,63 @@ def agent(
     emit({**s, "policy": policy, "sandbox": sandbox, "transcript": str(transcript)})
 
 
+@app.command()
+def train(
+    config: Path = typer.Option(..., help="run config (TOML), e.g. configs/demo.toml"),
+    resume: bool = typer.Option(False, help="continue from the run directory's latest checkpoint"),
+    steps: Optional[int] = typer.Option(None, help="override run.steps"),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="override run.out_dir"),
+) -> None:
+    """Tasks -> held-out eval -> SFT warm start -> GRPO steps -> eval -> report."""
+    from opencomposer.rl.config import RLRunConfig
+
+    try:
+        cfg = load_config(config, RLRunConfig)
+        if steps is not None:
+            cfg.run.steps = steps
+        if out_dir is not None:
+            cfg.run.out_dir = out_dir
+        from opencomposer.rl.pipeline import run_pipeline
+        from opencomposer.rl.sampler import PoolExhausted
+
+        table_cols = ("step", "reward_mean", "pass@1", "mean_completion_tokens", "tool_calls",
+                      "invalid_calls", "loss", "kl", "grad_norm", "time_rollout", "time_train")
+
+        def show(row: dict) -> None:
+            t = Table(*table_cols, title=f"RL step {row['step']}", title_justify="left")
+            t.add_row(*(f"{row.get(c, 0):.3g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in table_cols))
+            err.print(t)
+
+        result = run_pipeline(cfg, resume=resume, log=lambda m: err.print(m, highlight=False), on_step=show)
+    except known_errors() + (PoolExhausted,) as e:
+        fail(e)
+    err.print(f"report: {result['report']}")
+    emit(result)
+
+
+@app.command()
+def sft(
+    transcripts: list[Path] = typer.Argument(..., help="transcript JSON files or directories of them"),
+    model: str = typer.Option("smollm2-135m", help="model to fine-tune"),
+    out_dir: Path = typer.Option(Path("runs/sft"), "--out"),
+    epochs: int = typer.Option(2, min=1),
+    lr: float = typer.Option(5e-5),
+    lora: bool = typer.Option(False, help="train LoRA adapters instead of all weights"),
+) -> None:
+    """SFT on agent traces (loss on assistant tokens only); writes a loadable model dir."""
+    from opencomposer.train.config import TrainConfig
+    from opencomposer.train.sft import run_sft
+
+    files = [f for p in transcripts for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    try:
+        if not files:
+            raise ConfigError(f"no transcript files in {[str(p) for p in transcripts]}")
+        res = run_sft(files, model, out_dir, TrainConfig(lr=lr, lora=lora), epochs=epochs)
+    except known_errors() as e:
+        fail(e)
+    emit(res)
+
+
 def main() -> None:
     try:
         app()

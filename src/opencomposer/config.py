@@ -93,5 +93,22 @@ def load_config(path: str | Path, model: type[M]) -> M:
     return validate(data, model, str(path))
 
 
-# Root model of each shipped config, by file-name prefix (configs/<root>[-variant].toml).
-ROOTS: dict[str, type[BaseModel]] = {"agent": AgentRunConfig}
+# Root model of each shipped config, by file-name prefix (configs/<root>[-variant].toml),
+# as import paths so this bottom module never imports the components above it.
+ROOTS: dict[str, str] = {
+    "agent": "opencomposer.config:AgentRunConfig",
+    "demo": "opencomposer.rl.config:RLRunConfig",
+    "learn": "opencomposer.rl.config:RLRunConfig",
+    "rl": "opencomposer.rl.config:RLRunConfig",
+}
+
+
+def root_model(config_path: str | Path) -> type[BaseModel]:
+    """The root model for a shipped config file, from its name."""
+    import importlib
+
+    key = Path(config_path).stem.split("-")[0]
+    if key not in ROOTS:
+        raise ConfigError(f"{config_path}: no root config for prefix '{key}' (known: {sorted(ROOTS)})")
+    module, _, name = ROOTS[key].partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -43,9 +43,9 @@ def test_garbled_and_missing_files(tmp_path):
 
 
 def test_every_shipped_config_loads():
-    from opencomposer.config import ROOTS
+    from opencomposer.config import root_model
     root = Path(__file__).resolve().parents[2] / "configs"
     files = sorted(root.glob("*.toml"))
     assert files, "configs/ ships at least one config"
     for f in files:
-        load_config(f, ROOTS[f.stem.split("-")[0]] if f.stem.split("-")[0] in ROOTS else AgentRunConfig)
+        load_config(f, root_model(f))

@@ -8,6 +8,10 @@ stop token or the token budget, then parse ``<tool_call>`` blocks with the harne
     out = policy.act([Message("user", "Say hello")], tools=[])
     out.text, out.tool_calls, out.token_ids, out.logprobs, out.finish_reason
 
+Batching: ``act`` is ``sample_batch([encode(messages, tools)])``. ``sample_batch`` runs
+several prompts through one left-padded ``generate`` and cuts each row at its own stop
+token; ``rl/batching.BatchedPolicy`` uses it to serve many concurrent episodes.
+
 Token-level fields, for RL:
 
 * ``token_ids`` are the sampled completion ids, the stop token included when the turn
@@ -110,14 +114,41 @@ class ModelPolicy:
         self._calls = 0
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
+        return self.sample_batch([self.encode(messages, tools)])[0]
+
+    def encode(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        """The prompt ids of one turn; raises ``ContextLengthError`` if no room is left."""
         prompt_ids = encode_prompt(self.tokenizer, render_prompt(self.tokenizer, messages, tools))
+        self._budget(prompt_ids)
+        return prompt_ids
+
+    def sample_batch(self, prompts: list[list[int]]) -> list[PolicyOutput]:
+        """One turn for each prompt (ids from ``encode``), generated as one left-padded batch.
+
+        ``act`` is this with a batch of one; ``rl.batching.BatchedPolicy`` gathers the
+        prompts of concurrent episodes. Each output is cut at its own first stop token.
+        """
+        version = self.policy_version  # read before generating: the weights that sample
+        budgets = [self._budget(p) for p in prompts]
+        outputs: list[PolicyOutput | None] = [None] * len(prompts)
+        # One generate call per budget: a smaller budget means a prompt near the context
+        # end, whose positions must not run past it while longer budgets finish.
+        for budget in sorted(set(budgets)):
+            rows = [i for i, b in enumerate(budgets) if b == budget]
+            for i, (ids, logprobs) in zip(rows, self._sample([prompts[i] for i in rows], budget)):
+                outputs[i] = self._output(prompts[i], ids, logprobs, version)
+        return outputs  # type: ignore[return-value]  # every row was filled above
+
+    def _budget(self, prompt_ids: list[int]) -> int:
         room = self.max_context - len(prompt_ids)
         if room < 1:
             raise ContextLengthError(
                 f"prompt is {len(prompt_ids)} tokens but {self.name}'s context is "
                 f"{self.max_context}; shorten the conversation (summarise or drop old turns)"
             )
-        ids, logprobs = self._sample(prompt_ids, min(self.max_new_tokens, room))
+        return min(self.max_new_tokens, room)
+
+    def _output(self, prompt_ids: list[int], ids: list[int], logprobs: list[float], version: int) -> PolicyOutput:
         stopped = bool(ids) and ids[-1] in self.stop_ids
         text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
         _, calls = codec.parse_tool_calls(text)
@@ -128,7 +159,7 @@ class ModelPolicy:
             completion_tokens=len(ids),
             token_ids=ids,
             logprobs=logprobs,
-            policy_version=self.policy_version,
+            policy_version=version,
             finish_reason="stop" if stopped else "length",
         )
 
@@ -152,21 +183,29 @@ class ModelPolicy:
         )
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    def _sample(self, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """(completion ids, sampler logprobs) per prompt, each cut after its first stop token."""
         device = self.model.device
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+        width = max(len(p) for p in prompts)
+        pad = _pad_id(self.tokenizer, self.stop_ids)
+        # Left padding puts every prompt's last token in the same column, so new tokens line
+        # up; the mask hides the pads and HF derives position ids from it.
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device)
         config = self.generation_config(max_new_tokens)
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=self.seed is not None):
             if self.seed is not None:
                 torch.manual_seed(self.seed + self._calls)
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
-            )
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
         self._calls += 1
         scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-        ids = out.sequences[0, len(prompt_ids) :].tolist()
-        return ids, scores[0, : len(ids)].float().tolist()
+        results = []
+        for row, ids in enumerate(out.sequences[:, width:].tolist()):
+            # A row that stopped early is padded (often with a stop id) until the batch ends.
+            n = next((i + 1 for i, t in enumerate(ids) if t in self.stop_ids), len(ids))
+            results.append((ids[:n], scores[row, :n].float().tolist()))
+        return results
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -105,20 +105,22 @@ def assert_prompt_matches(traj: Trajectory, tokenizer: Any, tools: list[dict[str
     """Check every reconstructed prompt has the length the policy reported for it.
 
     ``ModelPolicy`` reports ``prompt_tokens = len(prompt ids)``, so a wrong history (a
-    missing nudge, different tools, another template) shows up here. Steps whose counts
-    were estimated (policies without a tokenizer) are skipped.
+    missing nudge, different tools, another template) shows up here. Steps without token
+    ids or with estimated counts (policies without a tokenizer) are skipped.
     """
     for k, (history, _) in enumerate(turn_contexts(traj)):
-        step = traj.steps[k]
-        if step.tokens_estimated or not step.token_ids:
-            continue
-        n = len(encode_prompt(tokenizer, render_prompt(tokenizer, history, tools)))
-        if n != step.prompt_tokens:
-            raise SampleError(
-                f"trajectory {traj.task_id or '(no task id)'} turn {k}: reconstructed prompt is "
-                f"{n} tokens but the policy saw {step.prompt_tokens}; check the tools and the "
-                f"tokenizer are the ones the rollout used"
-            )
+        if traj.steps[k].token_ids:
+            _check_prompt(traj, k, encode_prompt(tokenizer, render_prompt(tokenizer, history, tools)))
+
+
+def _check_prompt(traj: Trajectory, k: int, prompt: list[int]) -> None:
+    step = traj.steps[k]
+    if not step.tokens_estimated and len(prompt) != step.prompt_tokens:
+        raise SampleError(
+            f"trajectory {traj.task_id or '(no task id)'} turn {k}: reconstructed prompt is "
+            f"{len(prompt)} tokens but the policy saw {step.prompt_tokens}; check the tools and "
+            f"the tokenizer are the ones the rollout used"
+        )
 
 
 # --------------------------------------------------------------------------- RL
@@ -135,10 +137,9 @@ def trajectory_samples(
     """Sequences of the model's own sampled turns; loss on exactly the sampled tokens.
 
     Steps without token ids (a turn from a policy that reports none) are skipped. With
-    ``check``, each prompt's length must equal the ``prompt_tokens`` the policy reported.
+    ``check``, each prompt's length must equal the ``prompt_tokens`` the policy reported
+    (see ``assert_prompt_matches``).
     """
-    if check:
-        assert_prompt_matches(traj, tokenizer, tools)
     turns = []
     for k, (history, _) in enumerate(turn_contexts(traj)):
         step = traj.steps[k]
@@ -150,8 +151,10 @@ def trajectory_samples(
                 f"token_ids but {len(step.logprobs)} logprobs"
             )
         prompt = encode_prompt(tokenizer, render_prompt(tokenizer, history, tools))
+        if check:
+            _check_prompt(traj, k, prompt)
         turns.append(_Turn(prompt, list(step.token_ids), list(step.logprobs), step.policy_version))
-    return pack_turns(turns, advantage, traj.task_id, group_id)
+    return _pack(turns, advantage, traj.task_id, group_id)
 
 
 # --------------------------------------------------------------------------- SFT
@@ -202,13 +205,13 @@ def sft_samples(traj: Trajectory, tokenizer: Any, tools: list[dict[str, Any]], g
         prompt = encode_prompt(tokenizer, render_prompt(tokenizer, history, tools))
         completion = encode_prompt(tokenizer, assistant_completion(tokenizer, history, message, tools))
         turns.append(_Turn(prompt, completion, [0.0] * len(completion), NOT_GENERATED))
-    return pack_turns(turns, 1.0, traj.task_id, group_id)
+    return _pack(turns, 1.0, traj.task_id, group_id)
 
 
 # --------------------------------------------------------------------------- packing
 
 
-def pack_turns(turns: list[_Turn], advantage: float, task_id: str = "", group_id: str = "") -> list[Sample]:
+def _pack(turns: list[_Turn], advantage: float, task_id: str = "", group_id: str = "") -> list[Sample]:
     """Merge consecutive turns into one sequence while each prompt extends the sequence so far."""
     samples: list[Sample] = []
     ids: list[int] = []

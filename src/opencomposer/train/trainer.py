@@ -10,7 +10,9 @@ gradients accumulating) then ``optimizer_step`` (clip, AdamW, ``version += 1``);
 that gather samples over time may call the two halves themselves. Every micro-batch of a
 step divides by the SAME constant normaliser, so the gradient does not depend on how the
 samples were split (tested). Sequences are right-padded, not packed into shared rows:
-packing needs block-diagonal attention (flash-attn varlen), which CPU/SDPA lacks.
+packing needs block-diagonal attention (flash-attn varlen), which CPU/SDPA lacks. Logits
+are computed only at positions that predict a loss token (``logits_to_keep``): prompts and
+tool outputs are most of an agent sequence, and vocab-wide logits dominate a step's cost.
 
 Precision: weights and AdamW state stay fp32; on CUDA with bf16 the forward runs under
 bf16 autocast, and log-probs are always taken in fp32 (``token_logprobs``). The model is
@@ -27,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import torch
+import torch.nn.functional as F
 
 from opencomposer.rl.loss import LossConfig, grpo_loss, token_logprobs
 from opencomposer.rl.samples import Sample
@@ -58,7 +62,7 @@ class Trainer:
         if self.cfg.lora:
             model = _add_lora(model, self.cfg, self.device)
         if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_checkpointing(model)
             if self.cfg.lora:  # frozen embeddings would cut the graph before the checkpoints
                 model.enable_input_require_grads()
         self.model = model.eval()
@@ -77,6 +81,8 @@ class Trainer:
         )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.version = 0  # optimizer steps taken; the policy_version of fresh samples
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
 
     def policy_pair(self) -> tuple[Any, Any]:
         """``(model, tokenizer)`` for ``ModelPolicy``: it samples from the current weights."""
@@ -110,19 +116,19 @@ class Trainer:
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "ratio_mean"), 0.0)
         sums.update(ratio_max=0.0, tokens=0.0, loss_tokens=0.0)
         with self._training():
-            for ids, attn, mask, old, adv in self._micro_batches(samples):
-                ref = self._reference_logprobs(ids, attn, ref_model) if use_ref else None
-                lp, ent = self._logprobs(self.model, ids, attn, self.cfg.logprob_temperature)
-                loss, stats = grpo_loss(lp, old, adv, mask, ref, cfg)
+            for b in self._micro_batches(samples):
+                ref = self._reference_logprobs(b, ref_model) if use_ref else None
+                lp, ent = self._logprobs(self.model, b, self.cfg.logprob_temperature)
+                loss, stats = grpo_loss(lp, b.old, b.adv, b.mask, ref, cfg)
                 loss.backward()
                 n = stats["tokens"]
                 sums["loss"] += stats["loss"]
                 sums["pg_loss"] += stats["pg_loss"]
                 for key in ("kl", "clip_fraction", "ratio_mean"):  # token-weighted means
                     sums[key] += stats[key] * n
-                sums["entropy"] += float((ent * mask).sum())
+                sums["entropy"] += float((ent * b.mask).sum())
                 sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
-                sums["tokens"] += float(attn.sum())
+                sums["tokens"] += b.tokens
                 sums["loss_tokens"] += n
         n = max(sums["loss_tokens"], 1.0)
         for key in ("kl", "clip_fraction", "ratio_mean", "entropy"):
@@ -133,13 +139,15 @@ class Trainer:
         """Accumulate the gradient of -sum(log p(loss tokens)) / ``normalizer``."""
         sums = {"loss": 0.0, "tokens": 0.0, "loss_tokens": 0.0}
         with self._training():
-            for ids, attn, mask, _, _ in self._micro_batches(samples):
-                lp, _ = self._logprobs(self.model, ids, attn, 1.0)
-                loss = -torch.where(mask.bool(), lp, 0.0).sum() / normalizer
+            for b in self._micro_batches(samples):
+                # Plain NLL: fused cross-entropy skips token_logprobs' entropy, which SFT never reads.
+                logits = self._logits(self.model, b).float()
+                nll = F.cross_entropy(logits.flatten(0, 1), b.targets.flatten(), reduction="none")
+                loss = (nll.view_as(b.mask) * b.mask).sum() / normalizer
                 loss.backward()
                 sums["loss"] += float(loss.detach())
-                sums["tokens"] += float(attn.sum())
-                sums["loss_tokens"] += float(mask.sum())
+                sums["tokens"] += b.tokens
+                sums["loss_tokens"] += float(b.mask.sum())
         return sums
 
     def clip_gradients(self) -> float:
@@ -167,12 +175,13 @@ class Trainer:
         finally:
             self.model.eval()
 
-    def _micro_batches(self, samples: list[Sample]) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Padded tensors of samples grouped so rows x longest row <= micro_batch_tokens."""
-        if not samples:
-            raise ValueError("no samples to train on")
+    def _micro_batches(self, samples: list[Sample]) -> Iterator[_Batch]:
+        """Samples grouped so rows x longest row <= micro_batch_tokens, as padded tensors."""
+        trainable = [s for s in samples if s.loss_tokens]  # the rest would add nothing but time
+        if not trainable:
+            raise ValueError(f"no samples to train on: {len(samples)} given, none with loss tokens")
         budget = self.cfg.micro_batch_tokens
-        order = sorted(samples, key=len, reverse=True)  # similar lengths together: less padding
+        order = sorted(trainable, key=len, reverse=True)  # similar lengths together: less padding
         batch: list[Sample] = []
         for s in order:
             if batch and (len(batch) + 1) * len(batch[0]) > budget:
@@ -181,7 +190,7 @@ class Trainer:
             batch.append(s)
         yield self._collate(batch)
 
-    def _collate(self, batch: list[Sample]) -> tuple[torch.Tensor, ...]:
+    def _collate(self, batch: list[Sample]) -> _Batch:
         rows, width = len(batch), max(len(s) for s in batch)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((rows, width), dtype=torch.long)
@@ -193,23 +202,47 @@ class Trainer:
             attn[i, :n] = 1
             mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        # Output position t predicts token t + 1; keep the positions predicting a loss token of any row.
+        keep = (mask[:, 1:].sum(0) > 0).nonzero().squeeze(1)
         adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
-        # position t of the model's output predicts token t + 1: shift the per-token fields
         dev = self.device
-        return ids.to(dev), attn.to(dev), mask[:, 1:].to(dev), old[:, 1:].to(dev), adv.to(dev)
+        return _Batch(
+            ids.to(dev), attn.to(dev), keep.to(dev), ids[:, keep + 1].to(dev), mask[:, keep + 1].to(dev),
+            old[:, keep + 1].to(dev), adv.to(dev), float(attn.sum()),
+        )
 
-    def _logprobs(self, model: Any, ids: torch.Tensor, attn: torch.Tensor, temperature: float):
+    def _logits(self, model: Any, b: _Batch) -> torch.Tensor:
+        """(rows, len(keep), vocab) logits at the kept positions only."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        return token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
+            if self._keeps_logits:
+                return model(input_ids=b.ids, attention_mask=b.attn, use_cache=False, logits_to_keep=b.keep).logits
+            # older transformers: every position's logits, then the kept ones
+            return model(input_ids=b.ids, attention_mask=b.attn, use_cache=False).logits[:, b.keep]
+
+    def _logprobs(self, model: Any, b: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self._logits(model, b), b.targets, temperature)
 
     @torch.no_grad()
-    def _reference_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, ref_model: Any) -> torch.Tensor:
+    def _reference_logprobs(self, b: _Batch, ref_model: Any) -> torch.Tensor:
         t = self.cfg.logprob_temperature
         if ref_model is not None:
-            return self._logprobs(ref_model, ids, attn, t)[0]
+            return self._logprobs(ref_model, b, t)[0]
         with self.model.disable_adapter():  # LoRA: the base weights are the reference
-            return self._logprobs(self.model, ids, attn, t)[0]
+            return self._logprobs(self.model, b, t)[0]
+
+
+@dataclass
+class _Batch:
+    """One padded micro-batch; per-token fields are (rows, len(keep)), at the kept positions."""
+
+    ids: torch.Tensor
+    attn: torch.Tensor
+    keep: torch.Tensor  # output positions whose next token is a loss token in some row
+    targets: torch.Tensor
+    mask: torch.Tensor
+    old: torch.Tensor
+    adv: torch.Tensor
+    tokens: float  # real (unpadded) tokens
 
 
 def _timed(metrics: dict[str, float], t0: float) -> dict[str, float]:
@@ -226,6 +259,14 @@ def _use_bf16(setting: bool | str, device: torch.device) -> bool:
     if setting and not capable:
         raise ValueError(f"TrainConfig.bf16=true needs a CUDA device with bf16; the model is on {device}")
     return bool(setting)
+
+
+def _enable_checkpointing(model: Any) -> None:
+    # transformers 5 renamed it to activation checkpointing; older releases only have the old name.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _add_lora(model: Any, cfg: TrainConfig, device: torch.device) -> Any:

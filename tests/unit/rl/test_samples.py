@@ -32,6 +32,17 @@ def tiny():
     return load_model("tiny-random")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Sampling a tiny model on a busy 2-core box: 2 spinning OpenMP threads ran 10x slower than 1."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def sandbox(tmp_path: Path):
     (tmp_path / "repo" / "calc").mkdir(parents=True)

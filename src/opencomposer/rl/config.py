@@ -1,0 +1,81 @@
+"""The root config of `opencomposer train` (RL) and `opencomposer sft`, loaded from TOML.
+
+    cfg = load_config("configs/demo.toml", RLRunConfig)
+
+Every table maps to one model below; unknown keys and bad values are errors naming
+the file and the key (``config.load_config``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from opencomposer.config import AgentConfig, Strict
+from opencomposer.train.config import TrainConfig
+
+
+class ModelSection(Strict):
+    name: str = Field("smollm2-135m", description="smollm2-135m | tiny-random | a local HF dir | a hub id")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+
+
+class TasksSection(Strict):
+    dir: str = Field(..., description="directory of task directories (made here if empty)")
+    sources: list[str] = Field(default_factory=list, description="pypi:NAME==VERSION to make tasks from")
+    max_per_source: int = Field(40, ge=1)
+    heldout: int = Field(8, ge=0, description="tasks kept out of training, for pass@1 before/after")
+    seed: int = 0
+    levels: list[Literal["body", "function"]] = ["body"]
+
+
+class RolloutSection(Strict):
+    k: int = Field(4, ge=1, description="rollouts per task (the GRPO group)")
+    tasks_per_step: int = Field(2, ge=1)
+    temperature: float = Field(0.8, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1, description="per model turn")
+    backend: Literal["local", "namespace"] = "namespace"
+    max_batch: int = Field(16, ge=1, description="sequences generated together")
+
+
+class LossSection(Strict):
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    std_normalize: bool = Field(False, description="divide advantages by the group std (only when non-zero)")
+
+
+class SFTSection(Strict):
+    enabled: bool = True
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    max_traces: int = Field(32, ge=1, description="oracle traces of training tasks used")
+
+
+class EvalSection(Strict):
+    k: int = Field(1, ge=1, description="samples per held-out task for pass@1")
+    temperature: float = Field(0.0, ge=0)
+
+
+class RunSection(Strict):
+    out_dir: str = "runs/rl"
+    steps: int = Field(3, ge=1)
+    save_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    seed: int = 0
+
+
+class RLRunConfig(Strict):
+    model: ModelSection = ModelSection()
+    tasks: TasksSection
+    rollout: RolloutSection = RolloutSection()
+    agent: AgentConfig = AgentConfig()
+    loss: LossSection = LossSection()
+    train: TrainConfig = TrainConfig()
+    sft: SFTSection = SFTSection()
+    eval: EvalSection = EvalSection()
+    run: RunSection = RunSection()

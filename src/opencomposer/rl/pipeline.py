@@ -1,0 +1,118 @@
+"""The whole learning job of `opencomposer train`: tasks -> eval -> SFT warm start -> RL -> eval -> report.
+
+    opencomposer train --config configs/demo.toml            # what `make demo` runs
+    opencomposer train --config configs/demo.toml --resume   # continue a stopped run
+
+Composer's order at small scale: the base model first learns the tool format from
+oracle traces (SFT on assistant tokens only), then RL improves it. Held-out pass@1 is
+measured on the base model, after SFT and after RL, through the deployment harness.
+Every stage leaves its result in the run directory (``evals.json``, ``sft.json``,
+``sft_model/``, ``checkpoints/``, ``metrics.jsonl``), and a resumed run skips the
+stages already done.
+
+Test: ``pytest tests/integration/test_rl_run.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+from opencomposer.eval.heldout import evaluate
+from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.rl.config import RLRunConfig
+from opencomposer.rl.episode import run_task
+from opencomposer.rl.report import write_report
+from opencomposer.rl.run import RLRun
+from opencomposer.rl.samples import sft_samples
+from opencomposer.rl.taskpool import ensure_tasks, split_tasks
+from opencomposer.tasks.format import Task
+from opencomposer.train.checkpoint import export_model
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) -> list:
+    """Oracle episodes on training tasks, saved as transcripts (the SFT data)."""
+    out.mkdir(parents=True, exist_ok=True)
+    trajs = []
+    for p in tasks:
+        task = Task.load(p)
+        res = run_task(task, OraclePolicy(task), backend, cfg.agent, transcript=out / f"{task.id}.json")
+        if res.reward.passed:  # only traces that solved the task teach the format
+            trajs.append(res.trajectory)
+    return trajs
+
+
+def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str], None]) -> dict:
+    tr = run.trainer
+    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, run.tools)]
+    if not samples:
+        raise RuntimeError("SFT: no samples from the oracle traces (did the oracle solve any task?)")
+    for g in tr.optimizer.param_groups:
+        g["lr"] = cfg.sft.lr
+    rng = random.Random(cfg.run.seed)
+    losses, t0, batch = [], time.perf_counter(), 4
+    for epoch in range(cfg.sft.epochs):
+        rng.shuffle(samples)
+        for i in range(0, len(samples), batch):
+            m = tr.sft_step(samples[i:i + batch])
+            losses.append(m["loss"])
+        log(f"  SFT epoch {epoch + 1}/{cfg.sft.epochs}: loss {losses[-1]:.3f}")
+    # RL starts with a fresh optimizer at its own learning rate
+    tr.optimizer.state.clear()
+    for g in tr.optimizer.param_groups:
+        g["lr"] = cfg.train.lr
+    tokens = sum(len(s.input_ids) for s in samples) * cfg.sft.epochs
+    secs = time.perf_counter() - t0
+    return {"traces": len(trajs), "samples": len(samples), "steps": len(losses), "loss_first": losses[0],
+            "loss_last": losses[-1], "seconds": round(secs, 1), "tokens_per_second": round(tokens / max(secs, 1e-9), 1)}
+
+
+def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], None] = print,
+                 on_step: Callable[[dict], None] | None = None) -> dict:
+    out = Path(cfg.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = cfg.rollout.backend
+    tasks = ensure_tasks(cfg.tasks, backend, log)
+    train, held = split_tasks(tasks, cfg.tasks.heldout, cfg.tasks.seed, out)
+    log(f"{len(train)} training tasks, {len(held)} held out; model {cfg.model.name}")
+    t0 = time.perf_counter()
+    run = RLRun(cfg, train, out, resume=resume, on_step=on_step)
+    log(f"model loaded in {time.perf_counter() - t0:.1f}s" + (f"; resuming at step {run.start_step}" if run.start_step else ""))
+    evals_path, sft_path = out / "evals.json", out / "sft.json"
+    evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
+    held_tasks = [Task.load(p) for p in held]
+
+    def measure(name: str) -> None:
+        if held_tasks and name not in evals:
+            log(f"evaluating held-out pass@1 ({name}) ...")
+            with run.make_policy(cfg.eval.temperature) as pol:
+                evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent)
+            log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
+            _write_json(evals_path, evals)
+
+    if run.start_step == 0:
+        measure("base")
+        if cfg.sft.enabled and not (resume and sft_path.exists()):
+            log("SFT warm start on oracle traces ...")
+            trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg)
+            sft = sft_warm_start(run, trajs, cfg, log)
+            export_model(out / "sft_model", run.trainer)
+            _write_json(sft_path, sft)
+            measure("sft")
+    log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
+    rows = run.run()
+    run.policy.close()
+    measure("rl")
+    report = write_report(out)
+    return {"out": str(out), "report": str(report), "evals": {k: v["pass@1"] for k, v in evals.items()},
+            "steps": len(rows), "last_step": rows[-1] if rows else None,
+            "checkpoint": str(run.latest_checkpoint() or "")}

@@ -1,0 +1,56 @@
+"""The run report: JSON, a Markdown summary and a PNG of reward per step.
+
+Everything in the report is rebuilt from ``metrics.jsonl`` and ``evals.json`` in the
+run directory, so a report can be regenerated after the fact (``write_report(out)``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_report(out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()] \
+        if (out / "metrics.jsonl").exists() else []
+    evals = json.loads((out / "evals.json").read_text()) if (out / "evals.json").exists() else {}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    steps = [r["step"] for r in rows]
+    axes[0].plot(steps, [r.get("reward_mean", 0) for r in rows], "o-", label="reward mean")
+    axes[0].plot(steps, [r.get("pass@1", 0) for r in rows], "s--", label="pass@1 (train groups)")
+    axes[0].set(title="reward per RL step", xlabel="step", ylim=(-0.05, 1.05))
+    axes[0].legend(fontsize=8)
+    axes[1].plot(steps, [r.get("invalid_calls", 0) for r in rows], "o-", color="tab:red", label="invalid calls / rollout")
+    axes[1].plot(steps, [r.get("tool_calls", 0) for r in rows], "s-", color="tab:green", label="tool calls / rollout")
+    axes[1].set(title="tool use per rollout", xlabel="step")
+    axes[1].legend(fontsize=8)
+    names = list(evals)
+    axes[2].bar(names, [evals[n].get("pass@1", 0) for n in names], color="tab:purple")
+    for i, n in enumerate(names):
+        axes[2].text(i, evals[n].get("pass@1", 0) + 0.02, f"{evals[n].get('pass@1', 0):.2f}", ha="center")
+    axes[2].set(title="held-out pass@1", ylim=(0, 1.05))
+    fig.tight_layout()
+    png = out / "report.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    lines = ["# opencomposer run report", "", f"run dir: `{out}`", "", "## Held-out pass@1", "",
+             "| stage | tasks | k | pass@1 | invalid calls/ep | tokens/ep | s |", "|---|---|---|---|---|---|---|"]
+    for n, e in evals.items():
+        lines.append(f"| {n} | {e.get('tasks')} | {e.get('k')} | {e.get('pass@1', 0):.3f} | "
+                     f"{e.get('invalid_calls', 0):.2f} | {e.get('mean_completion_tokens', 0):.0f} | {e.get('seconds')} |")
+    lines += ["", "## RL steps", "", "| step | reward | pass@1 | tokens | tool calls | invalid | loss | kl | grad norm | rollout s | train s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass@1', 0):.3f} | "
+                     f"{r.get('mean_completion_tokens', 0):.0f} | {r.get('tool_calls', 0):.1f} | {r.get('invalid_calls', 0):.1f} | "
+                     f"{r.get('loss', 0):.4g} | {r.get('kl', 0):.3g} | {r.get('grad_norm', 0):.3g} | "
+                     f"{r.get('time_rollout')} | {r.get('time_train')} |")
+    lines += ["", "![report](report.png)", ""]
+    md = out / "report.md"
+    md.write_text("\n".join(lines))
+    (out / "report.json").write_text(json.dumps({"evals": evals, "steps": rows}, indent=1))
+    return md

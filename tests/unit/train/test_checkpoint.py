@@ -1,0 +1,115 @@
+"""Checkpoints: an interrupted run resumes bit-for-bit; bad files are named; exports load."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from opencomposer.models import load_model
+from opencomposer.rl.loss import LossConfig
+from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, load_checkpoint, save_checkpoint
+
+from .trainutil import params, rollout_samples
+
+
+def _flat(state: object) -> list:
+    """Optimizer state as a flat list of tensors and numbers, for exact comparison."""
+    if isinstance(state, dict):
+        return [x for k in sorted(state, key=str) for x in [k, *_flat(state[k])]]
+    if isinstance(state, (list, tuple)):
+        return [x for v in state for x in _flat(v)]
+    return [state]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b)
+    )
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_from_a_checkpoint_is_exact(tmp_path, lora):
+    cfg = TrainConfig(lr=1e-3, lora=lora, lora_r=4)
+    a = Trainer(*load_model("tiny-random"), cfg)
+    first, second = (rollout_samples(*a.policy_pair(), n=2, seed=k, max_new_tokens=8) for k in (1, 2))
+    loss = LossConfig(kl_coef=0.05 if lora else 0.0)
+    a.rl_step(first, loss, normalizer=16.0)
+    a.rl_step(first, loss, normalizer=16.0)  # two steps, so AdamW's moments are not trivial
+    saved_weights, saved_opt = params(a.model), _flat(copy.deepcopy(a.optimizer.state_dict()))
+    state = {"used_task_ids": ["t0", "t1"], "metrics": [{"loss": 0.5}]}
+    save_checkpoint(tmp_path / "ckpt", a, state, step=2)
+    torch.manual_seed(123)  # whatever happens after the save...
+    expected = a.rl_step(second, loss, normalizer=16.0)
+    expected_rng = torch.rand(3)
+
+    b = Trainer(*load_model("tiny-random"), cfg)
+    got_state = load_checkpoint(tmp_path / "ckpt", b)
+    assert got_state == {**state, "step": 2} and b.version == 2
+    restored = params(b.model)
+    assert all(torch.equal(saved_weights[n], restored[n]) for n in saved_weights)
+    assert _same(saved_opt, _flat(b.optimizer.state_dict()))
+    torch.manual_seed(123)
+    got = b.rl_step(second, loss, normalizer=16.0)
+    assert torch.equal(torch.rand(3), expected_rng)
+    assert (got["loss"], got["grad_norm"]) == (expected["loss"], expected["grad_norm"])
+    after_a, after_b = params(a.model), params(b.model)
+    assert all(torch.equal(after_a[n], after_b[n]) for n in after_a)
+
+
+def test_latest_pointer_and_pruning(tmp_path, tiny):
+    trainer = Trainer(*tiny, TrainConfig())
+    for step in range(1, 5):
+        save_checkpoint(tmp_path, trainer, {"n": step}, step=step, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-0003", "step-0004"]
+    assert (tmp_path / "latest").read_text().strip() == "step-0004"
+    assert load_checkpoint(tmp_path, trainer)["n"] == 4
+    assert load_checkpoint(tmp_path / "step-0003", trainer)["n"] == 3  # a step dir directly
+    save_checkpoint(tmp_path, trainer, {"n": 44}, step=4, keep=2)  # re-saving a step replaces it
+    assert load_checkpoint(tmp_path, trainer)["n"] == 44
+    with pytest.raises(CheckpointError, match="not JSON-serialisable"):
+        save_checkpoint(tmp_path, trainer, {"bad": object()}, step=5)
+
+
+def test_bad_checkpoints_name_the_file(tmp_path, tiny):
+    trainer = Trainer(*tiny, TrainConfig())
+    with pytest.raises(CheckpointError, match=r"nothing[/\\]latest: missing"):
+        load_checkpoint(tmp_path / "nothing", trainer)
+    path = save_checkpoint(tmp_path, trainer, {}, step=1)
+    weights = next((path / "model").glob("*.safetensors"))
+    weights.write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match=f"{weights.name}: unreadable safetensors"):
+        load_checkpoint(tmp_path, trainer)
+
+    path = save_checkpoint(tmp_path, trainer, {}, step=2)
+    (path / "optimizer.pt").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="optimizer.pt: unreadable"):
+        load_checkpoint(tmp_path, trainer)
+    (path / "state.json").write_text("{")
+    with pytest.raises(CheckpointError, match="state.json: not valid JSON"):
+        load_checkpoint(tmp_path, trainer)
+    (tmp_path / "latest").write_text("step-0099\n")
+    with pytest.raises(CheckpointError, match="points to 'step-0099'"):
+        load_checkpoint(tmp_path, trainer)
+
+    path = save_checkpoint(tmp_path, trainer, {}, step=3)
+    lora = Trainer(*load_model("tiny-random"), TrainConfig(lora=True))
+    with pytest.raises(CheckpointError, match="trainer.json: checkpoint is full fine-tuning but the trainer is set up for LoRA"):
+        load_checkpoint(tmp_path, lora)
+    assert json.loads((path / "trainer.json").read_text())["model"].endswith("tiny-random")
+
+
+def test_export_merges_lora_into_a_loadable_model(tmp_path, tiny):
+    trainer = Trainer(*tiny, TrainConfig(lr=1e-2, lora=True, lora_r=4))
+    trainer.rl_step(rollout_samples(*trainer.policy_pair(), n=2), LossConfig(), normalizer=32.0)
+    out = export_model(tmp_path / "model", trainer)
+    model, _ = load_model(str(out))
+    ids = torch.tensor([rollout_samples(model, trainer.tokenizer, n=1)[0].input_ids])
+    with torch.no_grad():
+        mine, theirs = trainer.model(input_ids=ids).logits, model(input_ids=ids).logits
+        base = load_model("tiny-random")[0](input_ids=ids).logits
+    torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(base, mine, atol=1e-5)  # the export carries the training
+    assert any("lora_" in n for n, _ in trainer.model.named_parameters())  # adapters intact
