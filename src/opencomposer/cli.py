@@ -215,6 +215,7 @@ def train(
     resume: bool = typer.Option(False, help="continue from the run directory's latest checkpoint"),
     steps: Optional[int] = typer.Option(None, help="override run.steps"),
     out_dir: Optional[str] = typer.Option(None, "--out", help="override run.out_dir"),
+    sandbox: Optional[str] = typer.Option(None, help="override rollout.backend (local | namespace)"),
 ) -> None:
     """Tasks -> held-out eval -> SFT warm start -> GRPO steps -> eval -> report."""
     from opencomposer.rl.config import RLRunConfig
@@ -225,6 +226,8 @@ def train(
             cfg.run.steps = steps
         if out_dir is not None:
             cfg.run.out_dir = out_dir
+        if sandbox is not None:
+            cfg.rollout.backend = sandbox
         from opencomposer.rl.pipeline import run_pipeline
         from opencomposer.rl.sampler import PoolExhausted
 

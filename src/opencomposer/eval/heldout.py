@@ -10,15 +10,23 @@ the unbiased estimator over the k samples. The full CursorBench-style suite come
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from opencomposer.config import AgentConfig
 from opencomposer.rl.metrics import summarize_groups
 from opencomposer.rl.rollout import collect_rollouts
 
 
-def evaluate(policy, tasks: list, k: int, backend: str, agent_cfg: AgentConfig) -> dict:
+def evaluate(policy, tasks: list, k: int, backend: str, agent_cfg: AgentConfig,
+             save_dir: Path | None = None) -> dict:
+    """Run ``k`` episodes per task; ``save_dir`` keeps every transcript for inspection."""
     t0 = time.perf_counter()
     rollouts = collect_rollouts(tasks, k, policy, backend, agent_cfg, max_concurrent=len(tasks) * k)
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        for r in rollouts:
+            if r.result is not None:
+                r.result.trajectory.save(save_dir / f"{r.task_id}-{r.index}.json")
     groups: dict[str, list[float]] = {}
     for r in rollouts:
         groups.setdefault(r.task_id, []).append(r.reward)

@@ -57,6 +57,8 @@ class SFTSection(Strict):
 
 
 class EvalSection(Strict):
+    stages: list[Literal["base", "sft", "rl"]] = Field(
+        ["base", "sft", "rl"], description="when to measure held-out pass@1: base model, after SFT, after RL")
     k: int = Field(1, ge=1, description="samples per held-out task for pass@1")
     temperature: float = Field(0.0, ge=0)
 

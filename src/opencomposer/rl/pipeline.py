@@ -92,10 +92,11 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     held_tasks = [Task.load(p) for p in held]
 
     def measure(name: str) -> None:
-        if held_tasks and name not in evals:
+        if held_tasks and name in cfg.eval.stages and name not in evals:
             log(f"evaluating held-out pass@1 ({name}) ...")
             with run.make_policy(cfg.eval.temperature) as pol:
-                evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent)
+                evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
+                                       save_dir=out / "evals" / name)
             log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
             _write_json(evals_path, evals)
 
