@@ -36,7 +36,7 @@ class TrainConfig(Strict):
     # which biases RL importance ratios; keep 0 for RL.
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    bf16: bool | Literal["auto"] = Field("auto", description="bf16 autocast; 'auto' = on CUDA with bf16 only")
+    bf16: bool | Literal["auto"] = Field("auto", description="bf16 autocast; 'auto' = where native (CUDA bf16, CPU AVX512-BF16/AMX)")
     gradient_checkpointing: bool = False
     seed: int = 0
     # The sampler's temperature; 0 (greedy) means 1, since greedy logprobs are temperature-1.

@@ -253,11 +253,19 @@ def _timed(metrics: dict[str, float], t0: float) -> dict[str, float]:
 
 
 def _use_bf16(setting: bool | str, device: torch.device) -> bool:
-    capable = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    """bf16 autocast wherever the hardware has it natively: CUDA with bf16, or a CPU with
+    AVX512-BF16/AMX (~1.6x faster fwd+bwd for SmolLM2-135M on the 2-core VM). 'auto' picks
+    it when available; ``true`` insists. The trainer-vs-sampler log-prob gap it adds is
+    what the clipped importance ratio absorbs (and what issue 6 measures)."""
+    if device.type == "cuda":
+        capable = torch.cuda.is_bf16_supported()
+    else:
+        capable = device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     if setting == "auto":
         return capable
     if setting and not capable:
-        raise ValueError(f"TrainConfig.bf16=true needs a CUDA device with bf16; the model is on {device}")
+        raise ValueError(f"TrainConfig.bf16=true needs bf16 support (CUDA, or a CPU with AVX512-BF16/AMX); "
+                         f"the model is on {device}")
     return bool(setting)
 
 

@@ -32,7 +32,7 @@ def _same(a: list, b: list) -> bool:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_resume_from_a_checkpoint_is_exact(tmp_path, lora):
-    cfg = TrainConfig(lr=1e-3, lora=lora, lora_r=4)
+    cfg = TrainConfig(bf16=False, lr=1e-3, lora=lora, lora_r=4)
     a = Trainer(*load_model("tiny-random"), cfg)
     first, second = (rollout_samples(*a.policy_pair(), n=2, seed=k, max_new_tokens=8) for k in (1, 2))
     loss = LossConfig(kl_coef=0.05 if lora else 0.0)
@@ -60,7 +60,7 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path, lora):
 
 
 def test_latest_pointer_and_pruning(tmp_path, tiny):
-    trainer = Trainer(*tiny, TrainConfig())
+    trainer = Trainer(*tiny, TrainConfig(bf16=False))
     for step in range(1, 5):
         save_checkpoint(tmp_path, trainer, {"n": step}, step=step, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-0003", "step-0004"]
@@ -74,7 +74,7 @@ def test_latest_pointer_and_pruning(tmp_path, tiny):
 
 
 def test_bad_checkpoints_name_the_file(tmp_path, tiny):
-    trainer = Trainer(*tiny, TrainConfig())
+    trainer = Trainer(*tiny, TrainConfig(bf16=False))
     with pytest.raises(CheckpointError, match=r"nothing[/\\]latest: missing"):
         load_checkpoint(tmp_path / "nothing", trainer)
     path = save_checkpoint(tmp_path, trainer, {}, step=1)
@@ -95,14 +95,14 @@ def test_bad_checkpoints_name_the_file(tmp_path, tiny):
         load_checkpoint(tmp_path, trainer)
 
     path = save_checkpoint(tmp_path, trainer, {}, step=3)
-    lora = Trainer(*load_model("tiny-random"), TrainConfig(lora=True))
+    lora = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, lora=True))
     with pytest.raises(CheckpointError, match="trainer.json: checkpoint is full fine-tuning but the trainer is set up for LoRA"):
         load_checkpoint(tmp_path, lora)
     assert json.loads((path / "trainer.json").read_text())["model"].endswith("tiny-random")
 
 
 def test_export_merges_lora_into_a_loadable_model(tmp_path, tiny):
-    trainer = Trainer(*tiny, TrainConfig(lr=1e-2, lora=True, lora_r=4))
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, lr=1e-2, lora=True, lora_r=4))
     trainer.rl_step(rollout_samples(*trainer.policy_pair(), n=2), LossConfig(), normalizer=32.0)
     out = export_model(tmp_path / "model", trainer)
     model, _ = load_model(str(out))

@@ -37,12 +37,12 @@ def transcripts(tmp_path: Path) -> list[Path]:
 
 def test_run_sft_trains_saves_and_exports(tmp_path, transcripts):
     out = tmp_path / "sft"
-    result = run_sft(transcripts[:1], "tiny-random", out, TrainConfig(lr=3e-3), epochs=3, batch_size=1, progress=False)
+    result = run_sft(transcripts[:1], "tiny-random", out, TrainConfig(bf16=False, lr=3e-3), epochs=3, batch_size=1, progress=False)
     assert (result["transcripts"], result["samples"], result["steps"], result["dropped_too_long"]) == (1, 1, 3, 0)
     assert result["last_loss"] < result["first_loss"] - 0.5, result["losses"]
     assert result["tokens_per_second"] > 0
     model, tok = load_model(result["export"])  # a plain HF directory
-    trainer = Trainer(*load_model("tiny-random"), TrainConfig(lr=3e-3))
+    trainer = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, lr=3e-3))
     state = load_checkpoint(out / "checkpoints", trainer)
     assert state["step"] == 3 and state["losses"] == result["losses"]
 

@@ -15,7 +15,7 @@ from .trainutil import grads, params, rollout_samples
 
 
 def test_rl_step_is_on_policy_then_updates_the_weights(tiny):
-    trainer = Trainer(*tiny, TrainConfig(lr=1e-3, temperature=0.7))
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, lr=1e-3, temperature=0.7))
     # Sampled through ModelPolicy from the trainer's own weights at the same temperature,
     # so the recomputed log-probs must equal the sampler's: ratio 1 on every token.
     samples = rollout_samples(*trainer.policy_pair(), n=4, temperature=0.7)
@@ -35,7 +35,7 @@ def test_rl_step_is_on_policy_then_updates_the_weights(tiny):
 
 
 def test_lora_trains_only_the_adapters_and_uses_the_base_as_reference(tiny):
-    trainer = Trainer(*tiny, TrainConfig(lr=1e-3, lora=True, lora_r=4, temperature=1.0))
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, lr=1e-3, lora=True, lora_r=4, temperature=1.0))
     samples = rollout_samples(*trainer.policy_pair(), n=4)
     before = params(trainer.model)
     m = trainer.rl_step(samples, LossConfig(kl_coef=0.1), normalizer=64.0)
@@ -50,7 +50,7 @@ def test_lora_trains_only_the_adapters_and_uses_the_base_as_reference(tiny):
 def test_full_fine_tuning_kl_needs_a_frozen_reference(tiny):
     model, tok = tiny
     ref = frozen_copy(model)
-    trainer = Trainer(model, tok, TrainConfig(lr=1e-3))
+    trainer = Trainer(model, tok, TrainConfig(bf16=False, lr=1e-3))
     samples = rollout_samples(model, tok, n=2)
     with pytest.raises(ValueError, match="needs ref_model"):
         trainer.rl_step(samples, LossConfig(kl_coef=0.1), normalizer=32.0)
@@ -62,8 +62,8 @@ def test_the_gradient_does_not_depend_on_micro_batching_or_checkpointing(tiny):
     from opencomposer.models import load_model
 
     samples = rollout_samples(*tiny, n=5)
-    one = Trainer(*tiny, TrainConfig(micro_batch_tokens=100_000))
-    many = Trainer(*load_model("tiny-random"), TrainConfig(micro_batch_tokens=40, gradient_checkpointing=True))
+    one = Trainer(*tiny, TrainConfig(bf16=False, micro_batch_tokens=100_000))
+    many = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, micro_batch_tokens=40, gradient_checkpointing=True))
     m1 = one.rl_backward(samples, LossConfig(), normalizer=80.0)
     m2 = many.rl_backward(samples, LossConfig(), normalizer=80.0)
     assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7)
@@ -74,7 +74,7 @@ def test_the_gradient_does_not_depend_on_micro_batching_or_checkpointing(tiny):
 
 
 def test_the_grad_norm_is_reported_and_clipped(tiny):
-    trainer = Trainer(*tiny, TrainConfig(grad_clip=1e-3))
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, grad_clip=1e-3))
     trainer.rl_backward(rollout_samples(*tiny, n=2), LossConfig(), normalizer=32.0)
     norm = trainer.clip_gradients()
     assert norm > 1e-3
@@ -83,7 +83,7 @@ def test_the_grad_norm_is_reported_and_clipped(tiny):
 
 
 def test_sft_steps_lower_the_loss_on_a_repeated_batch(tiny):
-    trainer = Trainer(*tiny, TrainConfig(lr=3e-3))
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, lr=3e-3))
     samples = rollout_samples(*tiny, n=3)
     with torch.no_grad():  # the loss is the mean NLL of the loss tokens, from a plain forward
         nll = []
@@ -97,9 +97,14 @@ def test_sft_steps_lower_the_loss_on_a_repeated_batch(tiny):
 
 def test_bad_settings_are_refused(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="bf16=true needs a CUDA device"):
-        Trainer(model, tok, TrainConfig(bf16=True))
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # CPU with native bf16: allowed when asked
+        assert Trainer(model, tok, TrainConfig(bf16=True)).bf16 is True
+        assert Trainer(model, tok, TrainConfig(bf16="auto")).bf16 is True
+    else:
+        with pytest.raises(ValueError, match="bf16=true needs bf16 support"):
+            Trainer(model, tok, TrainConfig(bf16=True))
+        assert Trainer(model, tok, TrainConfig(bf16="auto")).bf16 is False
     with pytest.raises(ValueError, match="load the model in float32"):
-        Trainer(model.to(torch.bfloat16), tok, TrainConfig())
+        Trainer(model.to(torch.bfloat16), tok, TrainConfig(bf16=False))
     with pytest.raises(ValueError, match="no samples to train on: 0 given"):
         Trainer(model.float(), tok).rl_step([], LossConfig(), 1.0)
