@@ -41,8 +41,11 @@ WIDEN = 8  # lines of extra context on each side when a hunk's text is not uniqu
 class OraclePolicy:
     """Solves ``task`` (a ``tasks.format.Task``) by replaying its gold patch as tool calls."""
 
-    def __init__(self, task: Any, check_timeout: float = 60.0):
+    def __init__(self, task: Any, check_timeout: float = 60.0, compact: bool = False):
         self.task = task
+        # compact: independent calls share a turn (list_dir + search; run + submit), as a
+        # good agent batches them: 4 turns for a one-hunk task instead of 6
+        self.compact = compact
         self.patches: list[FilePatch] = parse_patch(task.gold_patch)
         self.check_timeout = check_timeout
         self.name = f"oracle:{task.id}"
@@ -69,22 +72,30 @@ class OraclePolicy:
     def _plan(self) -> Script:
         feature = self.task.meta.feature
         symbol = feature.symbol.split(".")[-1]
-        yield "Let me look at the repository layout.", [self._call("list_dir", path=".")]
         suffix = feature.file.rsplit(".", 1)[-1] if "." in feature.file.rsplit("/", 1)[-1] else ""
         search = {"pattern": rf"\b{re.escape(symbol)}\b", **({"glob": f"*.{suffix}"} if suffix else {})}
-        yield f"Where is `{symbol}` defined and used?", [self._call("search", **search)]
+        if self.compact:
+            yield f"Let me look at the layout and find `{symbol}`.", [
+                self._call("list_dir", path="."), self._call("search", **search)]
+        else:
+            yield "Let me look at the repository layout.", [self._call("list_dir", path=".")]
+            yield f"Where is `{symbol}` defined and used?", [self._call("search", **search)]
         problems: list[str] = []
         for fp in self.patches:
             problem = yield from self._patch_file(fp)
             if problem:
                 problems.append(problem)
-        yield "Quick check that the code still loads.", [self._call("run", **self._check())]
         if problems:
             message = "I could not apply every change: " + "; ".join(problems)
         else:
             files = ", ".join(fp.path for fp in self.patches)
             message = f"Implemented `{feature.symbol}` in {files}."
-        yield "Done.", [self._call("submit", message=message)]
+        if self.compact:
+            yield "Check that the code loads, and finish.", [
+                self._call("run", **self._check()), self._call("submit", message=message)]
+        else:
+            yield "Quick check that the code still loads.", [self._call("run", **self._check())]
+            yield "Done.", [self._call("submit", message=message)]
 
     def _patch_file(self, fp: FilePatch) -> Generator[Turn, str, str]:
         """Apply one file's hunks; returns a problem description, or "" on success."""

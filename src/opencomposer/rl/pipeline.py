@@ -40,12 +40,17 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) -> list:
-    """Oracle episodes on training tasks, saved as transcripts (the SFT data)."""
+    """Oracle episodes on training tasks, saved as transcripts (the SFT data).
+
+    The compact oracle batches independent calls into one turn, so its traces fit the
+    short turn budgets small models get; traces that do not solve the task are dropped.
+    """
     out.mkdir(parents=True, exist_ok=True)
     trajs = []
     for p in tasks:
         task = Task.load(p)
-        res = run_task(task, OraclePolicy(task), backend, cfg.agent, transcript=out / f"{task.id}.json")
+        res = run_task(task, OraclePolicy(task, compact=True), backend, cfg.agent,
+                       transcript=out / f"{task.id}.json")
         if res.reward.passed:  # only traces that solved the task teach the format
             trajs.append(res.trajectory)
     return trajs
@@ -55,7 +60,9 @@ def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str
     tr = run.trainer
     samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, run.tools)]
     if not samples:
-        raise RuntimeError("SFT: no samples from the oracle traces (did the oracle solve any task?)")
+        raise RuntimeError(
+            f"SFT: none of the oracle traces solved its task within agent.max_turns="
+            f"{cfg.agent.max_turns} (the compact oracle needs 4 turns for a one-hunk task)")
     for g in tr.optimizer.param_groups:
         g["lr"] = cfg.sft.lr
     rng = random.Random(cfg.run.seed)

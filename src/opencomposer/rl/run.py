@@ -59,6 +59,16 @@ class MetricsLog:
                     self.tb.add_scalar(k, v, row["step"])
             self.tb.flush()
 
+    def truncate(self, step: int, last_row: dict | None) -> None:
+        """On resume: keep rows up to the checkpointed ``step`` (a killed step's row, if
+        written, is dropped; the checkpointed step's row is restored from the checkpoint)."""
+        rows = [r for r in self.rows() if r["step"] <= step]
+        if last_row and not any(r["step"] == step for r in rows):
+            rows.append(last_row)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(self.path)
+
     def rows(self) -> list[dict]:
         if not self.path.exists():
             return []
@@ -105,6 +115,7 @@ class RLRun:
             state = load_checkpoint(self.ckpt_dir, self.trainer)
             self.start_step = int(state["step"])
             self.sampler = TaskSampler.from_state(self.train_tasks, state["sampler"])
+            self.log.truncate(self.start_step, state.get("row"))
         self.policy = self.make_policy(self.cfg.rollout.temperature)
         self.tools = agent_tools()
 
@@ -178,13 +189,15 @@ class RLRun:
         self.reference()
         for step in range(self.start_step, self.cfg.run.steps):
             row = self.step(step)
+            # checkpoint first (atomic), then the metrics row: a kill in between loses
+            # nothing, since the row travels in the checkpoint (see MetricsLog.truncate)
+            if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
+                save_checkpoint(self.ckpt_dir, self.trainer, {"sampler": self.sampler.state(), "row": row},
+                                step + 1, keep=self.cfg.run.keep_checkpoints)
             self.log.write(row)
             rows.append(row)
             if self.on_step:
                 self.on_step(row)
-            if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
-                save_checkpoint(self.ckpt_dir, self.trainer, {"sampler": self.sampler.state()},
-                                step + 1, keep=self.cfg.run.keep_checkpoints)
         return rows
 
     def latest_checkpoint(self) -> Path | None:

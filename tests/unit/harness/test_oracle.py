@@ -165,3 +165,19 @@ def test_oracle_starts_over_for_a_new_episode(tmp_path, cfg):
         with make_sandbox(SandboxSpec(base_dir=task.workspace), "local") as sb:
             traj = run_episode(task.instruction, sb, policy, cfg)
             assert traj.exit_reason == "submitted" and sb.read_file("mathy/stats.py").decode() == STATS
+
+
+def test_compact_oracle_batches_independent_calls(tmp_path, cfg):
+    """list_dir+search and run+submit share turns: 4 turns for a one-hunk task."""
+    patch = make_patch(STATS, STATS_DELETED, "mathy/stats.py")
+    task = make_task(
+        tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+        {"mathy/stats.py": STATS_DELETED}, patch, "mathy.stats.mean",
+    )
+    sb = make_sandbox(SandboxSpec(base_dir=task.workspace, env_dir=Path(sys.prefix)), "local")
+    traj = run_episode(task.instruction, sb, OraclePolicy(task, compact=True), cfg, task_id=task.id)
+    with sb:
+        assert sb.read_file("mathy/stats.py").decode() == STATS
+    assert traj.exit_reason == "submitted" and traj.turns == 4 and traj.invalid_calls == 0
+    assert [e.name for e in traj.steps[0].tool_events] == ["list_dir", "search"]
+    assert [e.name for e in traj.steps[-1].tool_events] == ["run", "submit"]
