@@ -24,6 +24,8 @@ def write_report(out: Path) -> Path:
     axes[0].plot(steps, [r.get("pass@1", 0) for r in rows], "s--", label="pass@1 (train groups)")
     axes[0].set(title="reward per RL step", xlabel="step", ylim=(-0.05, 1.05))
     axes[0].legend(fontsize=8)
+    for ax in axes[:2]:
+        ax.set_xticks(steps)
     axes[1].plot(steps, [r.get("invalid_calls", 0) for r in rows], "o-", color="tab:red", label="invalid calls / rollout")
     axes[1].plot(steps, [r.get("tool_calls", 0) for r in rows], "s-", color="tab:green", label="tool calls / rollout")
     axes[1].set(title="tool use per rollout", xlabel="step")

@@ -153,13 +153,22 @@ class RLRun:
                               kl_estimator=lc.kl_estimator)
         # constant normaliser: the most tokens a batch could hold (no per-sequence averaging)
         normalizer = float(self.cfg.agent.max_tokens * len(rollouts))
-        train = self.trainer.rl_step(samples, loss_cfg, normalizer, self.reference()) if samples else {}
+        if lc.kl_coef == 0:
+            # a zero-advantage sample contributes exactly zero gradient without a KL term:
+            # skip its forward/backward (a group whose K rewards are equal costs nothing)
+            samples = [s for s in samples if s.advantage != 0.0]
+        if samples:
+            train = self.trainer.rl_step(samples, loss_cfg, normalizer, self.reference())
+        else:
+            train = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
+                     "tokens": 0.0, "skipped": 1.0}
         t3 = time.perf_counter()
         reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
         row = {
             "step": step + 1, **rollout_stats(rollouts, r.k), "task_ids": [t.id for t in tasks],
             "samples": len(samples), "train_tokens": train.get("tokens", 0.0),
             **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},
+            "update_skipped": bool(train.get("skipped", 0.0)),
             "time_rollout": round(t1 - t0, 2), "time_generate": round(self.policy.stats.get("generate_seconds", 0.0), 2),
             "time_reward_cpu": round(reward_s, 2), "time_samples": round(t2 - t1, 2), "time_train": round(t3 - t2, 2),
             "policy_version": self.trainer.version,
