@@ -12,7 +12,7 @@ SUMMARY = """\
 =========================== short test summary info ============================
 PASSED tests/test_a.py::test_one
 PASSED tests/test_a.py::TestK::test_two[a - b]
-FAILED tests/test_a.py::test_three - AssertionError: assert 1 == 2
+FAILED tests/test_a.py::test_three - AssertionError: expected 2, got 1
 ERROR tests/test_b.py - ModuleNotFoundError: No module named 'x'
 XFAIL tests/test_a.py::test_x - reason
 1 failed, 2 passed, 1 error in 0.1s
@@ -33,7 +33,7 @@ def test_parse_outcomes():
 def test_run_tests_in_sandbox(tmp_path: Path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_m.py").write_text(
-        "def test_ok():\n    assert 1\n\ndef test_bad():\n    assert 0\n")
+        "def test_ok():\n    assert sum([1, 2]) == 3\n\ndef test_bad():\n    assert sum([1, 2]) == 4\n")
     env = Path(sys.prefix)  # this venv has pytest
     with make_sandbox(SandboxSpec(tmp_path, env), "local") as sb:
         rep = run_tests(sb, ["tests/test_m.py"], timeout=120)
