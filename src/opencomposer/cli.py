@@ -155,13 +155,14 @@ def tasks_list(paths: list[Path] = typer.Argument(..., help="task directories, o
           "levels": {lv: sum(t.meta.feature.level == lv for t in rows) for lv in sorted({t.meta.feature.level for t in rows})}})
 
 
-def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str]):
+def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
+                max_new_tokens: int = 256, temperature: float = 0.0):
     if kind == "oracle":
         from opencomposer.harness.oracle import OraclePolicy
         return OraclePolicy(task)
     if kind == "model":
         from opencomposer.models.policy import ModelPolicy
-        return ModelPolicy(model or "smollm2-135m")
+        return ModelPolicy(model or "smollm2-135m", max_new_tokens=max_new_tokens, temperature=temperature)
     if kind == "openai":
         from opencomposer.harness.openai_policy import OpenAIPolicy
         if not base_url:
@@ -181,6 +182,8 @@ def agent(
     config: Optional[Path] = typer.Option(None, help="TOML with [agent] limits"),
     transcript: Optional[Path] = typer.Option(None, help="where to write the JSON transcript"),
     verbose: bool = typer.Option(True, help="print each step"),
+    max_new_tokens: int = typer.Option(256, min=1, help="--policy model: tokens per turn"),
+    temperature: float = typer.Option(0.0, min=0.0, help="--policy model: sampling temperature (0 = greedy)"),
 ) -> None:
     """Run one episode on a task and print reward, turns, tool calls, invalid calls and time."""
     from opencomposer.rl.episode import run_task
@@ -189,7 +192,7 @@ def agent(
     try:
         cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
         task = Task.load(task_dir)
-        pol = make_policy(policy, task, model, base_url, api_key)
+        pol = make_policy(policy, task, model, base_url, api_key, max_new_tokens, temperature)
         transcript = transcript or Path("runs") / "transcripts" / f"{task.id}-{policy}-{int(time.time())}.json"
         transcript.parent.mkdir(parents=True, exist_ok=True)
 
