@@ -61,6 +61,7 @@ def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):
                     "kl", "loss", "entropy", "grad_norm", "time_rollout", "time_train"):
             assert key in r, key
     assert (out / "report.png").stat().st_size > 10_000 and (out / "report.md").exists()
+    assert list((out / "tb").glob("events.out.tfevents*")), "metrics also go to TensorBoard"
     assert set(result["evals"]) == {"base", "rl"}
     # the checkpoint reloads, and its parameters differ from the initial model's (the k1 KL
     # term has a gradient even when a group's rewards are all equal and advantages are 0)
