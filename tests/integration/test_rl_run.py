@@ -128,3 +128,27 @@ def test_killed_mid_step_resumes_without_loss(toolz_tasks: Path, tmp_path: Path)
     used = [t for row in rows for t in row["task_ids"]]
     assert len(used) == len(set(used)) == 3
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] >= 1
+
+
+def test_sft_warm_start_is_checkpointed_as_step_zero(toolz_tasks: Path, tmp_path: Path):
+    """Oracle traces -> SFT -> a step-0 checkpoint with the SFT weights, so a run stopped
+    before its first RL checkpoint resumes from SFT, not from the base model."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "sft"
+    text = write_cfg(tmp_path, toolz_tasks, out, steps=1, kl=0.0).read_text()
+    text = text.replace("max_turns = 2", "max_turns = 4").replace(
+        "[sft]\nenabled = false", "[sft]\nenabled = true\nepochs = 1\nmax_traces = 1")
+    cfgp = tmp_path / "rl-sft.toml"
+    cfgp.write_text(text)
+    cfg = load_config(cfgp, RLRunConfig)
+    result = run_pipeline(cfg, log=lambda m: None)
+    sft = json.loads((out / "sft.json").read_text())
+    assert sft["traces"] == 1 and sft["loss_last"] > 0
+    assert set(result["evals"]) == {"base", "sft", "rl"}
+    step0 = out / "checkpoints" / "step-0000"
+    assert step0.is_dir()
+    a = load_file(str(next(step0.rglob("*.safetensors"))))
+    b = load_file(str(next((out / "sft_model").rglob("*.safetensors"))))
+    shared = set(a) & set(b)
+    assert shared and all(torch.equal(a[k], b[k]) for k in shared)

@@ -30,7 +30,7 @@ from opencomposer.rl.run import RLRun
 from opencomposer.rl.samples import sft_samples
 from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.tasks.format import Task
-from opencomposer.train.checkpoint import export_model
+from opencomposer.train.checkpoint import export_model, save_checkpoint
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -114,6 +114,10 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
             trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg)
             sft = sft_warm_start(run, trajs, cfg, log)
             export_model(out / "sft_model", run.trainer)
+            # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
+            # RL checkpoint resumes from them instead of from the base model
+            save_checkpoint(run.ckpt_dir, run.trainer, {"sampler": run.sampler.state()}, 0,
+                            keep=cfg.run.keep_checkpoints)
             _write_json(sft_path, sft)
             measure("sft")
     log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
