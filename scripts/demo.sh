@@ -10,6 +10,7 @@ CONFIG=${DEMO_CONFIG:-configs/demo.toml}
 BACKEND=$(.venv/bin/python -c "from opencomposer.sandbox.namespace import unavailable_reason as u; r = u(); print('local' if r else 'namespace')")
 [ "$BACKEND" = local ] && echo "note: namespace sandboxes unavailable here; using the local backend"
 OUT=$(.venv/bin/python -c "import tomllib,sys; print(tomllib.load(open('$CONFIG','rb'))['run']['out_dir'])")
+mkdir -p "$(dirname "$OUT")"
 RESUME=""
 [ -d "$OUT/checkpoints" ] || [ -f "$OUT/evals.json" ] && RESUME="--resume"
 start=$(date +%s)
