@@ -11,3 +11,10 @@ def cache_dir(*parts: str) -> Path:
     p = root.joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file + rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -24,7 +24,8 @@ from typing import Any
 from opencomposer.protocols import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
+TOOL_CALL_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
+_BLOCK = TOOL_CALL_BLOCK
 
 TOOLS_PREAMBLE = (
     "You may call one or more functions to do the task. The function signatures are "

@@ -57,7 +57,7 @@ def render_prompt(tokenizer: Any, messages: list[Message], tools: list[dict[str,
             "tokenizer has no chat template; load it with opencomposer.models.load_model "
             "or call opencomposer.models.chat.ensure_chat_template(tokenizer)"
         )
-    chat = to_template_messages(messages, tools, native_tool_role=_speaks_hermes(tokenizer))
+    chat = to_template_messages(messages, tools, native_tool_role=speaks_hermes(tokenizer))
     return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
@@ -99,7 +99,7 @@ def to_template_messages(
     return out
 
 
-def _speaks_hermes(tokenizer: Any) -> bool:
+def speaks_hermes(tokenizer: Any) -> bool:
     """Whether the template has its own ``tool`` role that wraps results in <tool_response>."""
     template = tokenizer.chat_template
     if isinstance(template, dict):  # some tokenizers keep several named templates

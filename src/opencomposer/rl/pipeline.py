@@ -23,6 +23,7 @@ from typing import Callable
 
 from opencomposer.eval.heldout import evaluate
 from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.episode import run_task
 from opencomposer.rl.report import write_report
@@ -34,9 +35,7 @@ from opencomposer.train.checkpoint import export_model, save_checkpoint
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) -> list:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from opencomposer.config import AgentConfig
-from opencomposer.harness.codec import _BLOCK as TOOL_CALL_BLOCK
+from opencomposer.harness.codec import TOOL_CALL_BLOCK
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.models.policy import ModelPolicy
 from opencomposer.rl.batching import BatchedPolicy

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from opencomposer.harness.prompt import agent_tools
 from opencomposer.models.policy import ModelPolicy
 from opencomposer.models.registry import load_model
+from opencomposer.paths import atomic_write_text
 from opencomposer.rl.advantages import advantages_for_groups
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.loss import LossConfig
@@ -65,9 +66,7 @@ class MetricsLog:
         rows = [r for r in self.rows() if r["step"] <= step]
         if last_row and not any(r["step"] == step for r in rows):
             rows.append(last_row)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def rows(self) -> list[dict]:
         if not self.path.exists():

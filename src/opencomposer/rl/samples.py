@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opencomposer.harness.trajectory import Trajectory
-from opencomposer.models.chat import _speaks_hermes, encode_prompt, render_prompt, to_template_messages
+from opencomposer.models.chat import speaks_hermes, encode_prompt, render_prompt, to_template_messages
 from opencomposer.protocols import Message
 
 NOT_GENERATED = -1  # policy_version of tokens the model did not sample
@@ -180,7 +180,7 @@ def assistant_completion(
     adds think tags, for one), and the newline after the end token belongs to the next prompt.
     """
     prompt = render_prompt(tokenizer, history, tools)
-    chat = to_template_messages(history + [message], tools, native_tool_role=_speaks_hermes(tokenizer))
+    chat = to_template_messages(history + [message], tools, native_tool_role=speaks_hermes(tokenizer))
     full = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
     if not full.startswith(prompt):
         raise SampleError(

@@ -10,6 +10,7 @@ import json
 import random
 from pathlib import Path
 
+from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import TasksSection
 from opencomposer.tasks.format import find_tasks
 
@@ -46,7 +47,5 @@ def split_tasks(tasks: list[Path], heldout: int, seed: int, out: Path) -> tuple[
     held = sorted(random.Random(seed).sample(names, heldout))
     train = [n for n in names if n not in held]
     out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"train": train, "heldout": held}, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps({"train": train, "heldout": held}, indent=1))
     return [by_name[n] for n in train], [by_name[n] for n in held]

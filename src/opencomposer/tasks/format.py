@@ -33,6 +33,7 @@ import tomli_w
 from pydantic import Field
 
 from opencomposer.config import ConfigError, Strict, validate
+from opencomposer.paths import atomic_write_text
 from opencomposer.protocols import SandboxSpec
 
 TASK_FORMAT_VERSION = 1
@@ -149,9 +150,7 @@ class Task:
 
 def write_task_toml(path: Path, meta: TaskMeta) -> None:
     """Write task.toml atomically (temp file + rename)."""
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_bytes(tomli_w.dumps(meta.model_dump(mode="json")).encode())
-    tmp.replace(path)
+    atomic_write_text(path, tomli_w.dumps(meta.model_dump(mode="json")))
 
 
 def find_tasks(paths: list[Path]) -> list[Path]:
