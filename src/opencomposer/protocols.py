@@ -130,6 +130,24 @@ class PathEscape(ValueError):
 
 
 @dataclass
+class SandboxLimits:
+    """Per-sandbox resource caps; 0 turns one off. Isolating backends enforce them
+    (``sandbox/limits.py`` says how); ``local`` ignores them.
+
+    ``memory_mb`` caps the sandbox's processes together (one process alone where only
+    rlimits are available), ``processes`` the live processes, ``cpu_seconds`` the CPU
+    time of each process, ``disk_mb`` what the workspace may grow by (and /tmp),
+    ``open_files`` the descriptors of each process.
+    """
+
+    memory_mb: int = 2048
+    processes: int = 256
+    cpu_seconds: int = 600
+    disk_mb: int = 2048
+    open_files: int = 1024
+
+
+@dataclass
 class SandboxSpec:
     """How to build a sandbox: the read-only base image and the environment it runs in.
 
@@ -142,6 +160,7 @@ class SandboxSpec:
     pythonpath: list[str] = field(default_factory=list)
     network: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 
 # --------------------------------------------------------------------------- tasks and rewards

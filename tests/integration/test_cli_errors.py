@@ -38,7 +38,7 @@ def test_config_typo_names_key(tmp_path: Path):
 def test_bad_source_and_levels(tmp_path: Path):
     r = run_cli("tasks", "make", "--source", "github:foo/bar", "--out", str(tmp_path))
     assert r.returncode == 2 and "expected pypi:NAME==VERSION" in r.stderr
-    r = run_cli("tasks", "make", "--source", "pypi:toolz", "--out", str(tmp_path), "--levels", "class")
+    r = run_cli("tasks", "make", "--source", "pypi:toolz", "--out", str(tmp_path), "--levels", "file")
     assert r.returncode == 2 and "unknown level" in r.stderr
 
 

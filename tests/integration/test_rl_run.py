@@ -152,3 +152,40 @@ def test_sft_warm_start_is_checkpointed_as_step_zero(toolz_tasks: Path, tmp_path
     b = load_file(str(next((out / "sft_model").rglob("*.safetensors"))))
     shared = set(a) & set(b)
     assert shared and all(torch.equal(a[k], b[k]) for k in shared)
+
+
+def test_shaping_feedback_and_summaries_in_one_step(toolz_tasks: Path, tmp_path: Path):
+    """Every issue-7 term switched on, rollouts from the built-in engine: the step logs each
+    term, the chain's segments train, and the feedback distillation moves the weights even
+    though all test rewards are 0."""
+    from opencomposer.models.registry import load_model
+    out = tmp_path / "shaped"
+    text = write_cfg(tmp_path, toolz_tasks, out, steps=1, kl=0.0).read_text()
+    text = text.replace("max_turns = 2", "max_turns = 3\nsummarize_at = 1050\nmax_summaries = 1")
+    text = text.replace('backend = "local"', 'backend = "local"\nengine = "builtin"')  # the inference engine samples
+    text += """
+[reward.length]
+enabled = true
+apply_to = "all"
+[reward.behaviour]
+enabled = true
+[feedback]
+enabled = true
+coef = 1.0
+"""
+    p = tmp_path / "shaped.toml"
+    p.write_text(text)
+    cfg = load_config(p, RLRunConfig)
+    run_pipeline(cfg, log=lambda m: None)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    for key in ("r_task", "r_length", "r_invalid_calls", "r_lint", "r_final_message", "r_question", "r_hacking",
+                "shaped_reward_mean", "hacking_flagged", "feedback_points", "feedback_no_call"):
+        assert key in row, key
+    assert row["reward_mean"] == 0.0 and row["r_length"] > 0  # tiny-random solves nothing, but pays for length
+    assert row["feedback_points"] >= 1 and row["distill_kl"] > 0 and not row["update_skipped"]
+    base, tok = load_model("tiny-random")
+    start = torch.nn.utils.parameters_to_vector(base.parameters()).clone()
+    trainer = Trainer(base, tok, cfg.train)
+    load_checkpoint(out / "checkpoints", trainer)
+    assert not torch.equal(start, torch.nn.utils.parameters_to_vector(trainer.model.parameters()))
+    assert row["policy_version"] == 1  # the engine sampled from version 0, the update made 1

@@ -27,12 +27,12 @@ def test_unknown_key_names_file_and_key(tmp_path):
 
 
 def test_bad_value_says_what_was_expected(tmp_path):
-    p = write(tmp_path, "[agent]\nmax_turns = 0\n[sandbox]\nbackend = 'docker'\n")
+    p = write(tmp_path, "[agent]\nmax_turns = 0\n[sandbox]\nbackend = 'firecracker'\n")
     with pytest.raises(ConfigError) as e:
         load_config(p, AgentRunConfig)
     msg = str(e.value)
     assert "agent.max_turns" in msg and "greater than or equal to 1" in msg and "got 0" in msg
-    assert "sandbox.backend" in msg and "'local'" in msg and "'docker'" in msg
+    assert "sandbox.backend" in msg and "'local'" in msg and "'firecracker'" in msg
 
 
 def test_garbled_and_missing_files(tmp_path):
@@ -49,3 +49,16 @@ def test_every_shipped_config_loads():
     assert files, "configs/ ships at least one config"
     for f in files:
         load_config(f, root_model(f))
+
+
+def test_checks_across_keys_name_both(tmp_path):
+    from opencomposer.rl.config import RLRunConfig
+
+    p = write(tmp_path, "[tasks]\ndir = 'x'\n[rollout]\nengine = 'builtin'\n[train]\nlora = true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, RLRunConfig)
+    assert "rollout.engine='builtin'" in str(e.value) and "train.lora=true" in str(e.value)
+    p = write(tmp_path, "[agent]\nmax_tokens = 4000\nsummarize_at = 4000\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, AgentRunConfig)
+    assert "summarize_at=4000 must be below max_tokens=4000" in str(e.value) and "table 'agent'" in str(e.value)

@@ -198,3 +198,13 @@ def test_probe_5k_files_is_fast(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 10
     assert result.checked["source"] == 5000
     assert [(h.path, h.line) for h in result.hits] == [(str(root / "d7/m7.py"), 1)]
+
+
+def test_a_deleted_line_also_in_a_non_python_file_of_the_workspace_is_not_distinctive(tmp_path):
+    """The probe searches every file, so lines the workspace holds anyway (a script, docs) prove nothing."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "make-data").write_text("#!/usr/bin/env python3\nparser.add_argument('--out')\n")
+    (tmp_path / "blob.bin").write_bytes(b"\0\1parser.add_argument(")
+    removed = "    parser = make_parser()\n    parser.add_argument('--out')\n    return parser.parse_args(argv)\n"
+    lines = distinctive_lines(removed, remaining=tmp_path)
+    assert "parser.add_argument('--out')" not in lines and "return parser.parse_args(argv)" in lines

@@ -24,6 +24,10 @@ Decisions worth knowing:
   turns; ``max_seconds`` of wall clock, which also caps each ``run`` command. A policy
   that reports no token counts is estimated at ``len(text) // 4``.
 - ``submit`` ends the episode at once; later calls of that turn are recorded as not run.
+- Self-summarisation (``AgentConfig.summarize_at`` > 0): once the conversation passes
+  that many tokens, the policy is asked for a summary and the episode continues in a
+  fresh segment that starts from it (``harness/summarize.py``); the summary turn counts
+  as a turn. ``max_tokens`` then caps each segment, not the whole episode.
 
 Test: ``pytest tests/unit/harness/test_loop.py``.
 """
@@ -38,6 +42,7 @@ from typing import Callable
 from opencomposer.config import AgentConfig
 from opencomposer.harness.codec import OPEN, parse_tool_calls
 from opencomposer.harness.prompt import agent_tools, no_call_nudge, system_prompt as default_system_prompt
+from opencomposer.harness.summarize import next_segment, summary_request
 from opencomposer.harness.tools import Submitted, execute
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory
 from opencomposer.protocols import Message, Policy, PolicyOutput, Sandbox, ToolCall
@@ -106,7 +111,10 @@ class Agent:
         try:
             while True:
                 self._check_limits(traj)
-                self._step(traj)
+                if self._should_summarize(traj):
+                    self._summarize(traj)
+                else:
+                    self._step(traj)
         except Submitted as s:
             traj.exit_reason, traj.final_message = "submitted", s.message
         except LimitsExceeded as e:
@@ -122,7 +130,7 @@ class Agent:
         cfg = self.cfg
         if traj.turns >= cfg.max_turns:
             raise LimitsExceeded("max_turns", f"reached max_turns={cfg.max_turns} without submit")
-        if traj.context_tokens >= cfg.max_tokens:
+        if traj.context_tokens >= cfg.max_tokens and not self._should_summarize(traj):
             raise LimitsExceeded("max_tokens", f"conversation is {traj.context_tokens} tokens >= max_tokens={cfg.max_tokens}")
         elapsed = time.monotonic() - self._started
         if elapsed >= cfg.max_seconds:
@@ -138,18 +146,44 @@ class Agent:
             raise PolicyFailed(f"{type(e).__name__}: {e}") from e
         return out, time.monotonic() - t0
 
-    def _step(self, traj: Trajectory) -> None:
+    def _should_summarize(self, traj: Trajectory) -> bool:
+        cfg, segment = self.cfg, len(traj.segments)
+        worked = any(s.segment == segment and not s.summary for s in traj.steps)  # no summary of a summary
+        return (cfg.summarize_at > 0 and traj.context_tokens >= cfg.summarize_at
+                and traj.summaries < cfg.max_summaries and worked)
+
+    def _summarize(self, traj: Trajectory) -> None:
+        """Ask for a summary, close the segment, start the next one from the summary."""
+        traj.messages.append(summary_request())
+        step, out = self._policy_turn(traj)
+        step.summary = True
+        try:
+            prose = parse_tool_calls(out.text)[0] if OPEN in out.text else out.text  # calls are not run
+            traj.messages.append(Message("assistant", prose))
+            traj.segments.append(traj.messages)
+            traj.messages = next_segment(traj.messages, prose, self.cfg.summary_keep_turns)
+            traj.context_tokens = self._estimate_prompt(traj.messages)
+        finally:
+            if self.on_step is not None:
+                self.on_step(step)
+
+    def _policy_turn(self, traj: Trajectory) -> tuple[Step, PolicyOutput]:
+        """Query the policy and record the turn as a new step (its tool calls not yet run)."""
         out, seconds = self._query(traj)
         estimated = not (out.prompt_tokens or out.completion_tokens)
-        prompt_tokens = out.prompt_tokens or self._estimate_prompt(traj.messages)
-        completion_tokens = out.completion_tokens or estimate_tokens(out.text)
         step = Step(
-            turn=traj.turns, text=out.text, policy_seconds=seconds, prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens, tokens_estimated=estimated,
+            turn=traj.turns, text=out.text, policy_seconds=seconds,
+            prompt_tokens=out.prompt_tokens or self._estimate_prompt(traj.messages),
+            completion_tokens=out.completion_tokens or estimate_tokens(out.text), tokens_estimated=estimated,
             finish_reason=out.finish_reason, token_ids=list(out.token_ids),
-            logprobs=list(out.logprobs), policy_version=out.policy_version,
+            logprobs=list(out.logprobs), policy_version=out.policy_version, segment=len(traj.segments),
         )
         traj.steps.append(step)
+        return step, out
+
+    def _step(self, traj: Trajectory) -> None:
+        step, out = self._policy_turn(traj)
+        prompt_tokens, completion_tokens = step.prompt_tokens, step.completion_tokens
         calls = self._unique_ids(out, step.turn)
         # Local models write calls inside their text; the message keeps the prose only,
         # since the calls travel in tool_calls (the codec re-renders them).

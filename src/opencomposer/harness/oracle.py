@@ -15,7 +15,9 @@ uses ordinary tool calls and decides from the observations it gets back:
 4. an import check (or a quick pytest) with ``run``, then ``submit``.
 
 The script is a generator that receives each turn's observations: that is its whole
-state, and it restarts when a conversation starts over.
+state, and it restarts when a conversation starts over. Asked for a summary
+(``harness/summarize.py``), it lists its calls so far and keeps the pending observation,
+so the script goes on in the next segment as if the context had never been cleared.
 
 Test: ``pytest tests/unit/harness/test_oracle.py``.
 """
@@ -29,6 +31,7 @@ from typing import Any, Generator
 from opencomposer.harness.codec import format_assistant
 from opencomposer.harness.fs_tools import LINE_CUT, numbered_lines
 from opencomposer.harness.patch import FilePatch, Hunk, PatchError, apply_hunks, parse_patch
+from opencomposer.harness.summarize import is_summary_request, summary_of
 from opencomposer.protocols import Message, PolicyOutput, ToolCall
 
 # A turn the script proposes: (prose, calls). It makes one call per turn and gets back its observation.
@@ -51,14 +54,21 @@ class OraclePolicy:
         self.name = f"oracle:{task.id}"
         self._script: Script | None = None
         self._n = 0
+        self._done: list[str] = []  # one line per call made, for summaries
+        self._pending = ""  # the observation the script was owed when the context was cleared
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
-        if self._script is None or not any(m.role == "assistant" for m in messages):
-            self._script, self._n = self._plan(), 0
+        if messages and is_summary_request(messages[-1]):
+            self._pending = _last_observation(messages[:-1])
+            return PolicyOutput(text=self._summary(), tool_calls=[])
+        fresh = not any(m.role == "assistant" for m in messages)
+        if self._script is None or (fresh and summary_of(messages) is None):
+            self._script, self._n, self._done = self._plan(), 0, []
             prose, calls = next(self._script)
         else:
             try:
-                prose, calls = self._script.send(_last_observation(messages))
+                observation = self._pending if fresh else _last_observation(messages)
+                prose, calls = self._script.send(observation)
             except StopIteration:  # the script already submitted; say so again
                 prose, calls = "Done.", [self._call("submit", message="Done.")]
         return PolicyOutput(text=format_assistant(prose, calls), tool_calls=calls)
@@ -67,7 +77,16 @@ class OraclePolicy:
 
     def _call(self, name: str, **args: Any) -> ToolCall:
         self._n += 1
+        shown = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in args.items() if k not in ("content", "new"))
+        self._done.append(f"{name}({shown})")
         return ToolCall(name, args, f"oracle_{self._n}")
+
+    def _summary(self) -> str:
+        f = self.task.meta.feature
+        done = "\n".join(f"- {d}" for d in self._done[-12:])
+        return (f"Task: implement `{f.symbol}` in {f.file}; the change follows the code around it.\n"
+                f"Calls so far ({len(self._done)}, latest last):\n{done}\n"
+                f"Next: finish the remaining edits, check the code loads, submit.")
 
     def _plan(self) -> Script:
         feature = self.task.meta.feature

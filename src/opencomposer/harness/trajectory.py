@@ -56,6 +56,8 @@ class Step:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_version: int = 0
+    segment: int = 0  # which context segment the turn belongs to (see harness/summarize.py)
+    summary: bool = False  # the turn answered the summary request; its text is the summary
 
 
 @dataclass
@@ -70,6 +72,9 @@ class Trajectory:
     task_id: str = ""
     policy: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    # messages of the earlier context segments, each ending with the summary request and
+    # the summary; ``messages`` is the last (live) segment
+    segments: list[list[Message]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ counts
 
@@ -91,6 +96,10 @@ class Trajectory:
         return sum(not e.ok and not e.invalid for s in self.steps for e in s.tool_events)
 
     @property
+    def summaries(self) -> int:
+        return sum(s.summary for s in self.steps)
+
+    @property
     def no_call_turns(self) -> int:
         return sum(s.no_call for s in self.steps)
 
@@ -109,7 +118,7 @@ class Trajectory:
     @property
     def counts(self) -> dict[str, int]:
         names = ("turns", "tool_calls", "invalid_calls", "failed_calls", "no_call_turns",
-                 "prompt_tokens", "completion_tokens")
+                 "summaries", "prompt_tokens", "completion_tokens")
         return {n: getattr(self, n) for n in names}
 
     # ------------------------------------------------------------------ JSON
@@ -140,15 +149,17 @@ class Trajectory:
         if d.get("format") != TRAJECTORY_FORMAT:
             raise ValueError(f"not a trajectory: format is {d.get('format')!r}, expected {TRAJECTORY_FORMAT!r}")
         d = {k: v for k, v in d.items() if k not in ("format", "counts")}
-        d["messages"] = [
-            Message(**{**m, "tool_calls": [ToolCall(**c) for c in m.get("tool_calls", [])]})
-            for m in d["messages"]
-        ]
+        d["messages"] = _messages(d["messages"])
+        d["segments"] = [_messages(seg) for seg in d.get("segments", [])]
         d["steps"] = [
             Step(**{**s, "tool_events": [ToolEvent(**e) for e in s.get("tool_events", [])]})
             for s in d["steps"]
         ]
         return cls(**d)
+
+    def all_segments(self) -> list[list[Message]]:
+        """Every segment's messages in order, the live one last."""
+        return [*self.segments, self.messages]
 
     @classmethod
     def load(cls, path: str | Path) -> "Trajectory":
@@ -157,3 +168,7 @@ class Trajectory:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
             raise ValueError(f"{path}: not a readable trajectory: {e}") from None
+
+
+def _messages(raw: list[dict[str, Any]]) -> list[Message]:
+    return [Message(**{**m, "tool_calls": [ToolCall(**c) for c in m.get("tool_calls", [])]}) for m in raw]

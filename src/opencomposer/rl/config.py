@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from opencomposer.config import AgentConfig, Strict
+from opencomposer.rewards.config import RewardConfig
 from opencomposer.train.config import TrainConfig
 
 
@@ -28,7 +29,7 @@ class TasksSection(Strict):
     max_per_source: int = Field(40, ge=1)
     heldout: int = Field(8, ge=0, description="tasks kept out of training, for pass@1 before/after")
     seed: int = 0
-    levels: list[Literal["body", "function"]] = ["body"]
+    levels: list[Literal["block", "body", "function", "class", "feature"]] = ["body"]
 
 
 class RolloutSection(Strict):
@@ -37,8 +38,11 @@ class RolloutSection(Strict):
     temperature: float = Field(0.8, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(256, ge=1, description="per model turn")
-    backend: Literal["local", "namespace"] = "namespace"
+    backend: Literal["local", "namespace", "gvisor", "docker"] = "namespace"
     max_batch: int = Field(16, ge=1, description="sequences generated together")
+    engine: Literal["hf", "builtin"] = Field(
+        "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not "
+                          "re-prefilled); 'hf': transformers generate on the trainer's model")
 
 
 class LossSection(Strict):
@@ -47,6 +51,20 @@ class LossSection(Strict):
     kl_coef: float = Field(0.0, ge=0)
     kl_estimator: Literal["k1", "k3"] = "k1"
     std_normalize: bool = Field(False, description="divide advantages by the group std (only when non-zero)")
+
+
+Detector = Literal["invalid_call", "no_call", "long_message", "lint"]
+DETECTORS: tuple[str, ...] = Detector.__args__
+
+
+class FeedbackConfig(Strict):
+    """Targeted textual-feedback distillation (``rl/feedback.py``)."""
+
+    enabled: bool = False
+    coef: float = Field(0.1, ge=0, description="weight of the distillation KL in the RL loss")
+    detectors: list[Detector] = Field(list(DETECTORS), description="failure points that get a hint")
+    long_message_tokens: int = Field(200, ge=1)
+    max_points_per_rollout: int = Field(2, ge=1, description="hints per rollout (the first ones)")
 
 
 class SFTSection(Strict):
@@ -77,7 +95,16 @@ class RLRunConfig(Strict):
     rollout: RolloutSection = RolloutSection()
     agent: AgentConfig = AgentConfig()
     loss: LossSection = LossSection()
+    reward: RewardConfig = RewardConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     train: TrainConfig = TrainConfig()
     sft: SFTSection = SFTSection()
     eval: EvalSection = EvalSection()
     run: RunSection = RunSection()
+
+    @model_validator(mode="after")
+    def _engine_needs_plain_weights(self) -> "RLRunConfig":
+        if self.rollout.engine == "builtin" and self.train.lora:
+            raise ValueError("rollout.engine='builtin' with train.lora=true: the engine takes full weights; "
+                             "use rollout.engine='hf' for LoRA runs")
+        return self

@@ -19,6 +19,8 @@ from opencomposer.config import AgentConfig
 from opencomposer.harness.loop import Agent
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.protocols import Policy, RewardResult
+from opencomposer.rewards.changes import workspace_changes
+from opencomposer.rewards.lint import lint_delta
 from opencomposer.rewards.tests import grade
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks.format import Task
@@ -50,6 +52,10 @@ def run_task(task: Task, policy: Policy, backend: str = "local", cfg: AgentConfi
         t1 = time.time()
         traj = Agent(sb, policy, cfg, on_step=on_step).run(task.instruction, task_id=task.id)
         t2 = time.time()
+        # what the agent changed, and the lint it added, before the hidden tests go in
+        changes = workspace_changes(task.workspace, sb)
+        traj.meta["changes"] = changes.to_dict()
+        traj.meta["lint"] = lint_delta(task.workspace, sb, changes).to_dict()
         reward = grade(task, sb)
         t3 = time.time()
     traj.meta["reward"] = {"reward": reward.reward, "passed": reward.passed, **reward.details}

@@ -204,3 +204,19 @@ def token_logprobs(
         empty = logits.new_zeros(logits.shape[:2], dtype=torch.float32)
         return empty, empty.clone()
     return torch.cat(lps, dim=1), torch.cat(ents, dim=1)
+
+
+def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position KL(teacher || student) over the vocabulary, (B, T); no gradient to the teacher.
+
+    The targeted-feedback term (``rl/feedback.py``): the teacher is the same model shown a
+    hint, so minimising this moves the student toward what it would do had it been told.
+    Forward KL: its gradient on the student's logits is ``p_student - p_teacher``.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
+                         f"{tuple(teacher_logits.shape)} must have the same shape")
+    s = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    with torch.no_grad():
+        t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    return (t.exp() * (t - s)).sum(-1)

@@ -1,4 +1,4 @@
-"""The whole learning job of `opencomposer train`: tasks -> eval -> SFT warm start -> RL -> eval -> report.
+"""The whole learning job of `opencomposer train`: tasks -> SFT warm start -> RL -> evals -> report.
 
     opencomposer train --config configs/demo.toml            # what `make demo` runs
     opencomposer train --config configs/demo.toml --resume   # continue a stopped run
@@ -6,6 +6,8 @@
 Composer's order at small scale: the base model first learns the tool format from
 oracle traces (SFT on assistant tokens only), then RL improves it. Held-out pass@1 is
 measured on the base model, after SFT and after RL, through the deployment harness.
+The base model is measured last, on a fresh load of its weights (its score does not
+depend on when it is taken), so the first RL step comes minutes sooner.
 Every stage leaves its result in the run directory (``evals.json``, ``sft.json``,
 ``sft_model/``, ``checkpoints/``, ``metrics.jsonl``), and a resumed run skips the
 stages already done.
@@ -100,14 +102,13 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     def measure(name: str) -> None:
         if held_tasks and name in cfg.eval.stages and name not in evals:
             log(f"evaluating held-out pass@1 ({name}) ...")
-            with run.make_policy(cfg.eval.temperature) as pol:
+            with run.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
                 evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
                                        save_dir=out / "evals" / name)
             log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
             _write_json(evals_path, evals)
 
     if run.start_step == 0:
-        measure("base")
         if cfg.sft.enabled and not (resume and sft_path.exists()):
             log("SFT warm start on oracle traces ...")
             trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg)
@@ -123,7 +124,8 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     rows = run.run()
     run.policy.close()
     measure("rl")
+    measure("base")
     report = write_report(out)
-    return {"out": str(out), "report": str(report), "evals": {k: v["pass@1"] for k, v in evals.items()},
+    return {"out": str(out), "report": str(report), "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
             "steps": len(rows), "last_step": rows[-1] if rows else None,
             "checkpoint": str(run.latest_checkpoint() or "")}

@@ -18,6 +18,9 @@ def write_report(out: Path) -> Path:
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()] \
         if (out / "metrics.jsonl").exists() else []
     evals = json.loads((out / "evals.json").read_text()) if (out / "evals.json").exists() else {}
+    # stages in training order, whatever order they were measured in
+    order = {"base": 0, "sft": 1, "rl": 2}
+    evals = dict(sorted(evals.items(), key=lambda kv: order.get(kv[0], 3)))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     steps = [r["step"] for r in rows]
     axes[0].plot(steps, [r.get("reward_mean", 0) for r in rows], "o-", label="reward mean")

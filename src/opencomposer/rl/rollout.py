@@ -39,11 +39,14 @@ from opencomposer.config import AgentConfig
 from opencomposer.harness.codec import TOOL_CALL_BLOCK
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.models.policy import ModelPolicy
+from opencomposer.rewards.config import RewardConfig
+from opencomposer.rewards.length import Usage
+from opencomposer.rewards.shaping import ShapedReward, shape
 from opencomposer.rl.batching import BatchedPolicy
 from opencomposer.rl.episode import EpisodeResult, run_task
 from opencomposer.tasks.format import Task
 
-__all__ = ["BatchedPolicy", "Rollout", "TokenCounts", "collect_rollouts", "token_counts"]
+__all__ = ["BatchedPolicy", "Rollout", "TokenCounts", "collect_rollouts", "shape_rollouts", "token_counts"]
 
 
 @dataclass
@@ -70,14 +73,51 @@ class Rollout:
     policy_versions: list[int] = field(default_factory=list)  # the weights that sampled its turns
     error: str = ""
     seconds: float = 0.0
+    shaped: ShapedReward | None = None  # set by shape_rollouts: the reward the update uses
 
     @property
     def reward(self) -> float:
+        """The task reward (hidden tests): what pass@k counts."""
         return self.result.reward.reward if self.result is not None else 0.0
 
     @property
     def failed(self) -> bool:
         return self.result is None
+
+    @property
+    def train_reward(self) -> float:
+        """The shaped reward when shaping ran, else the task reward."""
+        return self.shaped.total if self.shaped is not None else self.reward
+
+    @property
+    def usage(self) -> Usage:
+        t = self.result.trajectory if self.result is not None else None
+        return Usage(thinking=self.tokens.thinking, output=self.tokens.tool_call, tool_io=self.tokens.tool_io,
+                     tool_calls=t.tool_calls if t else 0, turns=t.turns if t else 0)
+
+
+def shape_rollouts(rollouts: list["Rollout"], cfg: RewardConfig) -> dict[str, float]:
+    """Shape every rollout's reward (``rewards/shaping.py``); returns the mean of each term.
+
+    A failed rollout (no result) keeps reward 0 and pays no terms.
+    """
+    sums: dict[str, float] = {}
+    flagged = 0
+    for ro in rollouts:
+        if ro.result is None:
+            continue
+        r = ro.result.reward
+        ro.shaped = shape(r.reward, r.passed, ro.result.trajectory, ro.usage, cfg)
+        ro.result.trajectory.meta["shaped_reward"] = {"total": ro.shaped.total, **ro.shaped.terms,
+                                                      "flags": ro.shaped.flags}
+        flagged += bool(ro.shaped.flags)
+        for k, v in ro.shaped.terms.items():
+            sums[k] = sums.get(k, 0.0) + v
+    n = max(len(rollouts), 1)
+    out = {f"r_{k}": v / n for k, v in sums.items()}
+    out["shaped_reward_mean"] = sum(ro.train_reward for ro in rollouts) / n
+    out["hacking_flagged"] = flagged / n
+    return out
 
 
 def collect_rollouts(

@@ -28,10 +28,11 @@ from opencomposer.models.registry import load_model
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.advantages import advantages_for_groups
 from opencomposer.rl.config import RLRunConfig
+from opencomposer.rl.feedback import detect, distill_pairs
 from opencomposer.rl.loss import LossConfig
 from opencomposer.rl.metrics import summarize_groups
 from opencomposer.rl.batching import BatchedPolicy
-from opencomposer.rl.rollout import Rollout, collect_rollouts
+from opencomposer.rl.rollout import Rollout, collect_rollouts, shape_rollouts
 from opencomposer.rl.samples import trajectory_samples
 from opencomposer.rl.sampler import TaskSampler
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -118,25 +119,52 @@ class RLRun:
         self.policy = self.make_policy(self.cfg.rollout.temperature)
         self.tools = agent_tools()
 
-    def make_policy(self, temperature: float) -> BatchedPolicy:
-        r = self.cfg.rollout
-        base = ModelPolicy(self.trainer.policy_pair(), temperature=temperature, top_p=r.top_p,
-                           max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed,
-                           policy_version=self.trainer.version)
+    def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
+        """A batched sampler on the current weights, or (``base_model``) on a fresh load of
+        the untrained model, so the base can be measured at any point of the run.
+
+        ``rollout.engine = "builtin"`` samples with the inference engine, which holds its own
+        copy of the weights (``sync_weights`` sends new ones after each update); "hf" samples
+        with transformers ``generate`` on the trainer's model itself.
+        """
+        r, m = self.cfg.rollout, self.cfg.model
+        model, tok = load_model(m.name, device=m.device) if base_model else self.trainer.policy_pair()
+        version = 0 if base_model else self.trainer.version
+        if r.engine == "builtin":
+            from opencomposer.inference.engine import Engine
+            from opencomposer.inference.policy import EnginePolicy
+
+            engine = Engine(model, tok, max_num_seqs=r.max_batch, device=m.device, policy_version=version,
+                            max_model_len=min(int(model.config.max_position_embeddings), 8192))
+            base = EnginePolicy(engine, temperature=temperature, top_p=r.top_p,
+                                max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed)
+        else:
+            base = ModelPolicy((model, tok), temperature=temperature, top_p=r.top_p,
+                               max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed, policy_version=version)
         return BatchedPolicy(base, max_batch=r.max_batch)
+
+    def sync_weights(self) -> None:
+        """Make the rollout policy sample from the trainer's current weights (and say so)."""
+        if self.policy.policy_version == self.trainer.version:
+            return
+        if self.cfg.rollout.engine == "builtin":
+            self.policy.policy.update_weights(self.trainer.model.state_dict(), self.trainer.version)
+        else:  # same model object: only the label moves
+            self.policy.policy_version = self.trainer.version
 
     def step(self, step: int) -> dict[str, Any]:
         from opencomposer.tasks.format import Task
 
         r, t0 = self.cfg.rollout, time.perf_counter()
         tasks = [Task.load(p) for p in self.sampler.next_batch()]
-        self.policy.policy_version = self.trainer.version
+        self.sync_weights()
         rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
                                     max_concurrent=r.k * r.tasks_per_step)
         t1 = time.perf_counter()
+        shaping = shape_rollouts(rollouts, self.cfg.reward)
         groups: dict[str, list[float]] = {}
         for ro in rollouts:
-            groups.setdefault(ro.task_id, []).append(ro.reward)
+            groups.setdefault(ro.task_id, []).append(ro.train_reward)
         adv = advantages_for_groups(groups, std_normalize=self.cfg.loss.std_normalize)
         seen: dict[str, int] = {}
         samples = []
@@ -156,17 +184,33 @@ class RLRun:
             # a zero-advantage sample contributes exactly zero gradient without a KL term:
             # skip its forward/backward (a group whose K rewards are equal costs nothing)
             samples = [s for s in samples if s.advantage != 0.0]
+        fb = self.cfg.feedback
+        points, pairs = [], []  # targeted textual feedback: hints at failure points, distilled
+        for ro in rollouts if fb.enabled else []:
+            if ro.result is not None:
+                found = detect(ro.result.trajectory, fb)
+                points += found
+                pairs += distill_pairs(ro.result.trajectory, found, self.trainer.tokenizer, self.tools)
+        train = dict.fromkeys(("loss", "pg_loss", "kl", "grad_norm", "clip_fraction", "tokens"), 0.0)
         if samples:
-            train = self.trainer.rl_step(samples, loss_cfg, normalizer, self.reference())
+            train.update(self.trainer.rl_backward(samples, loss_cfg, normalizer, self.reference()))
+        if pairs:
+            train.update(self.trainer.distill_backward(pairs, fb.coef, normalizer))
+        if samples or pairs:
+            train.update(self.trainer.optimizer_step())
         else:
-            train = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
-                     "tokens": 0.0, "skipped": 1.0}
+            train["skipped"] = 1.0
+        if fb.enabled:
+            kinds = [p.kind for p in points]
+            train.update({"feedback_points": float(len(kinds)),
+                          **{f"feedback_{k}": float(kinds.count(k)) for k in fb.detectors}})
         t3 = time.perf_counter()
         reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
         row = {
-            "step": step + 1, **rollout_stats(rollouts, r.k), "task_ids": [t.id for t in tasks],
+            "step": step + 1, **rollout_stats(rollouts, r.k), **shaping, "task_ids": [t.id for t in tasks],
             "samples": len(samples), "train_tokens": train.get("tokens", 0.0),
             **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},
+            **{k: v for k, v in train.items() if k.startswith(("distill_", "feedback_"))},
             "update_skipped": bool(train.get("skipped", 0.0)),
             "time_rollout": round(t1 - t0, 2), "time_generate": round(self.policy.stats.get("generate_seconds", 0.0), 2),
             "time_reward_cpu": round(reward_s, 2), "time_samples": round(t2 - t1, 2), "time_train": round(t3 - t2, 2),

@@ -89,11 +89,18 @@ class _Turn:
 
 
 def turn_contexts(traj: Trajectory) -> list[tuple[list[Message], Message]]:
-    """(messages shown before turn k, the assistant message of turn k), for every turn."""
-    contexts = [(traj.messages[:i], m) for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    """(messages shown before turn k, the assistant message of turn k), for every turn.
+
+    A summarised episode (``harness/summarize.py``) has several segments; turn k belongs
+    to segment ``steps[k].segment`` and saw that segment's messages only, so each segment
+    becomes its own training sequences, all with the chain's one advantage.
+    """
+    contexts = []
+    for messages in traj.all_segments():
+        contexts += [(messages[:i], m) for i, m in enumerate(messages) if m.role == "assistant"]
     if traj.steps and len(contexts) != len(traj.steps):
         # The loop appends exactly one assistant message per step; anything else means
-        # the history was rewritten (e.g. summarised) and cannot be replayed from messages.
+        # the history was rewritten and cannot be replayed from messages.
         raise SampleError(
             f"trajectory {traj.task_id or '(no task id)'}: {len(traj.steps)} steps but "
             f"{len(contexts)} assistant messages; cannot tell which prompt each turn saw"

@@ -9,6 +9,14 @@ an unused backend costs nothing and may need things this machine lacks:
 
 - ``local``: a temp copy of the base image and host subprocesses; works anywhere.
 - ``namespace``: bubblewrap namespaces over an overlay; Linux with user namespaces.
+- ``gvisor``: each command under gVisor's user-space kernel (``runsc``); Linux.
+- ``docker``: each command in a container of a reachable Docker engine (docker CLI).
+- ``remote``: a sandbox of any of these on a Ray actor (``sandbox/remote.py``).
+
+``sandbox/pool.py`` keeps pre-warmed sandboxes per spec (asyncio, or threads via
+``BlockingSandboxPool``); ``sandbox/branch.py`` forks N sandboxes from one state;
+``sandbox/checkpoint.py`` holds memory snapshots (gVisor's ``runsc checkpoint``, or CRIU
+where the kernel allows it).
 
 Every backend implements ``protocols.Sandbox`` plus ``reset()``, ``fork()`` and ``with``.
 
@@ -26,6 +34,9 @@ from opencomposer.sandbox.base import INITIAL, SandboxUnavailable
 BACKENDS: dict[str, str] = {
     "local": "opencomposer.sandbox.local:LocalSandbox",
     "namespace": "opencomposer.sandbox.namespace:NamespaceSandbox",
+    "gvisor": "opencomposer.sandbox.gvisor:GVisorSandbox",
+    "docker": "opencomposer.sandbox.docker:DockerSandbox",
+    "remote": "opencomposer.sandbox.remote:RemoteSandbox",
 }
 
 

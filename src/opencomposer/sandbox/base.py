@@ -113,6 +113,9 @@ def run_process(
     timeout: float | None = 60.0,
     max_output: int = 32_000,
     on_start: Callable[[subprocess.Popen], None] | None = None,
+    preexec: Callable[[], None] | None = None,
+    watch: Callable[[], str | None] | None = None,
+    watch_every: float = 0.25,
 ) -> ExecResult:
     """Run ``argv`` in its own session, stdout+stderr merged and capped, killed at ``timeout``.
 
@@ -120,14 +123,19 @@ def run_process(
     leave the group, like bwrap's, make sure killing the leader kills the rest).
     After the main process exits we read for at most ``_EXIT_GRACE`` seconds more:
     a background job that keeps the pipe open must not hold the call hostage.
+
+    ``preexec`` runs in the child before exec (rlimits, cgroups); ``watch`` is called
+    every ``watch_every`` seconds while the command runs, and a reason it returns kills
+    the command the way a timeout does, with ``[killed: <reason>]`` in the output.
     """
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, start_new_session=True, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            preexec_fn=preexec,
         )
-    except OSError as e:
+    except (OSError, subprocess.SubprocessError) as e:
         return ExecResult(127, f"failed to start {argv[0]!r}: {e}", seconds=time.monotonic() - start)
     if on_start is not None:
         on_start(proc)
@@ -141,7 +149,8 @@ def run_process(
             fcntl.fcntl(fd, 1031, _CHUNK)  # F_SETPIPE_SZ: fewer, larger reads for floods
         except OSError:
             pass
-    cap, timed_out, exited_at = OutputCap(max_output), False, None
+    cap, timed_out, exited_at, killed_for = OutputCap(max_output), False, None, None
+    next_watch = start + watch_every if watch is not None else float("inf")
     buf = bytearray(_CHUNK)  # reused: a flood must not allocate a fresh chunk per read
     view = memoryview(buf)
     deadline = start + timeout if timeout and timeout > 0 else float("inf")
@@ -161,6 +170,12 @@ def run_process(
                     timed_out = True
                     _kill_group(proc)
                     exited_at = now
+                if exited_at is None and now >= next_watch:
+                    killed_for = watch()  # type: ignore[misc]
+                    next_watch = time.monotonic() + watch_every
+                    if killed_for:
+                        _kill_group(proc)
+                        exited_at = now
                 if exited_at is not None and now - exited_at > _EXIT_GRACE:
                     break
             try:
@@ -178,14 +193,24 @@ def run_process(
             streaming = True
             cap.feed(view[:n])
     proc.stdout.close()
-    try:  # a command may close its output and keep running: the deadline still holds
-        code = proc.wait(timeout=None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        code = proc.wait()
+    while True:  # a command may close its output and keep running: deadline and watch still hold
+        step = min(deadline, next_watch) - time.monotonic()
+        try:
+            code = proc.wait(timeout=None if step == float("inf") else max(0.0, step))
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                timed_out = True
+            elif not (killed_for := watch()):  # type: ignore[misc]
+                next_watch = time.monotonic() + watch_every
+                continue
+            _kill_group(proc)
+            code = proc.wait()
+            break
     out = cap.text()
-    if timed_out:
+    if killed_for:
+        out += f"\n[killed: {killed_for}]"
+    elif timed_out:
         out += f"\n[timed out after {timeout:g} s: process killed]"
     return ExecResult(code, out, timed_out, cap.truncated, time.monotonic() - start)
 

@@ -6,11 +6,21 @@ is a new ``bwrap`` over the same upper dir, so files persist across commands whi
 processes do not: when a command ends its pid namespace dies, background jobs included.
 
 Inside: new user/mount/pid/net/ipc/uts/cgroup namespaces, all capabilities dropped, no
-nested user namespaces; read-only /usr (and the /bin, /lib... links or dirs as on the
-host), a few read-only files of /etc (never shadow), private /dev, /proc and /tmp; the
-Python env ``spec.env_dir`` and the base installation it points to, read-only at their
-host paths. Nothing else of the host (no /root, /home, /work) is visible. No network
-unless ``spec.network``.
+nested user namespaces, no new privileges (setuid bits do nothing); a read-only root with
+read-only /usr (and the /bin, /lib... links or dirs as on the host), a few read-only
+files of /etc (never shadow), private /dev, /proc and a size-capped /tmp; the Python env
+``spec.env_dir`` and the base installation it points to, read-only at their host paths.
+Nothing else of the host (no /root, /home, /work, /sys, other sandboxes) is visible. No
+network unless ``spec.network``.
+
+Limits (``spec.limits``; see ``limits.py``): memory and processes per sandbox through a
+cgroup where the host has a writable one, rlimits otherwise; CPU seconds, open files and
+file size per process; the workspace's growth is watched against ``disk_mb``. A command
+that hits one ends with a line saying so, e.g. ``[killed: memory limit 512 MiB exceeded]``.
+
+Every sandbox is recorded in a per-host state dir (``cleanup.py``) before it makes
+anything, so what a SIGKILLed host leaves (temp dirs, cgroups, stray processes) is
+removed by the next host that starts; ``close()`` kills any command still running.
 
 Snapshots are copies of the upper dir (``cp -a`` keeps overlay whiteouts and opaque-dir
 xattrs); the initial state is an empty upper dir, so ``reset()`` costs almost nothing.
@@ -35,7 +45,8 @@ import weakref
 from functools import lru_cache
 from pathlib import Path
 
-from opencomposer.protocols import ExecResult, PathEscape, SandboxSpec
+from opencomposer.protocols import ExecResult, PathEscape, SandboxLimits, SandboxSpec
+from opencomposer.sandbox import cleanup
 from opencomposer.sandbox.base import (
     INITIAL,
     SandboxBase,
@@ -47,6 +58,7 @@ from opencomposer.sandbox.base import (
     scrubbed_env,
     shell_argv,
 )
+from opencomposer.sandbox.limits import MiB, Limiter
 
 WORKDIR = "/workspace"
 HOME = "/tmp/home"
@@ -123,8 +135,13 @@ def _env_binds(env_dir: Path | None) -> list[str]:
     return out
 
 
-def bwrap_prefix(bwrap: str, spec_network: bool, lower: str, upper: str, work: str, env_dir: Path | None) -> list[str]:
-    """Everything of the bwrap command line except ``--chdir`` and the command."""
+def bwrap_prefix(
+    bwrap: str, spec_network: bool, lower: str, upper: str, work: str, env_dir: Path | None, tmp_bytes: int = 0
+) -> list[str]:
+    """Everything of the bwrap command line except ``--chdir`` and the command.
+
+    ``tmp_bytes`` caps the /tmp tmpfs (0: the kernel's default, half of RAM).
+    """
     args = [
         bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
         "--die-with-parent", "--new-session", "--hostname", "sandbox",
@@ -132,9 +149,11 @@ def bwrap_prefix(bwrap: str, spec_network: bool, lower: str, upper: str, work: s
     if spec_network:
         args.append("--share-net")
     args += _system_args(spec_network)
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += (["--size", str(tmp_bytes)] if tmp_bytes else []) + ["--tmpfs", "/tmp", "--dir", HOME]
     args += _env_binds(env_dir)  # after /tmp, so a venv under /tmp is not hidden by it
     args += ["--overlay-src", lower, "--overlay", upper, work, WORKDIR]
+    args += ["--remount-ro", "/"]  # the root tmpfs bwrap builds: nothing to write there
     return args
 
 
@@ -159,6 +178,24 @@ def unavailable_reason(bwrap: str | None = None) -> str | None:
     return None
 
 
+def _teardown(root: Path, limiter: Limiter, record: Path, procs: set) -> None:
+    """Everything ``close()`` undoes, in an order that leaves nothing if interrupted."""
+    for proc in list(procs):  # a command still running in another thread
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    procs.clear()
+    if limiter.cgroups:  # the cgroup holds every process the sandbox made
+        limiter.close()
+    else:  # no cgroup: bwrap's command line names the sandbox dir
+        cleanup.kill_sandbox_processes(str(root), [], seconds=1.0)
+    remove_tree(root)
+    cleanup.unregister(record)
+
+
 class NamespaceSandbox(SandboxBase):
     """A sandbox of Linux namespaces over an overlay of ``spec.base_dir``.
 
@@ -177,15 +214,26 @@ class NamespaceSandbox(SandboxBase):
         base = Path(spec.base_dir).resolve()
         if not base.is_dir():
             raise FileNotFoundError(f"sandbox base_dir {str(spec.base_dir)!r} is not a directory")
+        cleanup.reap_once()  # what a killed host left behind goes before we add to it
         self.spec = spec
         self.id = uuid.uuid4().hex[:12]
         self._root = Path(tempfile.mkdtemp(prefix=f"oc-ns-{self.id}-", dir=root)).resolve()
-        self._finalizer = weakref.finalize(self, remove_tree, self._root)
         self._upper, self._work, self._snaps = (self._root / d for d in ("upper", "work", "snapshots"))
+        self.limits = getattr(spec, "limits", None) or SandboxLimits()
+        self._limiter = Limiter(self.limits, f"oc-{self.id}", disk_root=self._upper)
+        self._procs: set[subprocess.Popen] = set()
         try:
+            record = cleanup.register(self.id, self._root, self._limiter.planned_cgroups())
+        except BaseException:
+            remove_tree(self._root)
+            raise
+        self._finalizer = weakref.finalize(self, _teardown, self._root, self._limiter, record, self._procs)
+        try:
+            self._limiter.open()
             for d in (self._upper, self._work, self._snaps):
                 d.mkdir()
-            self._prefix = bwrap_prefix(bwrap, spec.network, str(base), str(self._upper), str(self._work), spec.env_dir)
+            self._prefix = bwrap_prefix(bwrap, spec.network, str(base), str(self._upper), str(self._work),
+                                        spec.env_dir, self.limits.disk_mb * MiB)
         except BaseException:  # e.g. a missing env_dir: leave no temp dir behind
             self._finalizer()
             raise
@@ -205,10 +253,21 @@ class NamespaceSandbox(SandboxBase):
     ) -> ExecResult:
         self._check_open()
         chdir = os.path.join(WORKDIR, confine(cwd or ".", WORKDIR))
-        return run_process(
-            self._argv(shell_argv(command), chdir), env=self._env(env), stdin=stdin,
-            timeout=timeout, max_output=max_output,
-        )
+        before = self._limiter.counters(disk=False)
+        argv, preexec = self._limiter.command(self._argv(shell_argv(command), chdir))
+        try:
+            r = run_process(
+                argv, env=self._env(env), stdin=stdin,
+                timeout=timeout, max_output=max_output, preexec=preexec, on_start=self._started,
+                watch=self._limiter.disk_watch(),
+            )
+        finally:
+            Limiter.close_fds(preexec)
+            self._procs.difference_update([p for p in self._procs if p.poll() is not None])
+        return self._limiter.explain(r, before)
+
+    def _started(self, proc: subprocess.Popen) -> None:
+        self._procs.add(proc)
 
     def _argv(self, command: list[str], chdir: str = WORKDIR) -> list[str]:
         return self._prefix + ["--chdir", os.path.normpath(chdir), "--"] + command
@@ -222,10 +281,14 @@ class NamespaceSandbox(SandboxBase):
         """Run a file helper inside the sandbox, so overlay whiteouts and symlinks count."""
         self._check_open()
         target = os.path.normpath(os.path.join(WORKDIR, confine(path, WORKDIR)))
-        r = subprocess.run(
-            self._argv(["sh", "-c", script, "sh", target]), input=data or b"",
-            capture_output=True, env=self._env(), timeout=120,
-        )
+        argv, preexec = self._limiter.command(self._argv(["sh", "-c", script, "sh", target]))
+        try:
+            r = subprocess.run(
+                argv, input=data or b"",
+                capture_output=True, env=self._env(), timeout=120, preexec_fn=preexec,
+            )
+        finally:
+            Limiter.close_fds(preexec)
         if r.returncode == 0:
             return r.stdout
         err = r.stderr.decode(errors="replace").strip()
@@ -276,7 +339,7 @@ class NamespaceSandbox(SandboxBase):
         return child
 
     def close(self) -> None:
-        # No process outlives its exec (the pid namespace dies with it): files only.
+        """Kill any command still running (another thread's), then remove cgroups and files."""
         self._closed = True
         self._finalizer()
 

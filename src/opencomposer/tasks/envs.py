@@ -61,8 +61,9 @@ def strip_tools(env: Path, reqs: list[str]) -> list[str]:
 
 
 def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = sys.executable,
-              timeout: float = 900.0) -> Path:
-    """Create (or reuse) the env at ``dest``; returns ``dest``."""
+              timeout: float = 900.0, keep_tools: bool = False) -> Path:
+    """Create (or reuse) the env at ``dest``; returns ``dest``. ``keep_tools`` leaves pip in
+    (for the install agent's working env, stripped before it is shared)."""
     if (dest / "env.json").exists():
         return dest
     own = canonicalize_name(dist_name)
@@ -88,7 +89,7 @@ def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = s
                     f"{dest}: installing the test requirements {reqs} failed:\n{r.stderr.strip()[-3000:]}"
                 )
         freeze = _run([str(tmp / "bin" / "python"), "-m", "pip", "freeze", "--all"], 120).stdout.split()
-        stripped = strip_tools(tmp, reqs)
+        stripped = [] if keep_tools else strip_tools(tmp, reqs)
         for pkg in layout.packages:
             probe = _run([str(tmp / "bin" / "python"), "-c", f"import {pkg}"], 120)
             if probe.returncode == 0:

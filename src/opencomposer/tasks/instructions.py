@@ -18,7 +18,7 @@ import random
 import re
 import textwrap
 
-from opencomposer.tasks.deletion import Candidate
+from opencomposer.tasks.deletion import LEVELS, Candidate
 
 MAX_SUMMARY = 140  # characters of docstring summary; keeps the median instruction short
 
@@ -56,12 +56,34 @@ METHOD_WHAT = [
     "Class `{cls}` in {file} lost `{name}`, which callers still use. Add it back: {what}",
     "Restore {sym} in {file}; it is still used. What it did: {what}",
 ]
+BLOCK = [  # a block: the agent must find what is missing inside a body that still runs
+    "{sym} in {file} is missing part of its logic ({n} lines were removed). Restore them.",
+    "Something was cut out of {sym} ({file}); it no longer behaves as the library expects. Fix it.",
+    "{file}: a {n}-line piece of {sym} was deleted. Put the missing logic back.",
+]
+BLOCK_WHAT = [
+    "{sym} in {file} is missing part of its logic ({n} lines were removed). It should: {what}",
+    "Something was cut out of {sym} ({file}). Restore it so it does what its docstring says: {what}",
+]
+CLASS = [
+    "Class {sym} in {file} is an empty shell: its methods and attributes are gone. Implement it.",
+    "{file}: class {sym} lost its whole body, and the code that uses it breaks. Write it.",
+    "Implement class {sym} in {file}; only its name and docstring are left.",
+]
+FEATURE = [  # several bodies at once, possibly across files
+    "{sym} in {file} and the functions it relies on ({others}) raise NotImplementedError. "
+    "Implement all of them.",
+    "A feature is missing: {sym} ({file}) and its helpers {others} are stubs. Implement them.",
+    "Implement {sym} in {file} together with {others}; all of them are unimplemented.",
+]
 
 
 def make_instruction(
-    cand: Candidate, level: str, source_text_of_function: str, rng: random.Random
+    cand: Candidate, level: str, source_text_of_function: str, rng: random.Random,
+    members: tuple[Candidate, ...] = (),
 ) -> str:
-    """A one- or two-sentence instruction for deleting ``cand`` at ``level`` ("body"/"function").
+    """A one- or two-sentence instruction for deleting ``cand`` at ``level`` (see
+    ``deletion.LEVELS``); ``members`` are the other functions of a ``feature`` deletion.
 
     ``source_text_of_function`` is the original definition (decorators optional); only its
     docstring is read.
@@ -73,11 +95,20 @@ def make_instruction(
         is_method = "." in cand.qualname
         templates = (METHOD_WHAT if what else METHOD) if is_method else (
             FUNCTION_WHAT if what else FUNCTION)
+    elif level == "block":
+        templates = BLOCK_WHAT if what else BLOCK
+    elif level == "class":
+        templates = CLASS
+    elif level == "feature":
+        templates = FEATURE
     else:
-        raise ValueError(f"{cand.id}: unknown deletion level {level!r}; use 'body' or 'function'")
+        raise ValueError(f"{cand.id}: unknown deletion level {level!r}; use one of {LEVELS}")
     cls, _, name = cand.qualname.rpartition(".")
+    others = ", ".join(f"`{m.qualname}`" + ("" if m.file == cand.file else f" ({m.file})")
+                       for m in members if m is not cand)
+    n = cand.block[1] - cand.block[0] + 1 if cand.block else 0
     return rng.choice(templates).format(
-        sym=f"`{cand.qualname}`", file=cand.file, what=what, cls=cls, name=name
+        sym=f"`{cand.qualname}`", file=cand.file, what=what, cls=cls, name=name, others=others, n=n
     )
 
 

@@ -102,7 +102,7 @@ def distinctive_lines(
     """Stripped lines of the deleted code worth searching for, in their original order.
 
     Skips short and trivial lines, docstring lines (body-level tasks keep the docstring) and
-    lines found in ``remaining`` (a workspace dir whose .py files are read, or source texts):
+    lines found in ``remaining`` (a workspace dir whose text files are read, or source texts):
     those are in the workspace anyway, so finding them proves nothing. Code beats comments
     and longer beats shorter when more than ``max_lines`` qualify.
     """
@@ -317,11 +317,23 @@ def _stripped_lines(remaining: Path | Iterable[str] | None) -> set[str]:
     if remaining is None:
         return set()
     if isinstance(remaining, Path):
-        texts = (p.read_text(errors="replace") for p in remaining.rglob("*.py")
-                 if ".git" not in p.parts and p.is_file())
+        # every text file, not just .py: the probe searches them all, so a deleted line that
+        # a script or doc of the workspace also holds is no evidence of a leak
+        texts = (_text_or_empty(p) for p in remaining.rglob("*") if ".git" not in p.parts and p.is_file())
     else:
         texts = iter(remaining)
     return {s.strip() for t in texts for s in t.splitlines()}
+
+
+def _text_or_empty(path: Path, limit: int = 4 << 20) -> str:
+    """A file's text; "" for binaries (a NUL in the first 8 KiB) and files over ``limit`` bytes."""
+    try:
+        if path.stat().st_size > limit:
+            return ""
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return "" if b"\0" in data[:8192] else data.decode("utf-8", "replace")
 
 
 def _docstring_lines(text: str) -> set[int]:

@@ -2,13 +2,16 @@
 
     opencomposer tasks make --source pypi:more-itertools==10.5.0 --out tasks/ --max 50
 
-Steps (each a function below): fetch and unpack the sdist -> read its layout -> build
-its environment -> run its tests once to learn which pass -> for each candidate
-function, delete it in a sandbox and rerun the test files that mention it -> keep it
-when some tests fail (FAIL_TO_PASS) and the rest still pass (PASS_TO_PASS) -> write
-the task directory (``tasks/format.py``) atomically, scrubbed of every leak channel.
+Steps (each a function below): fetch and unpack the sdist -> read its layout -> install it
+(``install.install_repo``: discovered recipe, repair, optional agent; verified by running
+the suite) -> run the suite twice more, once under the tracer (``coverage.trace_tests``),
+so every test ran three times: tests whose outcome changed are flaky and never become
+FAIL_TO_PASS or PASS_TO_PASS -> draw (candidate, level) jobs, levels weighted as asked ->
+for each, delete in a sandbox and rerun the tests that execute or mention it -> keep it
+when some tests fail (FAIL_TO_PASS) and the rest still pass (PASS_TO_PASS) -> write the task
+directory (``tasks/format.py``) atomically, scrubbed of every leak channel.
 
-Test: ``pytest tests/integration/test_tasks_make.py``.
+Test: ``pytest tests/integration/test_tasks_pipeline.py tests/unit/tasks_factory``.
 """
 
 from __future__ import annotations
@@ -21,22 +24,30 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
-from opencomposer.protocols import SandboxSpec
+from opencomposer.paths import cache_dir
+from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks import deletion, instructions, leakage
-from opencomposer.tasks.envs import build_env
+from opencomposer.tasks.coverage import TestMap, flaky_tests, trace_tests
 from opencomposer.tasks.format import (
-    EnvironmentInfo, FeatureInfo, SourceInfo, TaskMeta, TestsInfo, write_task_toml,
+    EnvironmentInfo,
+    FeatureInfo,
+    SourceInfo,
+    TaskMeta,
+    TestsInfo,
+    write_task_toml,
 )
+from opencomposer.tasks.install import install_repo
 from opencomposer.tasks.layout import ProjectLayout, inspect_project
 from opencomposer.tasks.pypi import SourceError, fetch_sdist, unpack_sdist
 from opencomposer.tasks.testrun import DEFAULT_COMMAND, TestReport, run_tests
-from opencomposer.paths import cache_dir
+
+MAX_COVERING = 30  # test items kept per deletion among those that execute it
 
 
 @dataclass
@@ -46,6 +57,10 @@ class MakeReport:
     tried: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     baseline_passed: int = 0
+    flaky: int = 0  # tests whose outcome changed across the three baseline runs (dropped)
+    install: str = ""  # how the environment was made: recipe | repair | agent | cached
+    levels: dict[str, int] = field(default_factory=dict)  # tasks made per level
+    candidates: int = 0  # (candidate, level) jobs available: made/tried x this = the library's yield
     seconds: dict[str, float] = field(default_factory=dict)
 
     def reject(self, why: str) -> None:
@@ -54,7 +69,7 @@ class MakeReport:
 
 @dataclass
 class Prepared:
-    """A source ready for deletion: pristine tree, layout, env and baseline results."""
+    """A source ready for deletion: pristine tree, layout, env, baseline, flaky tests, test map."""
 
     name: str
     version: str
@@ -63,36 +78,48 @@ class Prepared:
     layout: ProjectLayout
     env: Path
     baseline: TestReport
+    flaky: set[str] = field(default_factory=set)
+    test_map: TestMap | None = None
+    install: str = ""
+    kind: str = "pypi"  # pypi | dir -> "local" | git
 
 
-def prepare_source(source: str, out: Path, backend: str, timeout: float) -> Prepared:
+def prepare_source(source: str, out: Path, backend: str, timeout: float, policy: Policy | None = None,
+                   trace: bool = True) -> Prepared:
     kind, _, spec = source.partition(":")
-    if kind != "pypi" or not spec:
-        raise SourceError(
-            f"--source {source!r}: expected pypi:NAME==VERSION or pypi:PATH/TO/SDIST.tar.gz "
-            "(other sources arrive with the task-factory issue)")
-    ref = fetch_sdist(spec)
-    slug = f"{ref.name}-{ref.version}".lower().replace("_", "-")
-    root = unpack_sdist(ref.path, cache_dir("sources") / slug)
+    if kind in ("dir", "git"):  # a local tree, or a git repository at a commit
+        from opencomposer.tasks.sources.repo import materialize
+        name, version, root = materialize(source)
+    elif kind == "pypi" and spec:
+        ref = fetch_sdist(spec)
+        name, version = ref.name, ref.version
+        root = unpack_sdist(ref.path, cache_dir("sources") / f"{name}-{version}".lower().replace("_", "-"))
+    else:
+        raise SourceError(f"--source {source!r}: expected pypi:NAME==VERSION, pypi:PATH/TO/SDIST.tar.gz, "
+                          "dir:PATH or git:PATH_OR_URL@COMMIT")
+    slug = f"{name}-{version}".lower().replace("_", "-")
     leakage.scrub_workspace(root)
     layout = inspect_project(root)
     if not layout.packages:
-        raise SourceError(f"pypi:{spec}: no importable package found in the sdist ({root})")
+        raise SourceError(f"{source}: no importable package found in the source tree ({root})")
     if not layout.test_files:
         raise SourceError(
-            f"pypi:{spec}: the sdist ships no test files (test_*.py or *_test.py); "
+            f"{source}: the source ships no test files (test_*.py or *_test.py); "
             "feature deletion needs the library's tests as the reward"
         )
-    env = build_env(layout, ref.name, out / "_envs" / slug)
-    with make_sandbox(SandboxSpec(root, env, layout.pythonpath), backend) as sb:
-        base = run_tests(sb, layout.test_files, timeout=timeout)
-    if not base.passed():
-        raise SourceError(
-            f"pypi:{spec}: its tests cannot run here: 0 of {len(base.outcomes)} passed "
-            f"(exit {base.exit_code}{', timed out' if base.timed_out else ''}). Last output:\n"
-            + base.output_tail[-1500:]
-        )
-    return Prepared(ref.name, ref.version, spec, root, layout, env, base)
+    inst = install_repo(layout, name, out / "_envs" / slug, backend, timeout, policy)
+    layout = replace(layout, test_files=inst.test_files or layout.test_files)
+    runs = [inst.report]
+    test_map = None
+    with make_sandbox(SandboxSpec(root, inst.env, layout.pythonpath), backend) as sb:
+        if trace:
+            test_map = trace_tests(sb, layout.test_files, layout.package_dirs, timeout=timeout * 2)
+            if test_map.funcs and not test_map.report.timed_out:  # a cut-short run proves nothing
+                runs.append(test_map.report)
+            sb.reset()
+        runs.append(run_tests(sb, layout.test_files, timeout=timeout))
+    return Prepared(name, version, spec, root, layout, inst.env, runs[0], flaky_tests(runs),
+                    test_map if test_map and test_map.funcs else None, inst.method, kind)
 
 
 def test_items(root: Path, rel: str) -> list[tuple[str, str]]:
@@ -104,27 +131,31 @@ def test_items(root: Path, rel: str) -> list[tuple[str, str]]:
         return []
     items = []
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-            items.append((f"{rel}::{node.name}", ast.get_source_segment(text, node) or ""))
-        elif isinstance(node, ast.ClassDef) and any(
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") or isinstance(node, ast.ClassDef) and any(
             isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) and b.name.startswith("test") for b in node.body
         ):
             items.append((f"{rel}::{node.name}", ast.get_source_segment(text, node) or ""))
     return items
 
 
-def select_targets(items: dict[str, list[tuple[str, str]]], name: str, rng: random.Random,
-                   neighbours: int = 3) -> list[str]:
-    """Test items that mention ``name``, plus a few others from the same files as a
-    regression guard (they become PASS_TO_PASS)."""
-    pat = re.compile(rf"\b{re.escape(name)}\b")
+def select_targets(items: dict[str, list[tuple[str, str]]], names: list[str], rng: random.Random,
+                   covering: set[str] | None = None, neighbours: int = 3,
+                   max_covering: int = MAX_COVERING) -> list[str]:
+    """Test items that mention one of ``names`` or (per the coverage map) execute the deleted
+    code, plus a few others from the same files as a regression guard (PASS_TO_PASS)."""
+    pat = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in names) + r")\b")
+    known = {i for its in items.values() for i, _ in its}
+    mention = {i for its in items.values() for i, src in its if pat.search(src)}
+    extra = sorted((covering or set()) & known - mention)
+    rng.shuffle(extra)
+    hit = mention | set(extra[: max(0, max_covering - len(mention))])
     targets: list[str] = []
-    for rel, its in items.items():
-        hit = [i for i, src in its if pat.search(src)]
-        if not hit:
+    for its in items.values():
+        mine = [i for i, _ in its if i in hit]
+        if not mine:
             continue
         others = [i for i, _ in its if i not in hit]
-        targets += hit + rng.sample(others, min(neighbours, len(others)))
+        targets += mine + rng.sample(others, min(neighbours, len(others)))
     return targets
 
 
@@ -149,14 +180,16 @@ class _Worker:
             cache[targets] = rep
         return rep
 
-    def try_deletion(self, rel: str, deleted_src: str, targets: tuple[str, ...]) -> TestReport:
+    def try_deletion(self, files: dict[str, tuple[str, str]], targets: tuple[str, ...]) -> TestReport:
         self.sb.reset()
-        self.sb.write_file(rel, deleted_src.encode())
+        for rel, (_, after) in files.items():
+            self.sb.write_file(rel, after.encode())
         return run_tests(self.sb, list(targets), timeout=self.timeout)
 
 
-def write_task(prep: Prepared, out: Path, d: "deletion.Deletion", targets: list[str],
+def write_task(prep: Prepared, out: Path, d, targets: list[str],
                f2p: list[str], p2p: list[str], rng: random.Random) -> Path:
+    """Write the task of deletion ``d`` (a ``Deletion`` or ``FeatureDeletion``) atomically."""
     cand, level, removed = d.candidate, d.level, d.removed
     slug = prep.env.name
     tid = _task_id(slug, cand, level)
@@ -165,7 +198,8 @@ def write_task(prep: Prepared, out: Path, d: "deletion.Deletion", targets: list[
     try:
         ws = tmp / "workspace"
         shutil.copytree(prep.root, ws, symlinks=True)
-        (ws / cand.file).write_bytes(d.after.encode())
+        for rel, (_, after) in d.files.items():
+            (ws / rel).write_bytes(after.encode())
         files = sorted({t.split("::", 1)[0] for t in targets})
         hidden = sorted(set(files) | {p.relative_to(ws).as_posix() for p in ws.rglob("conftest.py")})
         f2p_files = {t.split("::", 1)[0] for t in f2p}
@@ -184,11 +218,13 @@ def write_task(prep: Prepared, out: Path, d: "deletion.Deletion", targets: list[
             "#!/bin/sh\n# copy tests/files over the workspace first; run from the workspace root\n"
             f"exec {DEFAULT_COMMAND} {' '.join(shlex.quote(t) for t in targets)}\n")
         original_def = deletion.definition_text(d.before, cand)
-        instr = instructions.make_instruction(cand, level, original_def, rng)
+        instr = instructions.make_instruction(cand, level, original_def, rng, members=d.members)
         (tmp / "instruction.md").write_text(instr + "\n")
         meta = TaskMeta(
             id=tid,
-            source=SourceInfo(kind="pypi", spec=f"{prep.name}=={prep.version}",
+            source=SourceInfo(kind={"dir": "local"}.get(prep.kind, prep.kind),
+                              spec={"pypi": f"{prep.name}=={prep.version}",  # git: the commit, not the branch
+                                    "git": f"{prep.spec.rpartition('@')[0]}@{prep.version}"}.get(prep.kind, prep.spec),
                               package=cand.file.removeprefix("src/").split("/")[0].removesuffix(".py")),
             feature=FeatureInfo(level=level, file=cand.file, symbol=cand.qualname,
                                 lines_removed=removed.count("\n") + 1),
@@ -206,59 +242,109 @@ def write_task(prep: Prepared, out: Path, d: "deletion.Deletion", targets: list[
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def draw_jobs(prep: Prepared, weights: dict[str, float], rng: random.Random) -> list[tuple[object, str]]:
+    """(candidate or feature, level) pairs in the order to try them: each draw picks a level with
+    probability proportional to its weight among levels that still have unused candidates,
+    then an unused candidate of that level (a function is used at one level only)."""
+    classes = weights.get("class", 0) > 0
+    cands = deletion.find_candidates(prep.root, prep.layout.package_dirs,
+                                     prep.test_map.lines if prep.test_map else None, classes=classes)
+    funcs = [c for c in cands if c.kind == "function"]
+    pools: dict[str, list] = {
+        "block": [c for c in funcs if "block" in c.levels],
+        "body": list(funcs),
+        "function": [c for c in funcs if "function" in c.levels],
+        "class": [c for c in cands if c.kind == "class"],
+        "feature": deletion.find_features(funcs) if weights.get("feature", 0) > 0 else [],
+    }
+    for p in pools.values():
+        rng.shuffle(p)
+    used: set[str] = set()
+    jobs = []
+    while True:
+        live = [lv for lv, w in weights.items() if w > 0 and pools.get(lv)]
+        if not live:
+            return jobs
+        lv = rng.choices(live, [weights[x] for x in live])[0]
+        obj = pools[lv].pop()
+        key = obj.anchor.id if isinstance(obj, deletion.Feature) else obj.id
+        if key not in used:
+            used.add(key)
+            jobs.append((obj, lv))
+
+
 def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backend: str = "local",
-               levels: tuple[str, ...] = ("body", "function"), timeout: float = 300.0,
-               workers: int = 2, progress: Callable[[str, int, int], None] | None = None) -> MakeReport:
+               levels: tuple[str, ...] | dict[str, float] = ("body", "function"), timeout: float = 300.0,
+               workers: int = 2, progress: Callable[[str, int, int], None] | None = None,
+               policy: Policy | None = None, max_candidates: int | None = None,
+               trace: bool = True) -> MakeReport:
+    """Tasks from one source. ``levels`` is a tuple (equal weights) or level -> weight, e.g.
+    ``difficulty.LevelSchedule.weights()``; ``policy`` enables the install agent."""
+    weights = dict(levels) if isinstance(levels, dict) else {lv: 1.0 for lv in levels}
+    bad = sorted(set(weights) - set(deletion.LEVELS))
+    if bad or not any(w > 0 for w in weights.values()):
+        raise ValueError(f"levels {sorted(weights)}: unknown {bad}; expected some of {deletion.LEVELS}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = MakeReport(source)
     t0 = time.time()
-    prep = prepare_source(source, out, backend, timeout)
-    report.baseline_passed = len(prep.baseline.passed())
+    prep = prepare_source(source, out, backend, timeout, policy, trace)
+    report.baseline_passed = len(prep.baseline.passed() - prep.flaky)
+    report.flaky, report.install = len(prep.flaky), prep.install
     report.seconds["prepare"] = round(time.time() - t0, 1)
     rng = random.Random(seed)
-    cands = deletion.find_candidates(prep.root, prep.layout.package_dirs)
-    rng.shuffle(cands)
+    jobs = draw_jobs(prep, weights, rng)
+    report.candidates = len(jobs)
+    jobs = jobs[:max_candidates]
     existing = {p.name for p in out.iterdir() if (p / "task.toml").exists()}
     cache: dict = {}
     lock = threading.Lock()
     state = {"next": 0}
     baseline_files = {t.split("::", 1)[0] for t in prep.baseline.passed()}
     items = {f: test_items(prep.root, f) for f in prep.layout.test_files if f in baseline_files}
+    by_func = prep.test_map.by_function() if prep.test_map else {}
+
+    def covering(members) -> set[str]:
+        hit: set[str] = set()
+        for m in members:
+            for (f, ln), tests in by_func.items():
+                if f == m.file and m.decorator_lineno <= ln <= m.end_lineno:
+                    hit |= tests
+        return hit
 
     def take():
         with lock:
-            if len(report.made) >= max_tasks or state["next"] >= len(cands):
+            if len(report.made) >= max_tasks or state["next"] >= len(jobs):
                 return None
-            c = cands[state["next"]]
+            job = jobs[state["next"]]
             state["next"] += 1
             report.tried += 1
-            return c, rng.choice(levels), random.Random(rng.random())
+            return job + (random.Random(rng.random()),)
 
     def work():
         w = _Worker(prep, backend, timeout)
         try:
             while (item := take()) is not None:
-                cand, level, crng = item
-                _one(w, cand, level, crng)
+                _one(w, *item)
         finally:
             w.sb.close()
 
-    def _one(w: _Worker, cand, level: str, crng: random.Random) -> None:
-        targets = tuple(select_targets(items, cand.name, crng))
-        if not targets:
-            return report.reject("no test mentions it")
-        if level not in cand.levels:
-            level = "body"
+    def _one(w: _Worker, obj, level: str, crng: random.Random) -> None:
         try:
-            d = deletion.delete(deletion.read_source(prep.root / cand.file), cand, level)
+            if isinstance(obj, deletion.Feature):
+                d = deletion.delete_feature(prep.root, obj)
+            else:
+                d = deletion.delete(deletion.read_source(prep.root / obj.file), obj, level)
         except deletion.DeletionError:
             return report.reject("not line-editable")
-        if _task_id(prep.env.name, cand, level) in existing:
+        if _task_id(prep.env.name, d.candidate, level) in existing:
             return report.reject("already made")
+        targets = tuple(select_targets(items, [m.name for m in d.members], crng, covering(d.members)))
+        if not targets:
+            return report.reject("no test mentions or runs it")
         base = w.baseline(targets, cache, lock)
-        passing = sorted(base.passed())
-        after = w.try_deletion(cand.file, d.after, targets)
+        passing = sorted(base.passed() - prep.flaky)
+        after = w.try_deletion(d.files, targets)
         if after.timed_out:
             return report.reject("tests time out after deletion")
         f2p = [t for t in passing if after.status(t) not in ("PASSED", "XFAIL")]
@@ -273,6 +359,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
         with lock:
             report.made.append(path.name)
+            report.levels[level] = report.levels.get(level, 0) + 1
             if progress:
                 progress(path.name, len(report.made), max_tasks)
 

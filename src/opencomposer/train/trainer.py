@@ -38,7 +38,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from opencomposer.rl.loss import LossConfig, grpo_loss, token_logprobs
+from opencomposer.rl.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
 from opencomposer.rl.samples import Sample
 from opencomposer.train.config import TrainConfig
 
@@ -133,6 +133,31 @@ class Trainer:
         n = max(sums["loss_tokens"], 1.0)
         for key in ("kl", "clip_fraction", "ratio_mean", "entropy"):
             sums[key] /= n
+        return sums
+
+    def distill_backward(self, pairs: list[tuple[Sample, Sample]], coef: float, normalizer: float) -> dict[str, float]:
+        """Accumulate the gradient of ``coef * sum KL(teacher || student) / normalizer``.
+
+        Each pair is (student, teacher): the same completion tokens (``loss_mask``) after
+        two contexts, the one the policy saw and the one with a hint inserted
+        (``rl/feedback.py``). The teacher is the current weights, without gradient.
+        """
+        sums = {"distill_kl": 0.0, "distill_tokens": 0.0}
+        t = self.cfg.logprob_temperature
+        with self._training():
+            for student, teacher in pairs:
+                if student.loss_tokens != teacher.loss_tokens:
+                    raise ValueError(f"distill pair of task {student.task_id!r}: student has {student.loss_tokens} "
+                                     f"loss tokens, teacher {teacher.loss_tokens}")
+                sb, tb = self._collate([student]), self._collate([teacher])
+                with torch.no_grad():
+                    t_logits = self._logits(self.model, tb)
+                kl = distill_kl(self._logits(self.model, sb), t_logits, t)
+                loss = coef * (kl * sb.mask).sum() / normalizer
+                loss.backward()
+                sums["distill_kl"] += float((kl.detach() * sb.mask).sum())
+                sums["distill_tokens"] += float(sb.mask.sum())
+        sums["distill_kl"] /= max(sums["distill_tokens"], 1.0)
         return sums
 
     def sft_backward(self, samples: list[Sample], normalizer: float) -> dict[str, float]:

@@ -59,8 +59,8 @@ def test_run_process_missing_binary_is_a_result_not_a_crash():
 
 
 def test_unknown_backend_lists_known(tmp_path):
-    with pytest.raises(ValueError, match="local, namespace"):
-        make_sandbox(SandboxSpec(base_dir=tmp_path), backend="docker")
+    with pytest.raises(ValueError, match="known: docker, gvisor, local, namespace, remote"):
+        make_sandbox(SandboxSpec(base_dir=tmp_path), backend="no-such-backend")
     assert backend_class("local").__name__ == "LocalSandbox"
 
 

@@ -1,0 +1,299 @@
+"""``opencomposer bench engine``: engine throughput against HF ``generate`` and the roofline.
+
+    opencomposer bench engine --shapes qwen2.5-0.5b,qwen2.5-1.5b --device cuda --dtype bfloat16
+    PYTHONPATH=src python benchmarks/bench_engine.py --shapes tiny --device cpu   # quick check
+
+For each shape (a randomly initialised Qwen2 of the given size; configs inline below):
+
+* decode tokens/s at batch 1, 64 and 256 (prompts of ``prompt_len`` random tokens, timed
+  over ``decode_steps`` engine steps after prefill), and the same for HF ``generate``
+  at batch 1 and 64 (its decode time: a long run minus a 1-token run);
+* the memory-bandwidth roofline of each decode step: (weight bytes + K/V bytes read) /
+  HBM bandwidth, the bandwidth measured in the same run by a large device-to-device copy;
+* prefill tokens/s (engine, and HF's forward on the same batch);
+* prefix caching: a 10-turn agent rollout (system prompt, then per turn a model reply and a
+  tool result appended) -- total prefill work over the 10 turns against prefilling the
+  last turn's prompt alone (tokens and seconds; goal <= 1.2x);
+* logprob parity (first shape): the engine's logprobs of its sampled tokens against the HF
+  forward pass on the same weights, in fp32 and in the benchmark dtype.
+
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from typing import Any
+
+import torch
+
+from opencomposer.inference.engine import Engine, SamplingParams
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                         "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                         "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True},
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True},
+}
+
+
+def random_qwen2(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; expected one of {sorted(SHAPES)}")
+    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(dtype)
+    return model.eval()
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bandwidth(device: str) -> float:
+    """Bytes/s of a large device copy (bytes read + bytes written)."""
+    n = (1 << 30) if torch.device(device).type == "cuda" else (1 << 27)
+    x = torch.empty(n, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    _sync(device)
+    reps = 10
+    t = time.perf_counter()
+    for _ in range(reps):
+        y.copy_(x)
+    _sync(device)
+    return 2 * n * reps / (time.perf_counter() - t)
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, length), generator=g).tolist()
+
+
+def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed: int = 0) -> dict[str, float]:
+    vocab = engine.model.cfg.vocab_size
+    warm = 3
+    rids = [engine.add_request(p, SamplingParams(max_tokens=steps + warm + 1, temperature=1.0))
+            for p in _prompts(batch, prompt_len, vocab, seed)]
+    while engine.scheduler.waiting:
+        engine.step()
+    for _ in range(warm):
+        engine.step()
+    _sync(str(engine.device))
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    dt = time.perf_counter() - t
+    out = {"tokens_per_s": batch * steps / dt, "step_ms": 1000 * dt / steps, "mean_context": prompt_len + warm + steps / 2}
+    graph = engine.runner.graphs.get(batch)
+    if graph is not None:  # the GPU part of a step alone (replays the last step: same slots, same values)
+        _sync(str(engine.device))
+        t = time.perf_counter()
+        for _ in range(20):
+            graph.replay()
+        _sync(str(engine.device))
+        out["graph_replay_ms"] = 1000 * (time.perf_counter() - t) / 20
+    for r in rids:
+        engine.abort(r)
+    while engine.has_unfinished():
+        engine.step()
+    for r in rids:
+        engine.completion(r)
+    return out
+
+
+def hf_decode(hf, batch: int, prompt_len: int, new_tokens: int, device: str) -> dict[str, float]:
+    ids = torch.tensor(_prompts(batch, prompt_len, hf.config.vocab_size, 1), device=device)
+    mask = torch.ones_like(ids)
+
+    def run(n: int) -> float:
+        _sync(device)
+        t = time.perf_counter()
+        hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                    pad_token_id=0, eos_token_id=None)
+        _sync(device)
+        return time.perf_counter() - t
+
+    run(2)  # warm-up
+    dt = run(new_tokens) - run(1)
+    return {"tokens_per_s": batch * (new_tokens - 1) / dt, "step_ms": 1000 * dt / (new_tokens - 1)}
+
+
+def roofline(engine: Engine, batch: int, context: float, bw: float) -> float:
+    """Decode tokens/s if a step only had to read the weights and the batch's K/V once."""
+    cfg = engine.model.cfg
+    p = next(engine.model.parameters())
+    weight_bytes = sum(t.numel() for t in engine.model.parameters()) * p.element_size()  # tied counted once
+    weight_bytes -= cfg.vocab_size * cfg.hidden_size * p.element_size() * (0 if cfg.tie_word_embeddings else 1)
+    kv_bytes = batch * context * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * p.element_size()
+    return batch / ((weight_bytes + kv_bytes) / bw)
+
+
+def prefill(engine: Engine, hf, n: int, length: int, device: str) -> dict[str, float]:
+    ps = _prompts(n, length, engine.model.cfg.vocab_size, 7)
+    engine.generate(ps[:1], SamplingParams(max_tokens=1))  # warm-up
+    engine.blocks.invalidate()
+    before = engine.stats()["prefill_seconds"]
+    engine.generate(ps, SamplingParams(max_tokens=1))
+    dt = engine.stats()["prefill_seconds"] - before
+    out = {"engine_tokens_per_s": n * length / dt}
+    ids = torch.tensor(ps, device=device)
+    with torch.inference_mode():
+        hf(ids[:1, :64], logits_to_keep=1)
+        _sync(device)
+        t = time.perf_counter()
+        hf(ids, logits_to_keep=1)
+        _sync(device)
+    out["hf_tokens_per_s"] = n * length / (time.perf_counter() - t)
+    return out
+
+
+def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: int = 64, tool: int = 200) -> dict[str, float]:
+    """Total prefill over a multi-turn rollout vs prefilling its last prompt alone."""
+    vocab = engine.model.cfg.vocab_size
+    g = torch.Generator().manual_seed(3)
+    rand = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()
+    engine.generate([rand(min(300, system))], SamplingParams(max_tokens=2))  # warm-up
+    engine.blocks.invalidate()
+    s0 = engine.stats()
+    history = rand(system)
+    for turn in range(turns):
+        c = engine.generate([history], SamplingParams(max_tokens=reply, temperature=1.0, seed=turn))[0]
+        last_prompt = list(history)
+        history = history + c.token_ids + rand(tool)
+    s1 = engine.stats()
+    engine.blocks.invalidate()
+    alone_s = []
+    for _ in range(2):
+        a = engine.stats()
+        engine.generate([last_prompt], SamplingParams(max_tokens=1))
+        engine.blocks.invalidate()
+        alone_s.append(engine.stats()["prefill_seconds"] - a["prefill_seconds"])
+    total_tokens = s1["prefill_tokens_computed"] - s0["prefill_tokens_computed"]
+    total_s = s1["prefill_seconds"] - s0["prefill_seconds"]
+    return {"turns": turns, "last_prompt_tokens": len(last_prompt), "total_prefill_tokens": total_tokens,
+            "ratio_tokens": total_tokens / len(last_prompt), "total_prefill_s": total_s,
+            "last_alone_prefill_s": min(alone_s), "ratio_seconds": total_s / min(alone_s),
+            "cache_hit_tokens": s1["prefix_cache_hit_tokens"] - s0["prefix_cache_hit_tokens"]}
+
+
+def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, tokens: int = 32,
+                   kernels: str | None = None) -> dict[str, float]:
+    hf = random_qwen2(shape, device, dtype)
+    engine = Engine(hf, None, max_num_seqs=n, max_model_len=256, device=device, dtype=dtype, kernels=kernels)
+    ps = _prompts(n, 48, hf.config.vocab_size, 11)
+    outs = engine.generate(ps, SamplingParams(max_tokens=tokens, temperature=1.0, seed=5))
+    diffs = []
+    with torch.inference_mode():
+        for p, c in zip(ps, outs):
+            logits = hf(torch.tensor([p + c.token_ids], device=device)).logits[0, len(p) - 1:-1].float()
+            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(c.token_ids, device=device)[:, None])[:, 0]
+            diffs.append((ref.cpu() - torch.tensor(c.logprobs)).abs())
+        greedy = engine.generate(ps[:4], SamplingParams(max_tokens=16, temperature=0))
+        same = 0
+        for p, c in zip(ps[:4], greedy):
+            ids = torch.tensor([p], device=device)
+            ref = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
+            same += ref == c.token_ids
+    d = torch.cat(diffs)
+    del engine, hf
+    return {"mean_abs_diff": d.mean().item(), "max_abs_diff": d.max().item(), "tokens": d.numel(),
+            "greedy_identical": f"{same}/4"}
+
+
+def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batches: tuple[int, ...] = (1, 64, 256),
+        hf_batches: tuple[int, ...] = (1, 64), prompt_len: int = 128, decode_steps: int = 128,
+        prefill_batch: int = 8, prefill_len: int = 2048, rollout: dict[str, int] | None = None,
+        parity: bool = True, kernels: str | None = None, log=print) -> dict[str, Any]:
+    dt = getattr(torch, dtype)
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+                              "dtype": dtype, "torch": torch.__version__}
+    bw = bandwidth(device)
+    result["bandwidth_GBps"] = round(bw / 1e9, 1)
+    log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    if parity:
+        result["parity"] = {name: logprob_parity(shapes[0], device, d, kernels=kernels)
+                            for name, d in (("float32", torch.float32), (dtype, dt))}
+        log(f"parity {result['parity']}")
+    for shape in shapes:
+        r: dict[str, Any] = {}
+        hf = random_qwen2(shape, device, dt)
+        max_len = prompt_len + decode_steps + 8
+        engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
+                        kernels=kernels)
+        t = time.perf_counter()
+        r["params_M"] = round(sum(p.numel() for p in engine.model.parameters()) / 1e6, 1)
+        for b in batches:
+            e = engine_decode(engine, b, prompt_len, decode_steps)
+            e["roofline_tokens_per_s"] = roofline(engine, b, e["mean_context"], bw)
+            e["fraction_of_roofline"] = e["tokens_per_s"] / e["roofline_tokens_per_s"]
+            r[f"decode_b{b}"] = {k: round(v, 3) for k, v in e.items()}
+            log(f"{shape} engine decode b{b}: {r[f'decode_b{b}']}")
+        assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
+        r["kernels"] = engine.stats()["kernels"]
+        del engine
+        if device.startswith("cuda") and r["kernels"] != "torch":  # the same with the portable torch kernels
+            engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
+                            kernels="torch")
+            for b in (min(batches), max(batches)):
+                e = engine_decode(engine, b, prompt_len, decode_steps)
+                r[f"decode_b{b}_torch_kernels"] = {k: round(v, 3) for k, v in e.items()}
+            del engine
+        for b in (b for b in hf_batches if b in batches):
+            h = hf_decode(hf, b, prompt_len, 64, device)
+            r[f"hf_decode_b{b}"] = {k: round(v, 3) for k, v in h.items()}
+            r[f"speedup_vs_hf_b{b}"] = round(r[f"decode_b{b}"]["tokens_per_s"] / h["tokens_per_s"], 2)
+            log(f"{shape} HF generate b{b}: {r[f'hf_decode_b{b}']}")
+        ro = rollout or {}
+        long_len = max(prefill_len, ro.get("system", 1000) + 10 * (ro.get("reply", 64) + ro.get("tool", 200))) + 128
+        engine = Engine(hf, None, max_num_seqs=prefill_batch, max_model_len=long_len, device=device, dtype=dt,
+                        max_num_batched_tokens=8192)
+        r["prefill"] = {k: round(v, 1) for k, v in prefill(engine, hf, prefill_batch, prefill_len, device).items()}
+        log(f"{shape} prefill: {r['prefill']}")
+        r["prefix_cache_10_turns"] = {k: round(v, 4) for k, v in agent_rollout(engine, **ro).items()}
+        log(f"{shape} 10-turn rollout: {r['prefix_cache_10_turns']}")
+        assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
+        r["seconds"] = round(time.perf_counter() - t, 1)
+        del engine, hf
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        result[shape] = r
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--decode-steps", type=int, default=128)
+    ap.add_argument("--kernels", default=None, help="triton (CUDA default) or torch")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    a = ap.parse_args(argv)
+    res = run(a.shapes.split(","), a.device, a.dtype, tuple(int(b) for b in a.batches.split(",")),
+              decode_steps=a.decode_steps, kernels=a.kernels)
+    line = json.dumps(res)
+    if a.out:
+        from pathlib import Path
+
+        from opencomposer.paths import atomic_write_text
+
+        atomic_write_text(Path(a.out), line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""``Engine``: the rollout and serving engine (continuous batching over a paged KV cache).
+
+    from opencomposer.inference.engine import Engine, SamplingParams
+    engine = Engine.from_name("tiny-random")            # or Engine(hf_model, tokenizer, ...)
+    [c] = engine.generate([prompt_ids], SamplingParams(max_tokens=32, temperature=0))
+    c.token_ids, c.logprobs, c.policy_versions, c.text, c.finish_reason, c.cached_prompt_tokens
+
+Streaming / serving: ``add_request`` then call ``step()`` in a loop (one thread owns the
+engine; ``step`` is not thread-safe, ``update_weights`` is). Each step is schedule ->
+run the model -> sample -> post-process, for all running sequences at once; finished
+sequences leave the batch and waiting ones join it between any two steps. ``generate``
+steps the whole engine until its own requests finish: use it when you own the engine
+(tests, ``EnginePolicy``), not beside a server loop that also steps it.
+
+Meaning of the outputs:
+
+* ``logprobs``: ``log_softmax(logits / T)[token]`` in fp32 (T = 1 for greedy), before
+  top-k/top-p truncation: what the trainer's forward pass computes (see ``sampler.py``).
+* ``policy_versions``: the ``policy_version`` of the weights that produced each token.
+  ``update_weights(state_dict, version)`` waits for the step in flight, copies the weights
+  in place, and the next step runs with them; running sequences continue (their cached
+  K/V stays as the old weights computed it, as in PipelineRL-style in-flight updates).
+  The prefix cache is invalidated: requests admitted later never reuse old-weight K/V.
+* ``token_ids`` end with the stop token when a turn ended on one (the model must learn
+  to emit it), and include the token that completed a stop string; ``text`` is the
+  decoding without the stop token and cut before the stop string.
+* ``cached_prompt_tokens``: prompt tokens whose K/V came from the prefix cache.
+
+Options: ``kernels="triton"`` (default on CUDA) uses the fused Triton kernels of
+``triton_kernels.py``; ``"torch"`` is the portable path (the only one on CPU).
+``cuda_graphs`` captures decode steps on CUDA. ``kv_blocks`` defaults to 80% of free GPU
+memory on CUDA (capped at twice what ``max_num_seqs`` full-length sequences need) and
+to at most 1 GiB on CPU. ``stats()`` reports blocks (total / used / cached; used is 0
+when idle, so a leak shows), running / waiting, prefix-cache hit tokens, preemptions,
+tokens and seconds spent in prefill and decode steps, and the policy version.
+
+Test: ``pytest tests/unit/inference``; GPU: ``pytest tests/gpu/test_engine_cuda.py``;
+benchmark: ``opencomposer bench engine``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from opencomposer.inference.block_manager import BlockManager
+from opencomposer.inference.model_runner import ModelRunner
+from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
+from opencomposer.inference.sampler import sample
+from opencomposer.inference.scheduler import Scheduler
+from opencomposer.inference.sequence import SamplingParams, Sequence, Status
+
+__all__ = ["Completion", "Engine", "SamplingParams", "StepOutput"]
+
+KEEP_FINISHED = 4096  # finished requests kept for ``completion()`` (oldest dropped first)
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[float]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_versions: list[int]
+    text: str
+    finish_reason: str
+    cached_prompt_tokens: int
+
+
+class Engine:
+    def __init__(self, model: Any, tokenizer: Any = None, *, max_num_seqs: int = 64, max_model_len: int | None = None,
+                 kv_blocks: int | None = None, block_size: int = 16, device: str | torch.device | None = None,
+                 dtype: torch.dtype | None = None, max_num_batched_tokens: int | None = None,
+                 cuda_graphs: bool = True, kernels: str | None = None,
+                 kv_memory_fraction: float = 0.8, policy_version: int = 0):
+        if max_num_seqs < 1 or block_size < 1:
+            raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
+        if isinstance(model, DecoderLM):
+            self.model = model if device is None and dtype is None else model.to(device=device, dtype=dtype)
+            eos_source = SimpleNamespace(generation_config=None)
+        else:  # a Hugging Face *ForCausalLM: copy its weights into the engine's own model
+            self.model = from_hf_model(model, device=device, dtype=dtype)
+            eos_source = model
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.eos_ids = _eos_ids(eos_source, tokenizer)
+        cfg = self.model.cfg
+        self.device = next(self.model.parameters()).device
+        self.max_model_len = max_model_len or min(cfg.max_position_embeddings, 4096)
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings "
+                             f"({cfg.max_position_embeddings})")
+        self.max_num_seqs = max_num_seqs
+        blocks_per_seq = -(-self.max_model_len // block_size)
+        if kv_blocks is None:
+            kv_blocks = self._default_kv_blocks(blocks_per_seq, block_size, kv_memory_fraction)
+        if kv_blocks < blocks_per_seq:
+            raise ValueError(f"kv_blocks={kv_blocks} cannot hold one sequence of max_model_len={self.max_model_len} "
+                             f"({blocks_per_seq} blocks of {block_size})")
+        self.blocks = BlockManager(kv_blocks, block_size)
+        budget = max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, budget)
+        pow2 = cfg.head_dim & (cfg.head_dim - 1) == 0
+        kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
+        if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
+            raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
+        self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
+                                  cuda_graphs=cuda_graphs, triton=kernels == "triton")
+        self.policy_version = policy_version
+        self._seqs: dict[str, Sequence] = {}
+        self._finished: OrderedDict[str, Sequence] = OrderedDict()
+        self._aborted: list[Sequence] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # held by step() and update_weights()
+        self._counts = {"prompt_tokens": 0, "prefill_tokens_computed": 0, "generated_tokens": 0, "steps": 0,
+                        "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0}
+
+    @classmethod
+    def from_name(cls, name_or_path: str, **kw: Any) -> Engine:
+        """Load with ``opencomposer.models.registry.load_model`` (smollm2-135m, tiny-random, a
+        local HF dir, a hub id) and build an engine; ``device``/``dtype`` go to both."""
+        from opencomposer.models.registry import load_model
+
+        device = kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = kw.get("dtype") or torch.float32
+        hf, tok = load_model(name_or_path, dtype=dtype, device="cpu")
+        kw = {**kw, "device": device, "dtype": dtype}
+        return cls(hf, tok, **kw)
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        params.check()
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty; a request needs at least one prompt token")
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if len(prompt) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = "
+                             f"{len(prompt) + params.max_tokens} exceeds max_model_len={self.max_model_len}")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._seqs:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        seq = Sequence(rid, prompt, params, device=self.device)
+        self._seqs[rid] = seq
+        self.scheduler.add(seq)
+        self._counts["prompt_tokens"] += len(prompt)
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks; the next ``step`` reports it finished with
+        ``finish_reason="abort"``. Unknown or already finished ids are ignored."""
+        seq = self._seqs.get(request_id)
+        if seq is None or seq.status is Status.FINISHED:
+            return
+        self._finish(seq, "abort")
+        self._aborted.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> list[StepOutput]:
+        with self._lock:
+            outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
+            self._aborted.clear()
+            t0 = time.perf_counter()
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return outputs
+            logits = self.runner.run(batch)
+            sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
+            tokens, logprobs = sample(logits, sampling) if sampling else ([], [])
+            if not sampling and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # sampling's .tolist() syncs otherwise
+            # wall time of the step up to its results (which wait for the device)
+            self._counts["decode_seconds" if batch.decode else "prefill_seconds"] += time.perf_counter() - t0
+            self._counts["steps"] += 1
+            for seq, n in zip(batch.seqs, batch.chunks):
+                seq.num_computed += n
+                if not batch.decode:
+                    self._counts["prefill_tokens_computed"] += n
+                self.blocks.publish(seq)
+            for seq, tok, lp in zip(sampling, tokens, logprobs):
+                seq.token_ids.append(tok)
+                seq.logprobs.append(lp)
+                seq.versions.append(self.policy_version)
+                self._counts["generated_tokens"] += 1
+                reason = self._check_stop(seq)
+                if reason:
+                    self._finish(seq, reason)
+                outputs.append(StepOutput(seq.request_id, [tok], [lp], reason is not None, reason))
+            return outputs
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        """Run ``prompts`` to completion (stepping the engine) and return them in order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        pending = set(rids)
+        while pending:
+            if not self.has_unfinished():
+                raise RuntimeError(f"engine idle with {len(pending)} requests unfinished")
+            for out in self.step():
+                if out.finished:
+                    pending.discard(out.request_id)
+        return [self.completion(r) for r in rids]
+
+    def completion(self, request_id: str) -> Completion:
+        """The finished request's result (removed from the engine once read)."""
+        seq = self._finished.pop(request_id, None)
+        if seq is None:
+            raise KeyError(f"request {request_id!r} is not finished or was already read")
+        self._seqs.pop(request_id, None)
+        return Completion(
+            request_id=seq.request_id, prompt_token_ids=seq.token_ids[:seq.num_prompt],
+            token_ids=seq.completion_ids, logprobs=list(seq.logprobs), policy_versions=list(seq.versions),
+            text=seq.text, finish_reason=seq.finish_reason or "abort",
+            cached_prompt_tokens=max(seq.cached_prompt_tokens, 0))
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load new weights (HF parameter names; a subset is fine) between two steps."""
+        with self._lock:
+            self.model.load_hf_state_dict(state_dict, partial=True)
+            self.blocks.invalidate()
+            self.policy_version = int(version)
+            self._counts["weight_updates"] += 1
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kv_blocks_total": self.blocks.num_blocks,
+            "kv_blocks_used": self.blocks.num_used,
+            "kv_blocks_cached": len(self.blocks.cached),
+            "block_size": self.blocks.block_size,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "prefix_cache_hit_tokens": self.blocks.hit_tokens,
+            "preemptions": self.scheduler.preemptions,
+            "policy_version": self.policy_version,
+            "max_model_len": self.max_model_len,
+            "cuda_graph_batch_sizes": sorted(self.runner.graphs),
+            "kernels": "triton" if self.runner.triton else "torch",
+            **self._counts,
+        }
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_stop(self, seq: Sequence) -> str | None:
+        p = seq.params
+        if seq.token_ids[-1] in self.eos_ids or seq.token_ids[-1] in p.stop_token_ids:
+            return "stop"
+        if p.stop and self.tokenizer is not None:
+            window = max(len(s) for s in p.stop) + 8  # tokens: each one is at least a char, mostly
+            tail = self.tokenizer.decode(seq.completion_ids[-window:], skip_special_tokens=False)
+            if any(s in tail for s in p.stop):
+                return "stop"
+        if seq.num_generated >= p.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq)
+        seq.finish_reason = reason
+        seq.text = self._text(seq, reason)
+        self._finished[seq.request_id] = seq
+        while len(self._finished) > KEEP_FINISHED:
+            old, _ = self._finished.popitem(last=False)
+            self._seqs.pop(old, None)
+
+    def _text(self, seq: Sequence, reason: str) -> str:
+        if self.tokenizer is None:
+            return ""
+        ids = seq.completion_ids
+        if reason == "stop" and ids and (ids[-1] in self.eos_ids or ids[-1] in seq.params.stop_token_ids):
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        cuts = [text.find(s) for s in seq.params.stop if s in text]
+        return text[:min(cuts)] if cuts else text
+
+    def _default_kv_blocks(self, blocks_per_seq: int, block_size: int, fraction: float) -> int:
+        cfg = self.model.cfg
+        elem = next(self.model.parameters()).element_size()
+        per_block = 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+        want = self.max_num_seqs * blocks_per_seq * 2  # room for every sequence plus as much cached prefix
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return max(blocks_per_seq, min(want, int(free * fraction) // per_block))
+        return max(blocks_per_seq, min(want, (1 << 30) // per_block))  # <= 1 GiB of CPU memory
+
+
+def _has_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    if tokenizer is None:
+        return frozenset()
+    from opencomposer.models.policy import (
+        stop_token_ids,  # the one definition of end-of-turn ids
+    )
+
+    return frozenset(stop_token_ids(model, tokenizer))

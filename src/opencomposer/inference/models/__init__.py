@@ -1,0 +1,1 @@
+"""The engine's own model implementations (paged attention). See ``transformer.py``."""

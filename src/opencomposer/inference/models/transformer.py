@@ -1,0 +1,343 @@
+"""A compact decoder-only transformer for the Llama, Qwen2 and Qwen3 families, with paged attention.
+
+The engine runs this module instead of the Hugging Face one: its attention reads and
+writes the engine's paged KV cache (``inference/attention.py``), and it takes a flat
+batch of tokens from many sequences at once. It loads Hugging Face state dicts by their
+names (``model.layers.3.self_attn.q_proj.weight``; ``hf_views`` maps each to its
+parameter, or to its slice of a fused q/k/v or gate/up projection), so
+``Engine.update_weights`` takes the trainer's state dict unchanged.
+
+What differs between the three families is read from the config and the state dict:
+Qwen2 has q/k/v biases (found as ``*.q_proj.bias`` keys), Qwen3 has per-head RMSNorm
+on q and k (``*.q_norm.weight``), and any of them may tie ``lm_head`` to the embedding.
+
+    cfg = DecoderConfig.from_hf(hf_model.config, hf_model.state_dict())
+    model = DecoderLM(cfg); model.load_hf_state_dict(hf_model.state_dict())
+
+The numerics follow the HF modules (RMSNorm in fp32, rotary tables in fp32 then cast),
+so that logprobs match the trainer's forward pass; tested in
+``tests/unit/inference/test_model_parity.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opencomposer.inference.attention import AttentionBatch, paged_attention
+
+SUPPORTED = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # llama3-style scaling, as items
+
+    @classmethod
+    def from_hf(cls, config: Any, state_dict: Mapping[str, torch.Tensor] | None = None) -> DecoderConfig:
+        """Read an HF ``LlamaConfig``/``Qwen2Config``/``Qwen3Config`` (transformers 4.x or 5.x)."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED:
+            raise ValueError(f"model_type {model_type!r} is not supported by the engine; expected one of {SUPPORTED}")
+        keys = set(state_dict or ())
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None
+        if rope_type == "llama3":
+            scaling = tuple(sorted((k, v) for k, v in rope.items() if k != "rope_theta"))
+        elif rope_type not in ("default", None):
+            raise ValueError(f"rope_type {rope_type!r} is not supported by the engine; expected 'default' or 'llama3'")
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError("sliding-window attention (use_sliding_window=true) is not supported by the engine")
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        qkv_bias = ("model.layers.0.self_attn.q_proj.bias" in keys) if keys else (
+            model_type == "qwen2" or bool(getattr(config, "attention_bias", False)))
+        qk_norm = ("model.layers.0.self_attn.q_norm.weight" in keys) if keys else model_type == "qwen3"
+        return cls(
+            model_type=model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=float(theta),
+            max_position_embeddings=config.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            rope_scaling=scaling,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # one fused kernel on CUDA; computes in fp32 like HF's RMSNorm (which rounds to the
+        # input dtype before the weight multiply: bf16 results can differ by one ulp)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_inv_freq(cfg: DecoderConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_scaling:  # Llama 3.x frequency scaling, as in HF's _compute_llama3_parameters
+        s = dict(cfg.rope_scaling)
+        factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old = s["original_max_position_embeddings"]
+        wavelen = 2 * torch.pi / inv
+        low_wl, high_wl = old / low, old / high
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    """q, k and v come from one fused projection (``qkv_proj``; HF's q/k/v_proj are slices
+    of it, see ``hf_views``): one matrix multiply instead of three per layer."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.qkv_proj = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    fused = False  # Triton kernels (set by DecoderLM.use_triton)
+
+    def forward(self, x, rope: Rope, batch: AttentionBatch, k_cache, v_cache):
+        t = x.shape[0]
+        nh, nkv = self.num_heads, self.num_kv_heads
+        flat = self.qkv_proj(x)
+        qkv = flat.view(t, nh + 2 * nkv, self.head_dim)
+        qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
+        if self.qk_norm:
+            normed = torch.cat((self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])), dim=1)
+            if self.fused:
+                qk.copy_(normed)
+            else:
+                qk = normed
+        if self.fused:  # rotate q, k in place and write k, v to the cache: one kernel
+            from opencomposer.inference.triton_kernels import rope_and_cache
+
+            rope_and_cache(flat, rope.cos_half, rope.sin_half, batch.slot_mapping, k_cache, v_cache, nh, nkv)
+        else:
+            qk = qk * rope.cos + _rotate_half(qk) * rope.sin  # rotary on q and k heads at once
+        out = paged_attention(qk[:, :nh], qk[:, nh:], v, k_cache, v_cache, batch)
+        return self.o_proj(out.reshape(t, nh * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    fused = False
+
+    def forward(self, x):
+        gate_up = self.gate_up_proj(x)
+        if self.fused:
+            from opencomposer.inference.triton_kernels import silu_mul
+
+            return self.down_proj(silu_mul(gate_up))
+        return self.down_proj(F.silu(gate_up[:, :self.inter]) * gate_up[:, self.inter:])
+
+
+class Rope:
+    """Rotary tables for this step's positions: [T, 1, d] in the model dtype (torch path,
+    as HF casts them) and [T, d/2] fp32 halves (Triton path)."""
+
+    def __init__(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, fused: bool):
+        freqs = positions.float()[:, None] * inv_freq[None, :]
+        if fused:
+            self.cos_half, self.sin_half = freqs.cos(), freqs.sin()
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.cos, self.sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def add_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, fused: bool):
+    """(norm(x + residual), x + residual); the first layer has no residual yet."""
+    if residual is None:
+        return norm(x), x
+    if fused:
+        from opencomposer.inference.triton_kernels import add_rmsnorm
+
+        return add_rmsnorm(x, residual, norm.weight, norm.eps), residual  # residual updated in place
+    residual = x + residual
+    return norm(residual), residual
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    fused = False
+
+    def forward(self, x, residual, rope, batch, k_cache, v_cache):
+        """-> (this layer's MLP output, the residual stream before adding it)."""
+        h, residual = add_norm(x, residual, self.input_layernorm, self.fused)
+        h = self.self_attn(h, rope, batch, k_cache, v_cache)
+        h, residual = add_norm(h, residual, self.post_attention_layernorm, self.fused)
+        return self.mlp(h), residual
+
+
+class _Body(nn.Module):  # named "model" inside DecoderLM so parameter names match HF
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """``forward(input_ids, positions, batch, kv) -> hidden`` over a flat token batch;
+    ``logits(hidden)`` applies ``lm_head`` (in the model dtype, like HF; callers upcast)."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = _Body(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # fp32 always, as HF does: a plain attribute, so ``model.to(bfloat16)`` leaves it alone
+        # (the engine's ModelRunner moves it to the model's device)
+        self.inv_freq = rope_inv_freq(cfg)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                k_caches: torch.Tensor, v_caches: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        rope = Rope(self.inv_freq, positions, x.dtype, self.fused)
+        residual = None
+        for i, layer in enumerate(self.model.layers):
+            x, residual = layer(x, residual, rope, batch, k_caches[i], v_caches[i])
+        return add_norm(x, residual, self.model.norm, self.fused)[0]
+
+    fused = False
+
+    def use_triton(self, on: bool = True) -> None:
+        """Switch the fused Triton kernels (CUDA) on or off for every layer."""
+        d = self.cfg.head_dim
+        if on and (d & (d - 1)):
+            raise ValueError(f"the Triton kernels need a power-of-two head_dim, got {d}")
+        for m in self.modules():
+            if isinstance(m, (DecoderLM, DecoderLayer, Attention, MLP)):
+                m.fused = on
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def hf_views(self) -> dict[str, torch.Tensor]:
+        """HF parameter name -> the tensor (a parameter or a slice of a fused one) holding it."""
+        cfg = self.cfg
+        views: dict[str, torch.Tensor] = {}
+        for name, p in self.named_parameters(remove_duplicate=False):
+            if ".qkv_proj." in name:
+                kind = name.rsplit(".", 1)[1]
+                q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+                base = name.replace("qkv_proj", "{}")
+                views[base.format("q_proj")] = p.data[:q]
+                views[base.format("k_proj")] = p.data[q:q + kv]
+                views[base.format("v_proj")] = p.data[q + kv:]
+                assert kind in ("weight", "bias")
+            elif ".gate_up_proj." in name:
+                base = name.replace("gate_up_proj", "{}")
+                views[base.format("gate_proj")] = p.data[:cfg.intermediate_size]
+                views[base.format("up_proj")] = p.data[cfg.intermediate_size:]
+            else:
+                views[name] = p.data
+        return views
+
+    def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor], partial: bool = False) -> None:
+        """Copy HF-named tensors into this model's parameters, in place.
+
+        In place (``copy_``), so CUDA graphs captured over these parameters stay valid.
+        ``partial`` allows a subset of keys (a trainer sending only what changed); unknown
+        keys and shape mismatches are always errors naming the key, raised before any
+        weight changes.
+        """
+        own = self.hf_views()
+        tied = self.cfg.tie_word_embeddings
+        todo = []
+        for name, tensor in state_dict.items():
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name not in own:
+                raise ValueError(f"state dict key {name!r} is not a parameter of this {self.cfg.model_type} model")
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(f"state dict key {name!r}: shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}")
+            if tied and name == "lm_head.weight" and "model.embed_tokens.weight" in state_dict:
+                continue  # the same tensor as the embedding
+            todo.append((name, tensor))
+        seen = {name for name, _ in todo}
+        if tied and seen & {"lm_head.weight", "model.embed_tokens.weight"}:
+            seen |= {"lm_head.weight", "model.embed_tokens.weight"}
+        missing = sorted(set(own) - seen)
+        if missing and not partial:
+            raise ValueError(f"state dict is missing {len(missing)} parameters, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for name, tensor in todo:
+                own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+
+
+def from_hf_model(hf_model: Any, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> DecoderLM:
+    """A ``DecoderLM`` with the weights of an HF ``*ForCausalLM`` (copied, not shared)."""
+    sd = hf_model.state_dict()
+    cfg = DecoderConfig.from_hf(hf_model.config, sd)
+    first = next(iter(sd.values()))
+    device = torch.device(device) if device is not None else first.device
+    dtype = dtype or first.dtype
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.inv_freq = rope_inv_freq(cfg).to(device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.load_hf_state_dict(sd)
+    return model.eval()

@@ -1,0 +1,69 @@
+"""``sample``: next tokens and their logprobs for a batch of rows, each with its own settings.
+
+Logprob convention (what ``StepOutput.new_logprobs`` / ``Completion.logprobs`` hold):
+``log_softmax(logits / T)[token]`` with T the request's temperature (T = 1 for greedy),
+computed in fp32 from the model's logits, *before* top-k/top-p truncation. That is exactly
+what the trainer computes (``rl/loss.py``: ``log_softmax(logits.float() / temperature)``),
+so importance ratios compare like with like. (With top_p = 1 and top_k = 0, the default
+for RL rollouts, it is also the log-probability of the distribution sampled from.)
+
+Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)``, which is a draw from ``p``; rows with
+a ``seed`` take their noise from their own generator, so their output does not depend on
+what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opencomposer.inference.sequence import Sequence
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
+    """``logits`` [B, V] (any float dtype) for ``seqs`` -> (token ids, logprobs), one per row."""
+    dev = logits.device
+    logits = logits.float()
+    params = [s.params for s in seqs]
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if all(t == 1.0 for t in temps):
+        logprobs = torch.log_softmax(logits, dim=-1)
+    else:
+        logprobs = torch.log_softmax(logits / _host(temps, dev, torch.float32)[:, None], dim=-1)
+    greedy = [p.temperature == 0 for p in params]
+    if all(greedy):
+        tokens = logits.argmax(dim=-1)
+    else:
+        probs = _truncate(logprobs, params).exp()
+        noise = torch.empty_like(probs).exponential_()
+        for i, s in enumerate(seqs):  # seeded rows draw from their own generator
+            if s.generator is not None and not greedy[i]:
+                noise[i].exponential_(generator=s.generator)
+        tokens = (probs / noise).argmax(dim=-1)
+        if any(greedy):
+            tokens = torch.where(_host(greedy, dev, torch.bool), logits.argmax(dim=-1), tokens)
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+    both = torch.stack([tokens.double(), chosen.double()]).tolist()  # one device->host sync
+    return [int(t) for t in both[0]], both[1]
+
+
+def _host(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def _truncate(logprobs: torch.Tensor, params: list) -> torch.Tensor:
+    """Set to -inf what top-k / top-p leave out (per row); rows with neither are untouched."""
+    ks = [p.top_k for p in params]
+    ps = [p.top_p for p in params]
+    if all(k == 0 for k in ks) and all(p >= 1.0 for p in ps):
+        return logprobs
+    vocab = logprobs.shape[-1]
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logprobs.device)[None, :]
+    k = _host([k if k > 0 else vocab for k in ks], logprobs.device, torch.long)[:, None]
+    drop = ranks >= k
+    p = _host(ps, logprobs.device, torch.float32)[:, None]
+    probs = sorted_lp.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly above this token
+    drop |= before >= p  # keep the smallest prefix whose mass reaches top_p (the first always)
+    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logprobs).scatter_(1, order, sorted_lp)

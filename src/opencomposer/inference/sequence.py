@@ -1,0 +1,79 @@
+"""``SamplingParams`` (what a request asks for) and ``Sequence`` (one request's state in the engine).
+
+A sequence's ``token_ids`` are its prompt followed by what it generated so far;
+``num_computed`` of them have their K/V in the cache. The scheduler moves it
+waiting -> running -> finished (or back to waiting when preempted); the block manager
+owns ``block_table``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop: tuple[str, ...] = ()  # stop strings, matched on decoded text; not part of the returned text
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's/model's end-of-turn ids
+    seed: int | None = None
+
+    def check(self) -> None:
+        bad = []
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            bad.append(f"max_tokens={self.max_tokens!r} (an int >= 1)")
+        if not self.temperature >= 0:
+            bad.append(f"temperature={self.temperature!r} (>= 0, 0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            bad.append(f"top_p={self.top_p!r} (in (0, 1])")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad.append(f"top_k={self.top_k!r} (an int >= 0, 0 = off)")
+        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
+            bad.append(f"stop={self.stop!r} (a tuple of non-empty strings)")
+        if bad:
+            raise ValueError("bad SamplingParams: " + "; ".join(bad))
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: list[int], params: SamplingParams, device: torch.device | None = None):
+        self.request_id = request_id
+        self.token_ids = list(prompt)
+        self.num_prompt = len(prompt)
+        self.params = params
+        self.status = Status.WAITING
+        self.num_computed = 0          # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # hashes of the leading full, computed blocks
+        self.cache_epoch = -1          # prefix-cache epoch its blocks were computed under
+        self.cached_prompt_tokens = -1  # from the prefix cache at first admission (-1: not yet admitted)
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.finish_reason: str | None = None
+        self.text = ""                 # final text, set when finished
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=device or "cpu")
+            self.generator.manual_seed(params.seed)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt:]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)

@@ -1,0 +1,219 @@
+"""Triton kernels for the engine on CUDA; each has a torch equivalent used on CPU.
+
+A decode step of a small model is launch-bound: dozens of tiny kernels per layer. These
+fuse the element-wise work around the matrix multiplies:
+
+* ``rope_and_cache``: rotary embedding of q and k in place in the fused qkv output, and
+  the write of k and v into their paged-cache slots (torch: ~10 kernels);
+* ``add_rmsnorm``: residual add + RMSNorm in one pass (torch: 2 kernels);
+* ``silu_mul``: SiLU(gate) * up (torch: 2 kernels);
+* ``paged_decode``: decode attention over the block table (torch: gather + SDPA).
+
+They compute in fp32 and round once, where the HF modules round to the model dtype after
+each op: in bf16 results may differ by an ulp; in fp32 they agree to rounding.
+
+Paged decode: one program per (sequence, KV head, split of the context): it loads the
+query heads that share that KV head (padded to 16 rows for ``tl.dot``), walks its part of
+the block table one cache block at a time with an online softmax (running max, running
+sum, fp32 accumulator), and a second small kernel merges the splits. It reads each K/V
+entry once and never past the sequence's length -- the torch path gathers the block
+table's full padded width and then masks it.
+
+Checked against the torch paths in ``tests/gpu/test_engine_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr,
+    scale,
+    stride_qb, stride_qh,
+    stride_kn, stride_ks, stride_kh,
+    stride_tb,
+    BLOCKS_PER_SPLIT,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One (sequence, KV head, split of the context): partial softmax state of its blocks."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    slots = tl.arange(0, BLOCK_SIZE)
+    row_ok = rows < GROUP
+    heads = kvh * GROUP + rows
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_ok[:, None], other=0.0)
+    length = tl.load(lens_ptr + b)
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    first = split * BLOCKS_PER_SPLIT
+    last = tl.minimum(first + BLOCKS_PER_SPLIT, tl.cdiv(length, BLOCK_SIZE))
+    for i in range(first, last):
+        block = tl.load(tables_ptr + b * stride_tb + i).to(tl.int64)
+        offs = block * stride_kn + kvh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+        k = tl.load(k_ptr + offs)
+        v = tl.load(v_ptr + offs)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [GROUP_PAD, BLOCK_SIZE]
+        s = tl.where((i * BLOCK_SIZE + slots)[None, :] < length, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        m_i = m_new
+    part = (b * tl.num_programs(1) + kvh) * SPLITS + split
+    tl.store(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
+    tl.store(part_ml_ptr + part * 2 * GROUP_PAD + rows, m_i)
+    tl.store(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + rows, l_i)
+
+
+@triton.jit
+def _paged_decode_reduce(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
+                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+    """Merge the splits' (max, sum, acc) into the attention output."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    base = (b * tl.num_programs(1) + kvh) * SPLITS
+    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    for sp in range(SPLITS):
+        m = tl.maximum(m, tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + rows))
+    l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    for sp in range(SPLITS):
+        m_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + rows)
+        l_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + GROUP_PAD + rows)
+        w = tl.where(l_s > 0, tl.exp(m_s - m), 0.0)  # empty splits (past the length) weigh nothing
+        l_sum += l_s * w
+        a = tl.load(part_acc_ptr + (base + sp) * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :])
+        acc += a * w[:, None]
+    heads = kvh * GROUP + rows
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+             (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor) -> torch.Tensor:
+    """q [B, H, d] (last dim contiguous); caches [N, block_size, kvh, d] -> out [B, H, d].
+
+    The context is split into up to ``SPLITS`` ranges of blocks processed by separate
+    programs (flash-decoding), so a small batch still fills the GPU; a second kernel merges
+    them. Shapes depend only on the block table's width, so CUDA graphs can capture it.
+    """
+    b, h, d = q.shape
+    _, bs, kvh, _ = k_cache.shape
+    group = h // kvh
+    group_pad = max(16, triton.next_power_of_2(group))
+    width = block_tables.shape[1]
+    # enough programs to fill the GPU at small batch, few enough that each has work
+    splits = max(1, min(16, width // 4, 128 // max(1, b * kvh)))
+    per_split = triton.cdiv(width, splits)
+    part_acc = torch.empty((b, kvh, splits, group_pad, d), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((b, kvh, splits, 2, group_pad), dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(b, kvh, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
+        d ** -0.5,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        per_split,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_SIZE=bs, SPLITS=splits,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
+    )
+    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    _paged_decode_reduce[(b, kvh)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+                                   GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, SPLITS=splits)
+    return out
+
+
+@triton.jit
+def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, slots_ptr, kc_ptr, vc_ptr, stride_t, stride_c, stride_slot,
+                       NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                       QK_PAD: tl.constexpr, KV_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    heads = tl.arange(0, QK_PAD)
+    ok = heads < NH + NKV
+    dims = tl.arange(0, HALF)
+    row = qkv_ptr + t * stride_t + heads[:, None] * D + dims[None, :]
+    x1 = tl.load(row, mask=ok[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(row + HALF, mask=ok[:, None], other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + t * stride_c + dims)[None, :]
+    s = tl.load(sin_ptr + t * stride_c + dims)[None, :]
+    o1 = (x1 * c - x2 * s).to(qkv_ptr.dtype.element_ty)
+    o2 = (x2 * c + x1 * s).to(qkv_ptr.dtype.element_ty)
+    tl.store(row, o1, mask=ok[:, None])
+    tl.store(row + HALF, o2, mask=ok[:, None])
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    is_k = ok & (heads >= NH)
+    kdst = kc_ptr + slot * stride_slot + (heads - NH)[:, None] * D + dims[None, :]
+    tl.store(kdst, o1, mask=is_k[:, None])
+    tl.store(kdst + HALF, o2, mask=is_k[:, None])
+    vh = tl.arange(0, KV_PAD)
+    vd = tl.arange(0, D)
+    vok = vh < NKV
+    v = tl.load(qkv_ptr + t * stride_t + (NH + NKV + vh)[:, None] * D + vd[None, :], mask=vok[:, None])
+    tl.store(vc_ptr + slot * stride_slot + vh[:, None] * D + vd[None, :], v, mask=vok[:, None])
+
+
+def rope_and_cache(qkv: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Tensor, slots: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, nh: int, nkv: int) -> None:
+    """qkv [T, (nh + 2 nkv) * d] (rows contiguous): rotate q and k heads in place, write k, v to
+    their slots of the per-layer caches [N, block, nkv, d]. cos/sin_half: [T, d/2] fp32."""
+    t = qkv.shape[0]
+    d = cos_half.shape[1] * 2
+    _rope_cache_kernel[(t,)](
+        qkv, cos_half, sin_half, slots, k_cache, v_cache, qkv.stride(0), cos_half.stride(0), k_cache.stride(1),
+        NH=nh, NKV=nkv, D=d, HALF=d // 2, QK_PAD=triton.next_power_of_2(nh + nkv), KV_PAD=triton.next_power_of_2(nkv))
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0).to(tl.float32)
+    s = (x + r).to(r_ptr.dtype.element_ty)  # the residual stream stays in the model dtype
+    tl.store(r_ptr + row * stride_r + cols, s, mask=m)
+    sf = s.to(tl.float32)
+    y = sf * tl.rsqrt(tl.sum(sf * sf, axis=0) / n + eps)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (y * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``residual += x`` (in place) and return ``rms_norm(residual) * weight``; 2-D, rows contiguous."""
+    out = torch.empty_like(x)
+    n = x.shape[1]
+    _add_rmsnorm_kernel[(x.shape[0],)](x, residual, weight, out, x.stride(0), residual.stride(0), out.stride(0), n, eps,
+                                       BLOCK=triton.next_power_of_2(n))
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < inter
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_gu + inter + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] -> SiLU(gate_up[:, :I]) * gate_up[:, I:]."""
+    t, two_i = gate_up.shape
+    inter = two_i // 2
+    out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(t, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
+    return out

@@ -1,0 +1,51 @@
+"""The reward a rollout trains on: the task reward shaped by length, behaviour and monitors.
+
+    shaped = shape(reward_result, traj, usage, RewardConfig())
+    shaped.total, shaped.terms     # 0.83, {"task": 1.0, "length": 0.12, "invalid_calls": 0.05, ...}
+
+    total = task' - length - sum(behaviour terms) - monitors.penalty * (kinds flagged)
+    task' = 0 if a monitor flagged the episode and ``monitors.void_reward``, else the task reward
+
+``changes`` and ``lint`` are measured in the sandbox by ``rl/episode.run_task`` before
+grading and stored in ``traj.meta``; shaping itself is pure, so it can be recomputed
+from a saved transcript. Every term is in ``terms`` (logged per RL step).
+
+Test: ``pytest tests/unit/rewards/test_shaping.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opencomposer.harness.trajectory import Trajectory
+from opencomposer.rewards.behaviour import behaviour_terms
+from opencomposer.rewards.changes import Changes
+from opencomposer.rewards.config import RewardConfig
+from opencomposer.rewards.length import Usage, length_penalty
+from opencomposer.rewards.lint import LintResult
+from opencomposer.rewards.monitors import monitor
+
+
+@dataclass
+class ShapedReward:
+    total: float
+    terms: dict[str, float] = field(default_factory=dict)  # "task" and every penalty (positive numbers)
+    flags: dict[str, list[str]] = field(default_factory=dict)
+
+
+def changes_from_meta(traj: Trajectory) -> tuple[Changes | None, LintResult | None]:
+    c, lint = traj.meta.get("changes"), traj.meta.get("lint")
+    changes = Changes([tuple(f) for f in c["files"]], c["head_moved"], c["error"]) if c else None
+    return changes, (LintResult(**lint) if lint else None)
+
+
+def shape(task_reward: float, passed: bool, traj: Trajectory, usage: Usage, cfg: RewardConfig) -> ShapedReward:
+    changes, lint = changes_from_meta(traj)
+    report = monitor(traj, changes) if cfg.monitors.enabled else None
+    flagged = bool(report and report.flagged)
+    task = 0.0 if flagged and cfg.monitors.void_reward else task_reward
+    terms = {"task": task, "length": length_penalty(usage, cfg.length, passed and not flagged)}
+    terms.update(behaviour_terms(traj, lint, changes, cfg.behaviour))
+    terms["hacking"] = cfg.monitors.penalty * len(report.flags) if flagged else 0.0
+    total = task - sum(v for k, v in terms.items() if k != "task")
+    return ShapedReward(total=total, terms=terms, flags=report.flags if report else {})

@@ -1,0 +1,430 @@
+"""Harbor task directories <-> tasks.
+
+    opencomposer tasks import harbor harbor-tasks/ --out tasks/
+    opencomposer tasks export harbor tasks/ --out harbor-tasks/
+
+A Harbor task is ``instruction.md``, ``task.toml`` (``[metadata]``, ``[verifier]``,
+``[agent]``, ``[environment]``), ``environment/Dockerfile`` (+ build context),
+``tests/test.sh`` (uploaded to ``/tests``, writes ``/logs/verifier/reward.txt``) and
+``solution/solve.sh``.
+
+Import runs a task only where a sandbox here can give it its environment: a Dockerfile
+made of ``FROM python:*``, ``WORKDIR``, ``COPY``/``ADD`` from the build context,
+``ENV`` and ``RUN pip install ...`` becomes a workspace (what was copied into the
+workdir) plus a Python env with those packages. Any other instruction (another base
+image, ``apt-get``, ...) needs Docker, which this machine lacks: the task is *skipped*
+with the Dockerfile line as the reason. Hidden tests are ``tests/files/**`` (our
+export's layout) or else the ``tests/*.py`` files, placed at the workspace root. The gold
+patch is ``solution/gold.patch`` or else what ``solve.sh`` changes, run in a sandbox;
+FAIL_TO_PASS/PASS_TO_PASS are read from ``[metadata.opencomposer]`` or else measured:
+tests failing before and passing after the solution, and tests passing in both.
+
+Export writes a real Harbor task (``python:3.11-slim`` + the pinned test requirements,
+the workspace under ``/app``, a verifier that grades FAIL_TO_PASS + PASS_TO_PASS) and
+keeps our metadata in ``[metadata.opencomposer]``, so export -> import is lossless.
+
+Test: ``pytest tests/integration/test_task_formats.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import shutil
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import tomli_w
+
+from opencomposer.harness.patch import apply_hunks, parse_patch
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks import leakage
+from opencomposer.tasks.envs import EnvError, build_env
+from opencomposer.tasks.format import (
+    EnvironmentInfo,
+    FeatureInfo,
+    SourceInfo,
+    Task,
+    TaskMeta,
+    TestsInfo,
+)
+from opencomposer.tasks.layout import inspect_project
+from opencomposer.tasks.sources import ImportReport, ItemError, ItemSkipped
+from opencomposer.tasks.sources.assemble import tree_files, write_task_dir
+from opencomposer.tasks.testrun import DEFAULT_COMMAND, run_tests
+
+EXTRA = "opencomposer"
+APP = "/app"
+_PY_BASE = re.compile(r"^python:3(\.\d+)?([-.][\w.-]+)?$")
+_PIP = re.compile(r"^(python3? -m )?pip3? install\b")
+
+
+# --------------------------------------------------------------------------- the Dockerfile
+
+
+def read_dockerfile(path: Path) -> list[tuple[int, str, str]]:
+    """(line number, INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    out, buf, start = [], "", 0
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if not buf:
+            start = n
+        if line.endswith("\\"):
+            buf += line[:-1].rstrip() + " "
+            continue
+        buf += line
+        op, _, args = buf.partition(" ")
+        out.append((start, op.upper(), args.strip()))
+        buf = ""
+    return out
+
+
+def plan_environment(env_dir: Path) -> tuple[str, dict[str, str], list[str], dict[str, str]]:
+    """Read ``environment/Dockerfile`` into (workdir, copies src->dest, pip requirements, ENV),
+    or raise ItemSkipped naming the first line only Docker can carry out."""
+    dockerfile = env_dir / "Dockerfile"
+    if (env_dir / "docker-compose.yaml").exists() or (env_dir / "docker-compose.yml").exists():
+        raise ItemSkipped(f"{env_dir}/docker-compose.yaml: a multi-container environment needs Docker, "
+                          "which this machine lacks")
+    if not dockerfile.is_file():
+        raise ItemError(f"{dockerfile}: missing; a Harbor task needs environment/Dockerfile")
+
+    def docker(n: int, text: str) -> ItemSkipped:
+        return ItemSkipped(f"{dockerfile}:{n}: `{text[:80]}` needs a Docker build, which this machine lacks "
+                           "(only FROM python:*, WORKDIR, COPY/ADD, ENV and RUN pip install run here)")
+
+    workdir, copies, reqs, envs, consumed = "/", {}, [], {}, set()
+    for n, op, args in read_dockerfile(dockerfile):
+        if op == "FROM":
+            image = args.split()[0] if args else ""
+            if not _PY_BASE.match(image):
+                raise docker(n, f"FROM {args}")
+        elif op == "WORKDIR":
+            workdir = args if args.startswith("/") else f"{workdir.rstrip('/')}/{args}"
+        elif op in ("COPY", "ADD"):
+            parts = [p for p in shlex.split(args) if not p.startswith("--")]
+            if len(parts) != 2 or parts[0].startswith(("http:", "https:")):
+                raise docker(n, f"{op} {args}")
+            src, dest = parts
+            dest = dest if dest.startswith("/") else f"{workdir.rstrip('/')}/{dest}"
+            copies[src] = dest
+        elif op == "ENV":
+            k, _, v = args.replace("=", " ", 1).partition(" ")
+            envs[k] = v.strip().strip('"')
+        elif op == "RUN" and _PIP.match(args) and not re.search(r"[;&|]", args):
+            words = shlex.split(args)[2:] if args.startswith("pip") else shlex.split(args)[4:]
+            i = 0
+            while i < len(words):
+                w = words[i]
+                if w in ("-r", "--requirement"):
+                    req_file = _context_file(words[i + 1], copies, workdir, env_dir)
+                    consumed.add(req_file)
+                    if not req_file.is_file():
+                        raise ItemError(f"{dockerfile}:{n}: requirements file {words[i + 1]} not in environment/")
+                    reqs += [l.split("#")[0].strip() for l in req_file.read_text().splitlines()
+                             if l.split("#")[0].strip() and not l.startswith("-")]
+                    i += 1
+                elif not w.startswith("-"):
+                    reqs.append(w)
+                i += 1
+        elif op in ("LABEL", "ARG", "EXPOSE", "CMD", "ENTRYPOINT", "USER", "SHELL"):
+            continue
+        else:
+            raise docker(n, f"{op} {args}")
+    # a requirements file copied only for `pip install -r` is not part of the workspace
+    copies = {k: v for k, v in copies.items() if env_dir / k not in consumed or v.startswith(workdir.rstrip("/") + "/")}
+    return workdir, copies, reqs, envs
+
+
+def _context_file(path: str, copies: dict[str, str], workdir: str, env_dir: Path) -> Path:
+    """The build-context file an image path came from (via an earlier COPY), else ``path`` in the context."""
+    target = path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
+    for src, dest in copies.items():
+        if dest == target or (dest.endswith("/") and dest + Path(src).name == target):
+            return env_dir / src
+    return env_dir / path
+
+
+def build_workspace(env_dir: Path, workdir: str, copies: dict[str, str], dest: Path) -> None:
+    """Carry out the COPY lines that land in the workdir; others need a real image."""
+    dest.mkdir(parents=True)
+    wd = workdir.rstrip("/") + "/"
+    for src, target in copies.items():
+        s = (env_dir / src).resolve()
+        if not s.exists() or env_dir.resolve() not in (s, *s.parents):
+            raise ItemError(f"{env_dir / 'Dockerfile'}: COPY {src}: not in the build context environment/")
+        if target.rstrip("/") + "/" == wd:
+            rel = ""
+        elif target.startswith(wd):
+            rel = target[len(wd):]
+        else:
+            raise ItemSkipped(f"{env_dir / 'Dockerfile'}: COPY {src} {target}: files outside the workdir "
+                              f"{workdir} need a Docker image")
+        if s.is_dir():
+            shutil.copytree(s, dest / rel, dirs_exist_ok=True, symlinks=True)
+        else:
+            t = dest / rel / s.name if (not rel or rel.endswith("/")) else dest / rel
+            t.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(s, t)
+
+
+# --------------------------------------------------------------------------- import
+
+
+def _hidden(tests: Path) -> dict[str, bytes]:
+    if (tests / "files").is_dir():
+        return tree_files(tests / "files")
+    return {p.relative_to(tests).as_posix(): p.read_bytes() for p in sorted(tests.rglob("*.py"))}
+
+
+def solve_patch(ws: Path, env: Path, solve_sh: str, pythonpath: list[str]) -> str:
+    """What ``solve.sh`` changes in the workspace, as a git diff (run in a local sandbox)."""
+    with make_sandbox(SandboxSpec(ws, env, pythonpath), "local") as sb:
+        sb.write_file(".harbor_solve.sh", solve_sh.encode())
+        r = sb.exec(["sh", "-c", "sh .harbor_solve.sh && rm .harbor_solve.sh"], timeout=300)
+        if r.exit_code:
+            raise ItemError(f"solution/solve.sh: exits {r.exit_code}: {r.output.strip()[-400:]}")
+        d = sb.exec(["sh", "-c", "git add -A && git -c core.quotepath=off diff --cached --no-color"],
+                    timeout=60, max_output=50_000_000)
+        if d.exit_code or not d.output.strip():
+            raise ItemError("solution/solve.sh: changes nothing in the workspace (no gold patch)")
+        return d.output
+
+
+def measure_tests(ws: Path, env: Path, hidden: dict[str, bytes], gold: str, pythonpath: list[str],
+                  targets: list[str]) -> tuple[list[str], list[str]]:
+    """FAIL_TO_PASS (fail before, pass after the gold patch) and PASS_TO_PASS (pass in both)."""
+    with make_sandbox(SandboxSpec(ws, env, pythonpath), "local") as sb:
+        for rel, data in hidden.items():
+            sb.write_file(rel, data)
+        before = run_tests(sb, targets)
+        sb.reset()
+        r = sb.exec(["patch", "-p1", "-s", "--forward"], stdin=gold.encode(), timeout=60)
+        if r.exit_code:
+            raise ItemError(f"gold patch does not apply to the workspace: {r.output.strip()[:300]}")
+        for rel, data in hidden.items():
+            sb.write_file(rel, data)
+        after = run_tests(sb, targets)
+    f2p = sorted(t for t in after.passed() if t not in before.passed())
+    p2p = sorted(t for t in after.passed() if t in before.passed())
+    return f2p, p2p
+
+
+def harbor_task(src: Path, out: Path, env: Path | None) -> Path:
+    toml_path = src / "task.toml"
+    try:
+        conf = tomllib.loads(toml_path.read_text())
+    except FileNotFoundError:
+        raise ItemError(f"{toml_path}: missing; a Harbor task needs task.toml") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ItemError(f"{toml_path}: garbled, not valid TOML: {e}") from None
+    instr_path = src / "instruction.md"
+    instruction = instr_path.read_text().strip() if instr_path.is_file() else ""
+    if not instruction:
+        raise ItemError(f"{instr_path}: missing or empty; a Harbor task needs an instruction")
+    if not (src / "tests" / "test.sh").is_file():
+        raise ItemError(f"{src / 'tests/test.sh'}: missing; a Harbor task needs a verifier script")
+    workdir, copies, reqs, envs = plan_environment(src / "environment")
+    hidden = _hidden(src / "tests")
+    if not hidden:
+        raise ItemSkipped(f"{src / 'tests'}: no Python test files; only pytest verifiers are graded here")
+    extra = conf.get("metadata", {}).get(EXTRA, {})
+    tid = re.sub(r"[^A-Za-z0-9_.-]+", "_", extra.get("id") or src.name)
+    with tempfile.TemporaryDirectory(prefix="harbor-") as tmp:
+        ws = Path(tmp) / "ws"
+        build_workspace(src / "environment", workdir, copies, ws)
+        layout = inspect_project(ws)
+        pythonpath = extra.get("pythonpath") or _pythonpath(envs.get("PYTHONPATH", ""), workdir) or layout.pythonpath
+        known = extra.get("env")  # the env a task we exported was made with, if on this machine
+        if env is None and known and Path(known, "bin", "python").exists():
+            env = Path(known)
+        if env is None:
+            layout.requirements = reqs or ["pytest"]
+            env = build_env(layout, tid, out / "_envs" / f"harbor-{tid}")
+        if (src / "solution" / "gold.patch").is_file():
+            gold = (src / "solution" / "gold.patch").read_text()
+        elif (src / "solution" / "solve.sh").is_file():
+            leakage.fresh_git(ws)
+            gold = solve_patch(ws, env, (src / "solution" / "solve.sh").read_text(), pythonpath)
+            shutil.rmtree(ws / ".git")
+        else:
+            raise ItemError(f"{src / 'solution'}: no solve.sh or gold.patch; a task needs a reference solution")
+        targets = extra.get("targets") or sorted(r for r in hidden if r.endswith(".py") and
+                                                 Path(r).name.startswith("test"))
+        if extra.get("fail_to_pass"):
+            f2p, p2p = extra["fail_to_pass"], extra.get("pass_to_pass", [])
+        else:
+            f2p, p2p = measure_tests(ws, env, hidden, gold, pythonpath, targets)
+            if not f2p:
+                raise ItemError(f"{src}: no test fails before the reference solution and passes after it")
+        feat = extra.get("feature") or {"level": "harbor", "file": _first_file(gold), "symbol": "", "lines_removed": 0}
+        meta = TaskMeta(
+            id=tid,
+            source=SourceInfo(**extra["source"]) if extra.get("source") else SourceInfo(
+                kind="harbor", spec=str(src.name), package=extra.get("package", "")),
+            feature=FeatureInfo(**feat),
+            environment=EnvironmentInfo(pythonpath=pythonpath),
+            tests=TestsInfo(command=extra.get("command", DEFAULT_COMMAND),
+                            files=extra.get("files") or sorted({t.split("::", 1)[0] for t in targets}),
+                            targets=targets,
+                            fail_to_pass=f2p, pass_to_pass=p2p,
+                            timeout=float(conf.get("verifier", {}).get("timeout_sec", 300.0))),
+        )
+        return write_task_dir(out, meta, instruction, ws, hidden, gold, env=env)
+
+
+def _pythonpath(value: str, workdir: str) -> list[str]:
+    wd = workdir.rstrip("/") + "/"
+    out = []
+    for p in filter(None, value.split(":")):
+        if p.rstrip("/") + "/" == wd:
+            out.append(".")
+        elif p.startswith(wd):
+            out.append(p[len(wd):])
+    return out
+
+
+def _first_file(patch: str) -> str:
+    m = re.search(r"^\+\+\+ b/(\S+)", patch, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
+def import_harbor(root: Path, out: Path, env: Path | None = None, check: str | None = None) -> ImportReport:
+    """Import every Harbor task under ``root`` (a task dir or a dir of them)."""
+    from opencomposer.tasks.check import check_task
+
+    t0 = time.time()
+    root, out = Path(root), Path(out)
+    report = ImportReport(f"harbor:{root}")
+    if not root.is_dir():
+        from opencomposer.tasks.pypi import SourceError
+        raise SourceError(f"{root}: not a directory of Harbor tasks")
+    dirs = [root] if (root / "task.toml").exists() else sorted(
+        p for p in root.iterdir() if p.is_dir() and (p / "task.toml").exists() and not p.name.startswith(("_", ".")))
+    for d in dirs:
+        try:
+            path = harbor_task(d, out, env)
+        except ItemSkipped as e:
+            report.skipped[d.name] = str(e)
+            continue
+        except ItemError as e:
+            report.failed[d.name] = str(e)
+            continue
+        except (ValueError, EnvError) as e:  # e.g. its env cannot be built: this task fails, the rest go on
+            report.failed[d.name] = f"{d}: {type(e).__name__}: {e}"
+            continue
+        if check:
+            res = check_task(path, check)
+            if not res.ok:
+                shutil.rmtree(path, ignore_errors=True)
+                report.failed[d.name] = f"{d}: task fails its check: {'; '.join(res.problems)[:400]}"
+                continue
+        report.ok.append(path.name)
+    report.seconds = time.time() - t0
+    return report
+
+
+# --------------------------------------------------------------------------- export
+
+GRADE_PY = '''"""Harbor verifier: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passed in pytest -rA output."""
+import json, re, sys
+want = json.load(open(sys.argv[1]))
+got = {}
+for line in open(sys.argv[2], errors="replace"):
+    m = re.match(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\\S.*)$", line.rstrip())
+    if m:
+        node = m.group(2) if m.group(1) in ("PASSED", "XPASS") else m.group(2).split(" - ", 1)[0]
+        got.setdefault(node.strip(), m.group(1))
+ok = all(got.get(t) in ("PASSED", "XFAIL") for t in want["fail_to_pass"] + want["pass_to_pass"])
+print(1 if ok else 0)
+'''
+
+
+def _requirements(task: Task) -> list[str]:
+    """The env's pinned packages (env.json), less the installer tools; else just pytest."""
+    manifest = task.env_dir / "env.json" if task.env_dir else None
+    if manifest and manifest.is_file():
+        data = json.loads(manifest.read_text())
+        stripped = set(data.get("stripped", []))
+        return [r for r in data.get("installed", []) if r.split("==")[0].lower() not in stripped | {"pip"}] or ["pytest"]
+    return ["pytest"]
+
+
+def solve_sh(task: Task) -> str:
+    """A solve.sh that needs only python (slim images have neither git nor patch): it
+    writes the files as the gold patch leaves them (base64), or removes deleted ones."""
+    files: dict[str, str | None] = {}
+    for fp in parse_patch(task.gold_patch):
+        if fp.is_delete:
+            files[fp.path] = None
+        else:
+            old = "" if fp.is_new else (task.workspace / fp.path).read_text()
+            files[fp.path] = base64.b64encode(apply_hunks(old, fp.hunks, fp.path).encode()).decode()
+    return ("#!/bin/bash\n# the reference solution: the files as the gold patch (solution/gold.patch) leaves them\n"
+            f"cd {APP}\npython3 - <<'EOF'\nimport base64, json, pathlib\n"
+            f"files = json.loads({json.dumps(json.dumps(files))})\n"
+            "for path, data in files.items():\n"
+            "    p = pathlib.Path(path)\n"
+            "    if data is None:\n        p.unlink()\n        continue\n"
+            "    p.parent.mkdir(parents=True, exist_ok=True)\n"
+            "    p.write_bytes(base64.b64decode(data))\nEOF\n")
+
+
+def export_task(task: Task, out: Path) -> Path:
+    m = task.meta
+    dest = Path(out) / task.id
+    tmp = Path(tempfile.mkdtemp(prefix=f".{task.id[:40]}-", dir=out))
+    try:
+        (tmp / "instruction.md").write_text(task.instruction + "\n")
+        conf = {
+            "version": "1.0",
+            "metadata": {"category": "programming", "tags": [m.source.kind, m.feature.level],
+                         EXTRA: {"id": task.id, "targets": m.tests.targets, "files": m.tests.files, "fail_to_pass": m.tests.fail_to_pass,
+                                 "pass_to_pass": m.tests.pass_to_pass, "command": m.tests.command,
+                                 "pythonpath": m.environment.pythonpath, "package": m.source.package,
+                                 "feature": m.feature.model_dump(), "source": m.source.model_dump(),
+                                 "env": str(task.env_dir) if task.env_dir else ""}},
+            "verifier": {"timeout_sec": m.tests.timeout},
+            "agent": {"timeout_sec": 1800.0},
+            "environment": {"build_timeout_sec": 600.0, "cpus": 1, "memory_mb": 2048, "allow_internet": False},
+        }
+        (tmp / "task.toml").write_text(tomli_w.dumps(conf))
+        env = tmp / "environment"
+        shutil.copytree(task.workspace, env / "workspace", symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        (env / "requirements.txt").write_text("\n".join(_requirements(task)) + "\n")
+        pp = ":".join(f"{APP}/{p}".rstrip("/.") if p != "." else APP for p in m.environment.pythonpath)
+        (env / "Dockerfile").write_text(
+            "FROM python:3.11-slim\n"
+            "COPY requirements.txt /tmp/requirements.txt\n"
+            "RUN pip install --no-cache-dir -r /tmp/requirements.txt\n"
+            f"WORKDIR {APP}\n"
+            f"COPY workspace/ {APP}/\n" + (f"ENV PYTHONPATH={pp}\n" if pp else ""))
+        tests = tmp / "tests"
+        shutil.copytree(task.hidden_tests, tests / "files")
+        (tests / "grade.json").write_text(json.dumps({"fail_to_pass": m.tests.fail_to_pass,
+                                                       "pass_to_pass": m.tests.pass_to_pass}))
+        (tests / "grade.py").write_text(GRADE_PY)
+        (tests / "test.sh").write_text(
+            "#!/bin/bash\n# hidden tests over the workspace, run the targets, reward 1 only if all\n"
+            "# FAIL_TO_PASS and PASS_TO_PASS tests pass\n"
+            f"mkdir -p /logs/verifier\ncp -r /tests/files/. {APP}/\ncd {APP}\n"
+            f"{m.tests.command} {' '.join(shlex.quote(t) for t in m.tests.targets)} > /logs/verifier/pytest.log 2>&1\n"
+            "python /tests/grade.py /tests/grade.json /logs/verifier/pytest.log > /logs/verifier/reward.txt\n")
+        sol = tmp / "solution"
+        sol.mkdir()
+        (sol / "gold.patch").write_text(task.gold_patch)
+        (sol / "solve.sh").write_text(solve_sh(task))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+        return dest
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

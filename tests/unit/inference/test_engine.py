@@ -1,0 +1,173 @@
+"""Engine behaviour on a tiny Qwen2 (CPU, fp32): continuous batching, prefix cache,
+preemption, abort, stop conditions, seeds, in-flight weight updates, bad input.
+Every test ends with no KV block in use (nothing leaked)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opencomposer.inference.engine import Engine, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0)
+
+
+@pytest.fixture
+def hf(tiny_hf):
+    return tiny_hf("qwen2")
+
+
+def _alone(hf, prompt, params=GREEDY):
+    return Engine(hf, None, max_model_len=128).generate([prompt], params)[0]
+
+
+def test_requests_joining_mid_run_get_the_same_tokens_as_alone(hf, prompts):
+    ps = prompts(4, seed=5)
+    engine = Engine(hf, None, max_num_seqs=3, max_model_len=128, block_size=4)
+    rids = [engine.add_request(ps[0], GREEDY), engine.add_request(ps[1], GREEDY)]
+    for _ in range(3):
+        engine.step()
+    rids += [engine.add_request(ps[2], GREEDY), engine.add_request(ps[3], GREEDY)]  # 4 > max_num_seqs: one waits
+    seen_running = 0
+    while engine.has_unfinished():
+        engine.step()
+        seen_running = max(seen_running, engine.stats()["running"])
+    assert seen_running == 3
+    for p, rid in zip(ps, rids):
+        assert engine.completion(rid).token_ids == _alone(hf, p).token_ids
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_prefix_cache_reuses_the_shared_history(hf, prompts):
+    engine = Engine(hf, None, max_model_len=256, block_size=8)
+    history = prompts(1, lo=60, hi=61, seed=6)[0]
+    first = engine.generate([history], GREEDY)[0]
+    assert first.cached_prompt_tokens == 0
+    # the next turn resends the history, the reply and a new message
+    turn2 = history + first.token_ids + [5, 6, 7, 8, 9]
+    second = engine.generate([turn2], GREEDY)[0]
+    assert second.cached_prompt_tokens == (len(history) + len(first.token_ids)) // 8 * 8 > 0
+    assert second.token_ids == _alone(hf, turn2).token_ids  # reused K/V gives the same answer
+    assert engine.stats()["prefill_tokens_computed"] == len(history) + len(turn2) - second.cached_prompt_tokens
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_preemption_when_the_cache_is_full_keeps_outputs_exact(hf, prompts):
+    ps = prompts(4, lo=20, hi=30, seed=7)
+    params = SamplingParams(max_tokens=24, temperature=0)
+    engine = Engine(hf, None, max_model_len=64, block_size=4, kv_blocks=26)  # fits ~2 sequences
+    outs = engine.generate(ps, params)
+    assert engine.stats()["preemptions"] > 0
+    for p, c in zip(ps, outs):
+        assert c.token_ids == _alone(hf, p, params).token_ids
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_abort_mid_generation_frees_blocks(hf, prompts):
+    engine = Engine(hf, None, max_model_len=128, block_size=4)
+    a = engine.add_request(prompts(1, seed=8)[0], SamplingParams(max_tokens=50, temperature=0))
+    b = engine.add_request(prompts(1, seed=9)[0], SamplingParams(max_tokens=5, temperature=0))
+    for _ in range(3):
+        engine.step()
+    assert engine.stats()["kv_blocks_used"] > 0
+    engine.abort(a)
+    outs = engine.step()
+    assert any(o.request_id == a and o.finished and o.finish_reason == "abort" for o in outs)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.completion(a).finish_reason == "abort"
+    assert engine.completion(b).finish_reason == "length"
+    engine.abort("no-such-request")  # ignored
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_stop_token_ids_and_max_tokens(hf, prompts):
+    p = prompts(1, seed=10)[0]
+    free = _alone(hf, p, SamplingParams(max_tokens=10, temperature=0)).token_ids
+    engine = Engine(hf, None, max_model_len=128)
+    c = engine.generate([p], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(free[3],)))[0]
+    cut = free.index(free[3]) + 1
+    assert c.token_ids == free[:cut] and c.finish_reason == "stop"
+    assert len(c.logprobs) == len(c.policy_versions) == cut
+
+
+def test_stop_strings_cut_the_text():
+    from opencomposer.models.registry import load_model
+
+    hf, tok = load_model("tiny-random")
+    engine = Engine(hf, tok, max_model_len=128)
+    p = tok.encode("The list: one, two, three")
+    free = engine.generate([p], SamplingParams(max_tokens=12, temperature=0))[0]
+    assert free.finish_reason == "length" and free.text
+    stop = free.text[len(free.text) // 2:][:3]
+    c = engine.generate([p], SamplingParams(max_tokens=12, temperature=0, stop=(stop,)))[0]
+    assert c.finish_reason == "stop"
+    assert c.text == free.text[:free.text.find(stop)]
+    assert len(c.token_ids) < len(free.token_ids)
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(hf, prompts):
+    ps = prompts(3, seed=11)
+    engine = Engine(hf, None, max_model_len=128)
+    sp = SamplingParams(max_tokens=12, temperature=1.0, seed=123)
+    a = [c.token_ids for c in engine.generate(ps, sp)]
+    b = [c.token_ids for c in engine.generate(ps[:1], sp)]  # other batch company, same seed
+    assert a[0] == b[0]
+    greedy = [c.token_ids for c in engine.generate(ps, GREEDY)]
+    topk1 = [c.token_ids for c in engine.generate(ps, SamplingParams(max_tokens=10, temperature=0.9, top_k=1))]
+    assert topk1 == greedy
+    top_p = engine.generate(ps, SamplingParams(max_tokens=10, temperature=1.0, top_p=0.05, seed=1))
+    assert [c.token_ids for c in top_p] == greedy  # 5% of mass: only the argmax survives here
+    assert all(lp <= 0 for c in top_p for lp in c.logprobs)
+
+
+def test_weight_update_in_flight(hf, tiny_hf, prompts):
+    other = tiny_hf("qwen2", seed=1)
+    engine = Engine(hf, None, max_model_len=128, block_size=4)
+    p = prompts(1, lo=20, hi=21, seed=12)[0]
+    rid = engine.add_request(p, SamplingParams(max_tokens=12, temperature=0))
+    for _ in range(5):
+        engine.step()  # prefill + 4 decode tokens with version 0
+    engine.update_weights(other.state_dict(), version=1)
+    assert engine.policy_version == 1
+    while engine.has_unfinished():
+        engine.step()
+    c = engine.completion(rid)
+    assert c.policy_versions == [0] * 5 + [1] * 7  # continued, not dropped; every token tagged
+    # a new request after the update: no stale prefix K/V, same output as the new model alone
+    c2 = engine.generate([p], SamplingParams(max_tokens=12, temperature=0))[0]
+    assert c2.cached_prompt_tokens == 0
+    assert c2.token_ids == _alone(other, p, SamplingParams(max_tokens=12, temperature=0)).token_ids
+    assert c2.policy_versions == [1] * 12
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_bad_input_is_a_clear_error(hf):
+    engine = Engine(hf, None, max_model_len=64, max_num_seqs=2)
+    with pytest.raises(ValueError, match=r"prompt \(60 tokens\) \+ max_tokens \(10\) = 70 exceeds max_model_len=64"):
+        engine.add_request([3] * 60, SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([], GREEDY)
+    with pytest.raises(ValueError, match=r"token id 500 is outside the vocabulary \[0, 97\)"):
+        engine.add_request([3, 500], GREEDY)
+    with pytest.raises(ValueError, match=r"temperature=-1.*top_p=0"):
+        engine.add_request([3], SamplingParams(temperature=-1, top_p=0))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        Engine(hf, None, max_model_len=10_000)
+    with pytest.raises(ValueError, match="kv_blocks=2 cannot hold one sequence"):
+        Engine(hf, None, max_model_len=64, kv_blocks=2)
+    rid = engine.add_request([3, 4], GREEDY, request_id="x")
+    with pytest.raises(ValueError, match="'x' is already in use"):
+        engine.add_request([3, 4], GREEDY, request_id="x")
+    engine.abort(rid)
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_update_weights_rejects_unknown_keys_and_shapes(hf):
+    engine = Engine(hf, None, max_model_len=64)
+    with pytest.raises(ValueError, match="'model.nope.weight' is not a parameter"):
+        engine.update_weights({"model.nope.weight": torch.zeros(1)}, version=1)
+    with pytest.raises(ValueError, match=r"shape \(3,\), expected \(64,\)"):
+        engine.update_weights({"model.norm.weight": torch.zeros(3)}, version=1)
+    assert engine.policy_version == 0

@@ -1,0 +1,125 @@
+"""Nothing is left behind after a sandbox host is SIGKILLed, once a host starts again.
+
+A child Python makes namespace sandboxes and starts long commands in them, then gets
+SIGKILL; a second, fresh Python makes one sandbox (which reaps on first use). Then no
+process, cgroup, temp dir or state record of the dead host may remain.
+
+Run: ``pytest tests/unit/sandbox/test_cleanup.py -q``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_testutil import NEEDS_NS, host_pids
+from opencomposer.sandbox import cleanup
+
+pytestmark = NEEDS_NS
+
+HOST = r"""
+import json, sys, threading, time
+from pathlib import Path
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox.namespace import NamespaceSandbox
+base, root, token = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+sbs = [NamespaceSandbox(SandboxSpec(base_dir=base), root=root) for _ in range(3)]
+for i, sb in enumerate(sbs):
+    sb.write_file("work.txt", b"x")
+    sb.snapshot()
+    threading.Thread(target=sb.exec, args=(f"sleep {token}{i} & setsid sleep {token}{i}",),
+                     kwargs={"timeout": 600}, daemon=True).start()
+print(json.dumps([{"root": str(sb._root), "cgroups": sb._limiter.cgroup_dirs()} for sb in sbs]), flush=True)
+time.sleep(600)
+"""
+
+RESTART = r"""
+import sys
+from pathlib import Path
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox.namespace import NamespaceSandbox
+with NamespaceSandbox(SandboxSpec(base_dir=Path(sys.argv[1])), root=sys.argv[2]) as sb:
+    assert sb.exec("echo ok").output == "ok\n"
+"""
+
+
+def _env(state: Path) -> dict[str, str]:
+    return {**os.environ, cleanup.STATE_ENV: str(state)}
+
+
+def test_sigkilled_host_leaves_nothing_after_restart(base_repo, tmp_path):
+    state, root = tmp_path / "state", tmp_path / "sbx"
+    root.mkdir()
+    token = f"{os.getpid() % 1000 + 94000}"
+    host = subprocess.Popen([sys.executable, "-c", HOST, str(base_repo), str(root), token],
+                            stdout=subprocess.PIPE, env=_env(state), text=True)
+    try:
+        made = json.loads(host.stdout.readline())
+        end = time.monotonic() + 10
+        while len(host_pids(f"sleep {token}")) < 6 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert len(host_pids(f"sleep {token}")) >= 6  # two sleeps in each of three sandboxes (+ their shells)
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+    try:  # bwrap's outer process has no parent-death signal: the sandboxes may live on
+        assert len(list(state.glob("*.json"))) == 3  # the records outlive their owner
+        assert all(Path(m["root"]).exists() for m in made)
+    finally:  # a restarted host reaps them, whatever failed above
+        subprocess.run([sys.executable, "-c", RESTART, str(base_repo), str(root)], env=_env(state), check=True)
+
+    end = time.monotonic() + 5
+    while host_pids(f"sleep {token}") and time.monotonic() < end:
+        time.sleep(0.05)
+    assert host_pids(f"sleep {token}") == []
+    assert list(root.iterdir()) == []
+    assert not any(os.path.exists(cg) for m in made for cg in m["cgroups"])
+    assert list(state.glob("*.json")) == [] and list(state.glob("owner-*.lock")) == []
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(root) not in mounts
+
+
+def test_reap_spares_live_owners_and_counts(base_repo, tmp_path, monkeypatch):
+    from opencomposer.sandbox.namespace import NamespaceSandbox
+    from opencomposer.protocols import SandboxSpec
+
+    state = tmp_path / "state"
+    monkeypatch.setenv(cleanup.STATE_ENV, str(state))
+    with NamespaceSandbox(SandboxSpec(base_dir=base_repo), root=tmp_path) as sb:
+        assert cleanup.reap() == {"sandboxes": 0, "processes": 0, "cgroups": 0, "dirs": 0}
+        assert sb._root.exists() and len(list(state.glob("*.json"))) == 1
+        # A record of a dead owner: a lock file nobody holds, a temp dir, a stray process.
+        stray_root = tmp_path / "oc-ns-dead"
+        stray_root.mkdir()
+        proc = subprocess.Popen(["bash", "-c", "sleep 300; : \"$0\"", str(stray_root)])
+        while str(stray_root).encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            time.sleep(0.01)  # until the child has exec'd
+        lock = state / "owner-999999999.lock"
+        lock.touch()
+        (state / "dead.json").write_text(json.dumps({"owner_lock": str(lock), "root": str(stray_root), "cgroups": []}))
+        counts = cleanup.reap()
+        assert counts == {"sandboxes": 1, "processes": 1, "cgroups": 0, "dirs": 1}
+        assert proc.wait(5) == -signal.SIGKILL and not stray_root.exists() and not lock.exists()
+        assert sb.exec("echo ok").output == "ok\n"  # our own sandbox untouched
+    assert list(state.glob("*.json")) == []
+
+
+def test_cleanup_module_prints_one_json_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "opencomposer.sandbox.cleanup"], capture_output=True, text=True,
+                       env=_env(tmp_path / "state"), check=True)
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert last["sandboxes"] == 0 and last["state_dir"] == str(tmp_path / "state")
+
+
+@pytest.mark.parametrize("body", ["{not json", json.dumps({"root": "/x"})])
+def test_unreadable_records_are_skipped(tmp_path, monkeypatch, body):
+    monkeypatch.setenv(cleanup.STATE_ENV, str(tmp_path))
+    (tmp_path / "bad.json").write_text(body)
+    assert cleanup.reap()["sandboxes"] == 0

@@ -1,0 +1,155 @@
+"""The factory end to end on two tiny real sdists: one library makes validated tasks (all
+checked and solved by the oracle), with its flaky test found and dropped; one will not run its
+tests and is reported with the reason while the run goes on; ``harder`` moves the next batch
+from block-level to feature-level tasks."""
+
+from __future__ import annotations
+
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opencomposer.config import validate
+from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.rl.episode import run_task
+from opencomposer.tasks.check import check_task
+from opencomposer.tasks.factory import FactoryConfig, TaskFactory
+from opencomposer.tasks.format import Task, find_tasks
+
+CORE = '''\
+"""Small text utilities."""
+from minilib.util import clean, shout
+
+
+def words(text):
+    """Split text into clean words."""
+    out = []
+    for w in text.split():
+        w = clean(w)
+        if w:
+            out.append(w)
+    return out
+
+
+def count(text):
+    """Count each word."""
+    seen = {}
+    for w in words(text):
+        seen[w] = seen.get(w, 0) + 1
+    if not seen:
+        return {}
+    return dict(sorted(seen.items()))
+
+
+def longest(text):
+    """The longest word."""
+    best = ""
+    for w in words(text):
+        if len(w) > len(best):
+            best = w
+    return best
+'''
+
+UTIL = '''\
+def clean(word):
+    """Lower-case, strip punctuation."""
+    word = word.lower()
+    word = word.strip(".,;:!?")
+    return word
+
+
+def shout(word):
+    """Upper-case, with a bang."""
+    word = word.upper()
+    word = word + "!"
+    return word
+'''
+
+TESTS = '''\
+from pathlib import Path
+from minilib.core import count, longest, words
+from minilib.util import clean, shout
+
+COUNTER = Path({counter!r})
+
+
+def test_words():
+    assert words("Hello, world!") == ["hello", "world"]
+    assert words("  ") == []
+
+
+def test_count():
+    assert count("a b a") == {{"a": 2, "b": 1}}
+    assert count("") == {{}}
+
+
+def test_longest():
+    assert longest("a bbb cc") == "bbb"
+
+
+def test_clean():
+    assert clean("Hi!") == "hi"
+
+
+def test_shout():
+    assert shout("a") == "A!"
+
+
+def test_flaky():
+    n = int(COUNTER.read_text()) if COUNTER.exists() else 0
+    COUNTER.write_text(str(n + 1))
+    assert n % 2 == 0
+'''
+
+
+def _sdist(tmp: Path, name: str, files: dict[str, str]) -> Path:
+    root = tmp / "src" / f"{name}-0.1"
+    for rel, text in {"PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text))
+    archive = tmp / f"{name}-0.1.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(root, arcname=root.name)
+    return archive
+
+
+@pytest.mark.slow  # two small venvs, three suite runs and a dozen validations: ~1-2 minutes
+def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
+    good = _sdist(tmp_path, "minilib", {
+        "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
+        "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
+    bad = _sdist(tmp_path, "brokenlib", {
+        "brokenlib/__init__.py": "X = 1\n",
+        "tests/test_b.py": "def test_b():\n    assert 1 == 2\n"})
+    cfg = validate({
+        "factory": {"max_per_library": 3, "workers": 1, "test_timeout": 120},
+        "difficulty": {"position": 0.0, "width": 0.5, "floor": 0.0, "step": 4.0},
+        "libraries": [{"spec": str(bad)}, {"spec": str(good)}],
+    }, FactoryConfig, "test")
+    out = tmp_path / "tasks"
+    factory = TaskFactory(cfg, out)
+    s = factory.make().summary()
+    assert s["failed"] and "brokenlib" in next(iter(s["failed"])) and \
+        "its tests cannot run here" in next(iter(s["failed"].values()))
+    assert s["install_success_rate"] == 0.5 and s["libraries_with_tasks"] == 1
+    lib = s["per_library"][str(good)]
+    assert lib["install"] == "recipe" and lib["flaky"] == 1 and lib["baseline_passed"] == 5
+    assert lib["made"] >= 2 and set(lib["levels"]) == {"block"}, lib
+    assert (out / "factory_summary.json").exists()
+    factory.harder(0.9)  # the policy solves most: next batch at the top of the ladder
+    s2 = factory.make().summary()
+    assert set(s2["levels"]) == {"feature"} and s2["made"] >= 1, s2
+    assert s2["per_library"][str(good)]["install"] == "cached"
+    tasks = find_tasks([out])
+    assert len(tasks) == lib["made"] + s2["made"]
+    for p in tasks:
+        t = Task.load(p)
+        assert "tests/test_core.py::test_flaky" not in t.meta.tests.fail_to_pass + t.meta.tests.pass_to_pass
+        res = check_task(p, "local")
+        assert res.ok, res.problems
+        ep = run_task(t, OraclePolicy(t), "local")
+        assert ep.reward.reward == 1.0, ep.reward.details
+    features = [Task.load(p) for p in tasks if Task.load(p).meta.feature.level == "feature"]
+    assert any(t.gold_patch.count("diff --git") == 2 for t in features)  # words + clean: two files
