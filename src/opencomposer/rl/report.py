@@ -25,7 +25,10 @@ def write_report(out: Path) -> Path:
     steps = [r["step"] for r in rows]
     axes[0].plot(steps, [r.get("reward_mean", 0) for r in rows], "o-", label="reward mean")
     axes[0].plot(steps, [r.get("pass@1", 0) for r in rows], "s--", label="pass@1 (train groups)")
-    axes[0].set(title="reward per RL step", xlabel="step", ylim=(-0.05, 1.05))
+    if any("shaped_reward_mean" in r for r in rows):  # what the update used (rewards/shaping.py)
+        axes[0].plot(steps, [r.get("shaped_reward_mean", 0) for r in rows], "^:", label="shaped reward mean")
+    low = min([0.0] + [r.get("shaped_reward_mean", 0) for r in rows])
+    axes[0].set(title="reward per RL step", xlabel="step", ylim=(low - 0.05, 1.05))
     axes[0].legend(fontsize=8)
     for ax in axes[:2]:
         ax.set_xticks(steps)
