@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 from opencomposer.config import AgentConfig
 from opencomposer.harness.loop import Agent
 from opencomposer.harness.trajectory import Step, Trajectory
-from opencomposer.protocols import Policy, RewardResult
+from opencomposer.protocols import Policy, RewardResult, Sandbox, SandboxSpec
 from opencomposer.rewards.changes import workspace_changes
 from opencomposer.rewards.lint import lint_delta
 from opencomposer.rewards.tests import grade
@@ -46,9 +46,13 @@ class EpisodeResult:
 
 
 def run_task(task: Task, policy: Policy, backend: str = "local", cfg: AgentConfig | None = None,
-             transcript: Path | None = None, on_step: Callable[[Step], None] | None = None) -> EpisodeResult:
+             transcript: Path | None = None, on_step: Callable[[Step], None] | None = None,
+             sandboxes: Callable[[SandboxSpec], ContextManager[Sandbox]] | None = None) -> EpisodeResult:
+    """One episode of ``task``; ``sandboxes`` (e.g. ``BlockingSandboxPool(...).lease`` or a Ray
+    cluster's factory) supplies the sandbox instead of a fresh ``make_sandbox(spec, backend)``."""
     t0 = time.time()
-    with make_sandbox(task.sandbox_spec(), backend) as sb:
+    open_sandbox = sandboxes or (lambda spec: make_sandbox(spec, backend))
+    with open_sandbox(task.sandbox_spec()) as sb:
         t1 = time.time()
         traj = Agent(sb, policy, cfg, on_step=on_step).run(task.instruction, task_id=task.id)
         t2 = time.time()

@@ -128,12 +128,15 @@ def collect_rollouts(
     cfg: AgentConfig | None = None,
     max_concurrent: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
+    sandboxes: Callable[[Any], Any] | None = None,
 ) -> list[Rollout]:
     """Run ``k`` episodes of every task, ``max_concurrent`` at a time; see the module docstring.
 
     ``on_progress(done, total)`` is called after each episode, from the episode's thread,
     one call at a time and with ``done`` increasing. A plain ``ModelPolicy`` (one turn at a
     time, e.g. as a baseline) is accepted with ``max_concurrent=1`` only: it is not thread-safe.
+    ``sandboxes`` (a ``BlockingSandboxPool(...).lease``, or a Ray cluster's factory) supplies
+    each episode's sandbox instead of a fresh one per episode (see ``rl/episode.run_task``).
     """
     if k < 1 or max_concurrent < 1:
         raise ValueError(f"need k >= 1 and max_concurrent >= 1; got k={k}, max_concurrent={max_concurrent}")
@@ -145,7 +148,7 @@ def collect_rollouts(
     lock, done = threading.Lock(), [0]
 
     def one(job: tuple[int, int, Task]) -> Rollout:
-        rollout = _run_one(*job, policy, backend, cfg)
+        rollout = _run_one(*job, policy, backend, cfg, sandboxes)
         if on_progress is not None:
             with lock:
                 done[0] += 1
@@ -157,11 +160,11 @@ def collect_rollouts(
 
 
 def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | ModelPolicy, backend: str,
-             cfg: AgentConfig | None) -> Rollout:
+             cfg: AgentConfig | None, sandboxes: Callable[[Any], Any] | None = None) -> Rollout:
     t0 = time.monotonic()
     try:
         with policy.episode() if isinstance(policy, BatchedPolicy) else nullcontext():
-            result = run_task(task, policy, backend, cfg)
+            result = run_task(task, policy, backend, cfg, sandboxes=sandboxes)
         traj = result.trajectory
         return Rollout(
             task.id, group, index, result, tokens=token_counts(traj, policy.tokenizer),
