@@ -77,6 +77,11 @@ def _is_context_overflow(e: Exception) -> bool:
     return type(e).__name__ == "ContextLengthError" or getattr(e, "code", None) == "context_length_exceeded"
 
 
+def _prose(text: str) -> str:
+    """The text of a turn without its tool-call blocks (the calls travel in ``tool_calls``)."""
+    return parse_tool_calls(text)[0] if OPEN in text else text
+
+
 def _message_chars(m: Message) -> int:
     calls = sum(len(c.name) + len(c.raw or json.dumps(c.arguments)) for c in m.tool_calls)
     return len(m.content) + calls
@@ -158,7 +163,7 @@ class Agent:
         step, out = self._policy_turn(traj)
         step.summary = True
         try:
-            prose = parse_tool_calls(out.text)[0] if OPEN in out.text else out.text  # calls are not run
+            prose = _prose(out.text)  # calls in a summary are not run
             traj.messages.append(Message("assistant", prose))
             traj.segments.append(traj.messages)
             traj.messages = next_segment(traj.messages, prose, self.cfg.summary_keep_turns)
@@ -187,7 +192,7 @@ class Agent:
         calls = self._unique_ids(out, step.turn)
         # Local models write calls inside their text; the message keeps the prose only,
         # since the calls travel in tool_calls (the codec re-renders them).
-        prose = parse_tool_calls(out.text)[0] if OPEN in out.text else out.text
+        prose = _prose(out.text)
         traj.messages.append(Message("assistant", prose, tool_calls=calls))
         before = len(traj.messages)
         try:

@@ -34,12 +34,11 @@ from typing import Any
 
 from opencomposer.harness import codec
 from opencomposer.inference.engine import Completion, Engine, SamplingParams
-from opencomposer.models.chat import encode_prompt, render_prompt
-from opencomposer.models.policy import ContextLengthError
-from opencomposer.protocols import Message, PolicyOutput
+from opencomposer.models.policy import PromptPolicy
+from opencomposer.protocols import PolicyOutput
 
 
-class EnginePolicy:
+class EnginePolicy(PromptPolicy):
     def __init__(self, engine: Engine, *, temperature: float = 0.7, top_p: float = 1.0, top_k: int = 0,
                  max_new_tokens: int = 512, seed: int | None = None, name: str | None = None):
         if engine.tokenizer is None:
@@ -68,14 +67,6 @@ class EnginePolicy:
         """New weights (HF names, e.g. ``trainer_model.state_dict()``) for the next engine step."""
         self.engine.update_weights(state_dict, version)
 
-    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
-        return self.sample_batch([self.encode(messages, tools)])[0]
-
-    def encode(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
-        prompt_ids = encode_prompt(self.tokenizer, render_prompt(self.tokenizer, messages, tools))
-        self._budget(prompt_ids)
-        return prompt_ids
-
     def sample_batch(self, prompts: list[list[int]]) -> list[PolicyOutput]:
         params = []
         for i, p in enumerate(prompts):
@@ -85,13 +76,8 @@ class EnginePolicy:
         self._calls += 1
         return [self._output(c) for c in self.engine.generate(prompts, params)]
 
-    def _budget(self, prompt_ids: list[int]) -> int:
-        room = self.engine.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(
-                f"prompt is {len(prompt_ids)} tokens but the engine's max_model_len is "
-                f"{self.engine.max_model_len}; shorten the conversation (summarise or drop old turns)")
-        return min(self.max_new_tokens, room)
+    def _context(self) -> tuple[int, str]:
+        return self.engine.max_model_len, "the engine's max_model_len"
 
     def _output(self, c: Completion) -> PolicyOutput:
         _, calls = codec.parse_tool_calls(c.text)

@@ -66,7 +66,42 @@ class ContextLengthError(ValueError):
     """The rendered prompt leaves no room to generate in the model's context window."""
 
 
-class ModelPolicy:
+class PromptPolicy:
+    """What every local sampler shares: the prompt from ``models.chat`` (the one prompt
+    builder), ``act`` as a batch of one, and the per-turn token budget that stops at the
+    context's end. Subclasses give ``tokenizer``, ``max_new_tokens``, ``sample_batch`` and
+    ``_context()`` -> (context size, how to name it in errors)."""
+
+    tokenizer: Any
+    max_new_tokens: int
+
+    def _context(self) -> tuple[int, str]:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
+    def sample_batch(self, prompts: list[list[int]]) -> list[PolicyOutput]:  # pragma: no cover
+        raise NotImplementedError
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
+        return self.sample_batch([self.encode(messages, tools)])[0]
+
+    def encode(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        """The prompt ids of one turn; raises ``ContextLengthError`` if no room is left."""
+        prompt_ids = encode_prompt(self.tokenizer, render_prompt(self.tokenizer, messages, tools))
+        self._budget(prompt_ids)
+        return prompt_ids
+
+    def _budget(self, prompt_ids: list[int]) -> int:
+        limit, what = self._context()
+        room = limit - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"prompt is {len(prompt_ids)} tokens but {what} is {limit}; "
+                f"shorten the conversation (summarise or drop old turns)"
+            )
+        return min(self.max_new_tokens, room)
+
+
+class ModelPolicy(PromptPolicy):
     """A local causal LM answering harness conversations; implements ``Policy``.
 
     ``model`` is a name for ``load_model`` (``"smollm2-135m"``, ``"tiny-random"``, a path,
@@ -113,14 +148,8 @@ class ModelPolicy:
         self.stop_ids = stop_token_ids(self.model, self.tokenizer)
         self._calls = 0
 
-    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
-        return self.sample_batch([self.encode(messages, tools)])[0]
-
-    def encode(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
-        """The prompt ids of one turn; raises ``ContextLengthError`` if no room is left."""
-        prompt_ids = encode_prompt(self.tokenizer, render_prompt(self.tokenizer, messages, tools))
-        self._budget(prompt_ids)
-        return prompt_ids
+    def _context(self) -> tuple[int, str]:
+        return self.max_context, f"{self.name}'s context"
 
     def sample_batch(self, prompts: list[list[int]]) -> list[PolicyOutput]:
         """One turn for each prompt (ids from ``encode``), generated as one left-padded batch.
@@ -138,15 +167,6 @@ class ModelPolicy:
             for i, (ids, logprobs) in zip(rows, self._sample([prompts[i] for i in rows], budget)):
                 outputs[i] = self._output(prompts[i], ids, logprobs, version)
         return outputs  # type: ignore[return-value]  # every row was filled above
-
-    def _budget(self, prompt_ids: list[int]) -> int:
-        room = self.max_context - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(
-                f"prompt is {len(prompt_ids)} tokens but {self.name}'s context is "
-                f"{self.max_context}; shorten the conversation (summarise or drop old turns)"
-            )
-        return min(self.max_new_tokens, room)
 
     def _output(self, prompt_ids: list[int], ids: list[int], logprobs: list[float], version: int) -> PolicyOutput:
         stopped = bool(ids) and ids[-1] in self.stop_ids

@@ -36,6 +36,10 @@ class Changes:
     def to_dict(self) -> dict:
         return {"files": [list(f) for f in self.files], "head_moved": self.head_moved, "error": self.error}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Changes":
+        return cls([tuple(f) for f in d["files"]], d["head_moved"], d["error"])
+
 
 def base_commit(workspace: Path) -> str | None:
     """The commit the task's workspace starts at (None if it is not a git repository)."""

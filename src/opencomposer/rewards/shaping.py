@@ -35,7 +35,7 @@ class ShapedReward:
 
 def changes_from_meta(traj: Trajectory) -> tuple[Changes | None, LintResult | None]:
     c, lint = traj.meta.get("changes"), traj.meta.get("lint")
-    changes = Changes([tuple(f) for f in c["files"]], c["head_moved"], c["error"]) if c else None
+    changes = Changes.from_dict(c) if c else None
     return changes, (LintResult(**lint) if lint else None)
 
 

@@ -21,7 +21,6 @@ import random
 import re
 import shlex
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from opencomposer.paths import staged_dir
 from opencomposer.paths import cache_dir
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
@@ -194,8 +194,7 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
     slug = prep.env.name
     tid = _task_id(slug, cand, level)
     final = out / tid
-    tmp = Path(tempfile.mkdtemp(prefix=f".{tid[:40]}-", dir=out))
-    try:
+    with staged_dir(final) as tmp:
         ws = tmp / "workspace"
         shutil.copytree(prep.root, ws, symlinks=True)
         for rel, (_, after) in d.files.items():
@@ -233,13 +232,7 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
                             pass_to_pass=p2p),
         )
         write_task_toml(tmp / "task.toml", meta)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        return final
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def draw_jobs(prep: Prepared, weights: dict[str, float], rng: random.Random) -> list[tuple[object, str]]:

@@ -156,7 +156,7 @@ def git_workspace(tmp_path: Path) -> Path:
     (ws / "pkg" / "__init__.py").write_text("")
     (ws / "pkg" / "core.py").write_text("import os\n\n\ndef f(x):\n    return x\n")  # 1 existing F401
     (ws / "tests").mkdir()
-    (ws / "tests" / "test_core.py").write_text("def test_f():\n    assert True\n")
+    (ws / "tests" / "test_core.py").write_text("from pkg.core import f\n\n\ndef test_f():\n    assert f(2) == 2\n")
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
            "PATH": "/usr/bin:/bin"}
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "base"]):

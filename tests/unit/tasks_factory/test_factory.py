@@ -122,7 +122,8 @@ def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
         "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
     bad = _sdist(tmp_path, "brokenlib", {
         "brokenlib/__init__.py": "X = 1\n",
-        "tests/test_b.py": "def test_b():\n    assert 1 == 2\n"})
+        # its only test fails against the code as shipped (X is 1): the library cannot be used
+        "tests/test_b.py": "from brokenlib import X\n\n\ndef test_b():\n    assert X == 2\n"})
     cfg = validate({
         "factory": {"max_per_library": 3, "workers": 1, "test_timeout": 120},
         "difficulty": {"position": 0.0, "width": 0.5, "floor": 0.0, "step": 4.0},

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import tempfile
 from pathlib import Path
 
+from opencomposer.paths import staged_dir
 from opencomposer.tasks import leakage
 from opencomposer.tasks.deletion import make_patch
 from opencomposer.tasks.envs import build_env
@@ -77,8 +77,7 @@ def write_task_dir(out: Path, meta: TaskMeta, instruction: str, workspace: Path 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     final = out / meta.id
-    tmp = Path(tempfile.mkdtemp(prefix=f".{meta.id[:40]}-", dir=out))
-    try:
+    with staged_dir(final) as tmp:
         ws = tmp / "workspace"
         if workspace is not None:
             shutil.copytree(workspace, ws, symlinks=True, ignore=shutil.ignore_patterns(".git"))
@@ -104,10 +103,4 @@ def write_task_dir(out: Path, meta: TaskMeta, instruction: str, workspace: Path 
             meta = meta.model_copy(update={"environment": meta.environment.model_copy(
                 update={"env": os.path.relpath(Path(env).resolve(), final.resolve())})})
         write_task_toml(tmp / "task.toml", meta)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        return final
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return final
