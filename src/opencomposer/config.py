@@ -114,6 +114,7 @@ ROOTS: dict[str, str] = {
     "factory": "opencomposer.tasks.factory:FactoryConfig",
     "learn": "opencomposer.rl.config:RLRunConfig",
     "rl": "opencomposer.rl.config:RLRunConfig",
+    "realtime": "opencomposer.realtime.config:RealtimeConfig",
 }
 
 

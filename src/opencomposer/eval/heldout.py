@@ -2,9 +2,9 @@
 
     evaluate(batched_policy, tasks, k=1, backend="namespace", agent_cfg=AgentConfig())
 
-Each task gets ``k`` episodes; pass@1 is the unbiased estimate (mean success), pass@k
-the unbiased estimator over the k samples. The full CursorBench-style suite comes with
-``opencomposer eval``; this is the small in-run version the training report uses.
+The small in-run version of ``opencomposer eval`` that training's report uses: the same
+episodes (``eval/run.run_episodes``) and the same metrics (``eval/results.summarize``),
+returned as a flat dict instead of a results file.
 """
 
 from __future__ import annotations
@@ -13,30 +13,25 @@ import time
 from pathlib import Path
 
 from opencomposer.config import AgentConfig
-from opencomposer.rl.metrics import summarize_groups
-from opencomposer.rl.rollout import collect_rollouts
+from opencomposer.eval.results import summarize
+from opencomposer.eval.run import episode_record, run_episodes
 
 
 def evaluate(policy, tasks: list, k: int, backend: str, agent_cfg: AgentConfig,
              save_dir: Path | None = None) -> dict:
     """Run ``k`` episodes per task; ``save_dir`` keeps every transcript for inspection."""
     t0 = time.perf_counter()
-    rollouts = collect_rollouts(tasks, k, policy, backend, agent_cfg, max_concurrent=len(tasks) * k)
+    episodes = run_episodes(tasks, policy, k, backend, agent_cfg, max_concurrent=len(tasks) * k)
     if save_dir is not None:
         save_dir.mkdir(parents=True, exist_ok=True)
-        for r in rollouts:
-            if r.result is not None:
-                r.result.trajectory.save(save_dir / f"{r.task_id}-{r.index}.json")
-    groups: dict[str, list[float]] = {}
-    for r in rollouts:
-        groups.setdefault(r.task_id, []).append(r.reward)
-    trajs = [r.result.trajectory for r in rollouts if r.result is not None]
-    n = max(len(rollouts), 1)
-    return {
-        **summarize_groups(groups, k),
-        "tasks": len(tasks), "k": k,
-        "mean_completion_tokens": sum(t.completion_tokens for t in trajs) / n,
-        "invalid_calls": sum(t.invalid_calls for t in trajs) / n,
-        "tool_calls": sum(t.tool_calls for t in trajs) / n,
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
+        for ep in episodes:
+            if ep.result is not None:
+                ep.result.trajectory.save(save_dir / f"{ep.task.id}-{ep.sample}.json")
+    records = [episode_record(ep, ep.task.meta.feature.level) for ep in episodes]
+    seconds = time.perf_counter() - t0
+    s = summarize(records, k, wall_s=seconds)
+    return {"tasks": len(tasks), "k": k, "rollouts": len(records),
+            "reward_mean": sum(r["reward"] for r in records) / len(records),
+            "pass@1": s["pass@1"], f"pass@{k}": s["pass@k"],
+            "mean_completion_tokens": s["mean_completion_tokens"], "invalid_calls": s["invalid_calls"],
+            "tool_calls": s["tool_calls"], "seconds": round(seconds, 1)}

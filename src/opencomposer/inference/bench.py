@@ -15,7 +15,10 @@ For each shape (a randomly initialised Qwen2 of the given size; configs inline b
   tool result appended) -- total prefill work over the 10 turns against prefilling the
   last turn's prompt alone (tokens and seconds; goal <= 1.2x);
 * logprob parity (first shape): the engine's logprobs of its sampled tokens against the HF
-  forward pass on the same weights, in fp32 and in the benchmark dtype.
+  forward pass on the same weights, in fp32 and in the benchmark dtype;
+* per shape, the batch-1 projection plan the engine chose at start-up (``gemv_plan``:
+  a Triton GEMV config or cuBLAS per projection) and both graphs' replay times
+  (``capture_b1_ms``: all-cuBLAS vs the plan).
 
 The last line printed is one JSON object with every figure.
 """
@@ -240,7 +243,9 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
             r[f"decode_b{b}"] = {k: round(v, 3) for k, v in e.items()}
             log(f"{shape} engine decode b{b}: {r[f'decode_b{b}']}")
         assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
-        r["kernels"] = engine.stats()["kernels"]
+        st = engine.stats()
+        r["kernels"] = st["kernels"]
+        r["gemv_batch1"], r["capture_b1_ms"], r["gemv_plan"] = st["gemv_batch1"], st["capture_b1_ms"], st["gemv_plan"]
         del engine
         if device.startswith("cuda") and r["kernels"] != "torch":  # the same with the portable torch kernels
             engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,

@@ -25,14 +25,19 @@ Meaning of the outputs:
   to emit it), and include the token that completed a stop string; ``text`` is the
   decoding without the stop token and cut before the stop string.
 * ``cached_prompt_tokens``: prompt tokens whose K/V came from the prefix cache.
+* ``top_logprobs`` (when ``SamplingParams.top_logprobs = N``): per generated token the N
+  most likely tokens and their logprobs, same convention as ``logprobs``.
 
 Options: ``kernels="triton"`` (default on CUDA) uses the fused Triton kernels of
 ``triton_kernels.py``; ``"torch"`` is the portable path (the only one on CPU).
-``cuda_graphs`` captures decode steps on CUDA. ``kv_blocks`` defaults to 80% of free GPU
+``cuda_graphs`` captures decode steps on CUDA (sampling included). ``gemv`` (Triton, CUDA):
+batch-1 decode with the fused small-batch projections of ``triton_gemv.py``; None (default)
+times them against cuBLAS at capture and keeps the faster. ``kv_blocks`` defaults to 80% of free GPU
 memory on CUDA (capped at twice what ``max_num_seqs`` full-length sequences need) and
 to at most 1 GiB on CPU. ``stats()`` reports blocks (total / used / cached; used is 0
 when idle, so a leak shows), running / waiting, prefix-cache hit tokens, preemptions,
-tokens and seconds spent in prefill and decode steps, and the policy version.
+tokens and seconds spent in prefill and decode steps, the policy version, and on CUDA which
+graphs exist (decode batch sizes, prefill token buckets) and the batch-1 GEMV plan.
 
 Test: ``pytest tests/unit/inference``; GPU: ``pytest tests/gpu/test_engine_cuda.py``;
 benchmark: ``opencomposer bench engine``.
@@ -44,7 +49,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -69,6 +74,7 @@ class StepOutput:
     new_logprobs: list[float]
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None
+    new_top_logprobs: list[list[tuple[int, float]]] | None = None  # per new token, when asked for
 
 
 @dataclass
@@ -81,6 +87,8 @@ class Completion:
     text: str
     finish_reason: str
     cached_prompt_tokens: int
+    # per generated token: [(token id, logprob), ...] most likely first (SamplingParams.top_logprobs)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class Engine:
@@ -88,7 +96,7 @@ class Engine:
                  kv_blocks: int | None = None, block_size: int = 16, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int | None = None,
                  cuda_graphs: bool = True, kernels: str | None = None,
-                 kv_memory_fraction: float = 0.8, policy_version: int = 0):
+                 kv_memory_fraction: float = 0.8, policy_version: int = 0, gemv: bool | None = None):
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
         if isinstance(model, DecoderLM):
@@ -121,7 +129,7 @@ class Engine:
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
         self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
-                                  cuda_graphs=cuda_graphs, triton=kernels == "triton")
+                                  cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv)
         self.policy_version = policy_version
         self._seqs: dict[str, Sequence] = {}
         self._finished: OrderedDict[str, Sequence] = OrderedDict()
@@ -190,9 +198,15 @@ class Engine:
             batch = self.scheduler.schedule()
             if batch is None:
                 return outputs
-            logits = self.runner.run(batch)
+            logits, sampled = self.runner.run(batch)
             sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
-            tokens, logprobs = sample(logits, sampling) if sampling else ([], [])
+            if sampled is not None:  # sampled inside the decode graph (plain rows only)
+                both = sampled.tolist()
+                tokens, logprobs, tops = [int(t) for t in both[0]], both[1], [None] * len(sampling)
+            elif sampling:
+                tokens, logprobs, tops = sample(logits, sampling)
+            else:
+                tokens, logprobs, tops = [], [], []
             if not sampling and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # sampling's .tolist() syncs otherwise
             # wall time of the step up to its results (which wait for the device)
@@ -203,15 +217,18 @@ class Engine:
                 if not batch.decode:
                     self._counts["prefill_tokens_computed"] += n
                 self.blocks.publish(seq)
-            for seq, tok, lp in zip(sampling, tokens, logprobs):
+            for seq, tok, lp, top in zip(sampling, tokens, logprobs, tops):
                 seq.token_ids.append(tok)
                 seq.logprobs.append(lp)
+                if top is not None:
+                    seq.top_logprobs.append(top)
                 seq.versions.append(self.policy_version)
                 self._counts["generated_tokens"] += 1
                 reason = self._check_stop(seq)
                 if reason:
                     self._finish(seq, reason)
-                outputs.append(StepOutput(seq.request_id, [tok], [lp], reason is not None, reason))
+                outputs.append(StepOutput(seq.request_id, [tok], [lp], reason is not None, reason,
+                                          [top] if top is not None else None))
             return outputs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
@@ -239,7 +256,7 @@ class Engine:
             request_id=seq.request_id, prompt_token_ids=seq.token_ids[:seq.num_prompt],
             token_ids=seq.completion_ids, logprobs=list(seq.logprobs), policy_versions=list(seq.versions),
             text=seq.text, finish_reason=seq.finish_reason or "abort",
-            cached_prompt_tokens=max(seq.cached_prompt_tokens, 0))
+            cached_prompt_tokens=max(seq.cached_prompt_tokens, 0), top_logprobs=list(seq.top_logprobs))
 
     # ------------------------------------------------------------------ weights
 
@@ -266,7 +283,11 @@ class Engine:
             "policy_version": self.policy_version,
             "max_model_len": self.max_model_len,
             "cuda_graph_batch_sizes": sorted(self.runner.graphs),
+            "prefill_graph_tokens": sorted(self.runner.prefill_graphs),
             "kernels": "triton" if self.runner.triton else "torch",
+            "gemv_batch1": bool(self.runner.gemv),
+            "capture_b1_ms": dict(self.runner.capture_ms),
+            "gemv_plan": {k: ",".join(map(str, v)) if v else "cublas" for k, v in (self.model.gemv_plan or {}).items()},
             **self._counts,
         }
 
@@ -315,12 +336,6 @@ class Engine:
         return max(blocks_per_seq, min(want, (1 << 30) // per_block))  # <= 1 GiB of CPU memory
 
 
-def _has_triton() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
-
-
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     if tokenizer is None:
         return frozenset()
@@ -329,3 +344,9 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     )
 
     return frozenset(stop_token_ids(model, tokenizer))
+
+
+def _has_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None

@@ -147,9 +147,9 @@ class EngineLoop:
         call from the event loop that will read the returned group."""
         group = Group(asyncio.get_running_loop())
         for i, (ids, params) in enumerate(seqs):
-            h = Handle(i, f"req-{uuid.uuid4().hex}", ids, params, group)
-            group.handles.append(h)
-            self._inbox.put(("add", h))
+            group.handles.append(Handle(i, f"req-{uuid.uuid4().hex}", ids, params, group))
+        # one command per group: its sequences enter the engine between the same two steps
+        self._inbox.put(("add", list(group.handles)))
         return group
 
     def abort(self, group: Group) -> None:
@@ -181,7 +181,8 @@ class EngineLoop:
         while cmd is not None:
             kind, arg = cmd
             if kind == "add":
-                self._add(arg)
+                for h in arg:
+                    self._add(h)
             elif kind == "abort":
                 self._abort(arg)
             else:

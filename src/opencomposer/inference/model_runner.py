@@ -10,6 +10,19 @@ scratch block that no sequence owns. Prefill runs eagerly. With ``triton`` (the
 CUDA default) decode attention is one Triton kernel per layer instead of a gather of the
 padded block table plus SDPA, and rotary + cache write, residual + RMSNorm and SiLU * up
 are fused kernels too (``triton_kernels.py``), in prefill and decode.
+
+The graphs also sample (``sampler.sample_plain``: temperature and greedy flags are graph
+inputs), so a step of plain rows (no top-k/top-p/seed/top_logprobs) is one replay and
+one device->host copy of [token, logprob] pairs; other rows are sampled from the graph's
+logits by ``sampler.sample``. At batch 1 the graph is captured twice -- cuBLAS
+projections, and ``triton_gemv`` projections with the norms and the activation fused in
+-- each timed over a few replays, and the faster one is kept (``gemv=None``; True/False
+forces one); ``capture_ms`` holds both times.
+
+Small prefill steps (an agent turn's new tokens on top of a cached prefix) are graphs too
+on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS``, for up to
+``PREFILL_GRAPH_SEQS`` sequences, padded (padding tokens write the scratch block; the
+paged-prefill kernel gives padding rows no work). All host inputs travel in one copy.
 """
 
 from __future__ import annotations
@@ -22,12 +35,17 @@ from opencomposer.inference.attention import (
     attention_backends,
 )
 from opencomposer.inference.models.transformer import DecoderLM
+from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
 from opencomposer.inference.scheduler import ScheduledBatch
+
+# prefill steps of at most this many tokens (and sequences) replay a CUDA graph (Triton path)
+PREFILL_GRAPH_TOKENS = (32, 64, 128, 256, 512)
+PREFILL_GRAPH_SEQS = 4
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
-                 max_model_len: int, cuda_graphs: bool = True, triton: bool = False):
+                 max_model_len: int, cuda_graphs: bool = True, triton: bool = False, gemv: bool | None = None):
         self.model = model
         cfg = model.cfg
         p = next(model.parameters())
@@ -44,6 +62,15 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.gemv = gemv if self.triton else False
+        self.capture_ms: dict[str, float] = {}
+        self._plain_key: tuple | None = None
+        self.gemv_timings: dict[str, dict[str, float]] = {}
+        if self.gemv and not cuda_graphs:
+            from opencomposer.inference.triton_gemv import default_plan
+
+            model.gemv_rows, model.gemv_plan = 1, default_plan(model.cfg)
         if cuda_graphs and self.device.type == "cuda":
             self._capture()
 
@@ -52,12 +79,15 @@ class ModelRunner:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Forward ``batch``; returns logits [n_sampling_rows, V] in the model dtype."""
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward ``batch``; returns (logits [n_sampling_rows, V] in the model dtype, and
+        [2, n] sampled token ids and logprobs when a graph already sampled every row, else None)."""
         with attention_backends():
             if batch.decode:
                 return self._decode(batch)
-            return self._prefill(batch)
+            if self.triton:
+                return self._prefill_triton(batch)
+            return self._prefill(batch), None
 
     # ------------------------------------------------------------------ prefill
 
@@ -92,6 +122,122 @@ class ModelRunner:
         hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[_to(last, dev)])
 
+    def _prefill_triton(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One paged-prefill kernel per layer for every sequence of the step (cached prefix or
+        not); a step of at most ``PREFILL_GRAPH_TOKENS[-1]`` tokens and ``PREFILL_GRAPH_SEQS``
+        sequences replays the graph of the next token bucket instead."""
+        from opencomposer.inference.triton_prefill import block_m, plan, splits_for
+
+        ids, pos, slots, last, starts, tables = [], [], [], [], [], []
+        bs = self.block_size
+        start = 0
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.chunks)):
+            c = seq.num_computed
+            ids += seq.token_ids[c:c + n]
+            pos += range(c, c + n)
+            table = seq.block_table
+            slots += [table[t // bs] * bs + t % bs for t in range(c, c + n)]
+            tables.append(table[:-(-(c + n) // bs)])
+            starts.append(start)
+            start += n
+            if batch.samples(i):
+                last.append(start - 1)
+        ctx = [s.num_computed + n for s, n in zip(batch.seqs, batch.chunks)]
+        bucket = next((t for t in sorted(self.prefill_graphs) if t >= start), None)
+        if bucket is not None and len(batch.seqs) <= PREFILL_GRAPH_SEQS:
+            return self._prefill_replay(bucket, batch, (ids, pos, slots, last, starts, tables, ctx))
+        width = max(len(t) for t in tables)
+        rows = block_m(start)
+        tiles, seqs = plan(starts, list(batch.chunks), ctx, rows)
+        dev = self.device
+        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
+                              prefill_tables=_to([t + [0] * (width - len(t)) for t in tables], dev),
+                              prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_rows=rows,
+                              prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_heads))
+        hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
+        return self.model.logits(hidden[_to(last, dev)]), None
+
+    def _prefill_replay(self, t: int, batch: ScheduledBatch, lists: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from opencomposer.inference.triton_prefill import block_m, plan
+
+        ids, pos, slots, last, starts, tables, ctx = lists
+        lay = self._prefill_layout
+        s_max, w, pad = PREFILL_GRAPH_SEQS, self.max_blocks_per_seq, t - len(ids)
+        scratch = self.scratch_block
+        n = len(batch.seqs)
+        tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t))
+        p_max = max(lay["tiles_per_bucket"].values())  # the graph of bucket t reads the first p of each row
+        flat = {
+            "ids": ids + [0] * pad, "pos": pos + [0] * pad, "slots": slots + [scratch * self.block_size] * pad,
+            # row s_max (and unused rows) is the padding sequence: no tokens, so no work
+            "tables": [b for tb in tables for b in tb + [scratch] * (w - len(tb))] + [scratch] * (w * (s_max + 1 - n)),
+            "seqs": [v for row in seqs for v in row + [0] * (s_max + 1 - n)],
+            "tiles": tiles[0] + [s_max] * (p_max - len(tiles[0])) + tiles[1] + [0] * (p_max - len(tiles[1])),
+            "last": last + [0] * (s_max - len(last)),
+        }
+        host = []
+        for name, size in lay["sizes"]:
+            vals = flat.get(name, [])
+            host += vals + [0] * (size - len(vals))
+        st = self._pstatic
+        st["flat"].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
+        plain = all(is_plain(s) for s in sampling)
+        if plain and sampling:
+            st["sample_in"][:, :len(sampling)].copy_(torch.tensor(plain_inputs(sampling), dtype=torch.float32),
+                                                     non_blocking=True)
+        self.prefill_graphs[t].replay()
+        k = len(sampling)
+        return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
+
+    def _capture_prefill(self) -> None:
+        """Graphs of the prefill forward for ``PREFILL_GRAPH_TOKENS`` buckets (after decode's)."""
+        from opencomposer.inference.triton_prefill import block_m
+
+        dev, s_max, w = self.device, PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
+        t_max = max(PREFILL_GRAPH_TOKENS)
+        per_bucket = {t: -(-t // block_m(t)) + s_max for t in PREFILL_GRAPH_TOKENS}
+        p_max = max(per_bucket.values())
+        sizes = [("ids", t_max), ("pos", t_max), ("slots", t_max), ("tables", (s_max + 1) * w),
+                 ("seqs", 3 * (s_max + 1)), ("tiles", 2 * p_max), ("last", s_max)]
+        self._prefill_layout = {"sizes": sizes, "tiles_per_bucket": per_bucket}
+        flat = torch.zeros(sum(n for _, n in sizes), dtype=torch.long, device=dev)
+        views, o = {}, 0
+        for name, n in sizes:
+            views[name] = flat[o:o + n]
+            o += n
+        views["slots"].fill_(self.scratch_block * self.block_size)
+        views["tables"].fill_(self.scratch_block)
+        self._pstatic = {"flat": flat, "views": views,
+                         "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
+                         "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
+                         "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
+        for t in sorted(PREFILL_GRAPH_TOKENS, reverse=True):
+            st = self._pstatic
+            for _ in range(2):
+                self._prefill_graph_forward(t)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                st["logits"][:] = self._prefill_graph_forward(t)
+                st["sampled"][:] = sample_plain(st["logits"], st["sample_in"])
+            self._pool = g.pool()
+            self.prefill_graphs[t] = g
+
+    def _prefill_graph_forward(self, t: int) -> torch.Tensor:
+        from opencomposer.inference.triton_prefill import block_m, splits_for
+
+        v, s_max, w = self._pstatic["views"], PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
+        p = self._prefill_layout["tiles_per_bucket"][t]
+        p_max = v["tiles"].shape[0] // 2
+        tiles = v["tiles"].view(2, p_max)[:, :p]
+        attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
+                              prefill_tables=v["tables"].view(s_max + 1, w), prefill_seqs=v["seqs"].view(3, s_max + 1),
+                              prefill_tiles=tiles, prefill_rows=block_m(t),
+                              prefill_splits=splits_for(-(-t // block_m(t)), self.model.cfg.num_heads))
+        hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
+        return self.model.logits(hidden[v["last"]])
+
     # ------------------------------------------------------------------ decode
 
     def _decode_inputs(self, batch: ScheduledBatch, width: int, rows: int):
@@ -116,13 +262,20 @@ class ModelRunner:
             vec = torch.tensor([ids, pos, slots, lens], dtype=torch.long)
             st["vec"][:, :bucket].copy_(vec, non_blocking=True)
             st["tables"][:bucket].copy_(torch.tensor(tables, dtype=torch.long), non_blocking=True)
+            plain = all(is_plain(s) for s in batch.seqs)
+            if plain:
+                inputs = plain_inputs(batch.seqs)
+                key = (n, *map(tuple, inputs))
+                if key != self._plain_key:  # most steps sample like the one before
+                    st["sample_in"][:, :n].copy_(torch.tensor(inputs, dtype=torch.float32), non_blocking=True)
+                    self._plain_key = key
             self.graphs[bucket].replay()
-            return st["logits"][:n]
+            return st["logits"][:n], (st["sampled"][:, :n] if plain else None)
         width = max(len(s.block_table) for s in batch.seqs)
         ids, pos, slots, tables, lens = self._decode_inputs(batch, width, n)
         dev = self.device
         vec = _to([ids, pos, slots, lens], dev)
-        return self._decode_forward(vec, _to(tables, dev))
+        return self._decode_forward(vec, _to(tables, dev)), None
 
     def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W]."""
@@ -148,19 +301,121 @@ class ModelRunner:
                                 dtype=torch.long, device=dev),
             "tables": torch.full((m, w), self.scratch_block, dtype=torch.long, device=dev),
             "logits": torch.zeros(m, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
+            "sample_in": torch.ones(2, m, dtype=torch.float32, device=dev),  # temperatures, greedy flags
+            "sampled": torch.zeros(2, m, dtype=torch.float64, device=dev),   # token ids, logprobs
         }
         sizes = [b for b in (1, 2, 4, 8) if b < m] + list(range(16, m, 16)) + [m]
-        pool = None
+        self._pool = None
         for b in sorted(set(sizes), reverse=True):  # largest first, so smaller ones fit in its pool
-            for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
-                self._graph_forward(b)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self._static["logits"][:b] = self._graph_forward(b)
-            pool = g.pool()
-            self.graphs[b] = g
+            if b > 1 or self.gemv is False:
+                self.graphs[b] = self._capture_one(b)
+                continue
+            from opencomposer.inference.triton_gemv import default_plan
+
+            plan = default_plan(self.model.cfg) if self.gemv else self._tune_gemv()
+            timed = {}
+            for name in ("cublas", "gemv"):
+                if (name == "cublas" and self.gemv) or (name == "gemv" and not any(plan.values())):
+                    continue
+                self.model.gemv_rows, self.model.gemv_plan = (1, plan) if name == "gemv" else (0, None)
+                g = self._capture_one(b)
+                timed[name] = (g, self._time(g)) if self.gemv is None else (g, 0.0)
+            best = min(timed, key=lambda k: timed[k][1])
+            self.graphs[b] = timed[best][0]
+            self.model.gemv_rows, self.model.gemv_plan = (1, plan) if best == "gemv" else (0, None)
+            self.capture_ms = {k: round(v[1], 4) for k, v in timed.items()} if self.gemv is None else {}
+            self.gemv = best == "gemv"
+        if self.triton:
+            from opencomposer.inference.triton_prefill import warm_up
+
+            self._capture_prefill()
+            warm_up(self.k_cache[0], self.model.cfg.num_heads)
         torch.cuda.synchronize()
+
+    def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
+        st = self._static
+        for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
+            self._graph_forward(b)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            st["logits"][:b] = self._graph_forward(b)
+            st["sampled"][:, :b] = sample_plain(st["logits"][:b], st["sample_in"][:, :b])
+        self._pool = g.pool()
+        return g
+
+    def _tune_gemv(self) -> dict:
+        """Per projection at batch 1: cuBLAS (after its separate norm / activation kernel)
+        against ``triton_gemv`` (prologue fused) in a few configs, each timed in a CUDA graph
+        that runs it once per layer on that layer's weights, as a decode step does (so the
+        weights come from HBM, not L2). -> {role: fastest GEMV config, or None for cuBLAS}."""
+        from opencomposer.inference.triton_gemv import candidates, gemv, shapes
+        from opencomposer.inference.triton_kernels import add_rmsnorm, silu_mul
+
+        m = self.model
+        layers = list(m.model.layers)
+        cfg, dev, dt = m.cfg, self.device, self.dtype
+        x, r = torch.randn(1, cfg.hidden_size, device=dev, dtype=dt), torch.randn(1, cfg.hidden_size, device=dev, dtype=dt)
+        a = torch.randn(1, cfg.num_heads * cfg.head_dim, device=dev, dtype=dt)
+        gu = torch.randn(1, 2 * cfg.intermediate_size, device=dev, dtype=dt)
+
+        def qkv(li, c):
+            ln, proj = li.input_layernorm, li.self_attn.qkv_proj
+            if c is None:
+                return proj(add_rmsnorm(x, r, ln.weight, ln.eps))
+            return gemv(x, proj.weight, proj.bias, norm_weight=ln.weight, residual=r, eps=ln.eps, config=c)
+
+        def gate_up(li, c):
+            ln, proj = li.post_attention_layernorm, li.mlp.gate_up_proj
+            if c is None:
+                return proj(add_rmsnorm(x, r, ln.weight, ln.eps))
+            return gemv(x, proj.weight, norm_weight=ln.weight, residual=r, eps=ln.eps, config=c)
+
+        ops = {
+            "qkv": (qkv, layers),
+            "o": (lambda li, c: li.self_attn.o_proj(a) if c is None else gemv(a, li.self_attn.o_proj.weight, config=c),
+                  layers),
+            "gate_up": (gate_up, layers),
+            "down": (lambda li, c: li.mlp.down_proj(silu_mul(gu)) if c is None else
+                     gemv(gu, li.mlp.down_proj.weight, silu_mul=True, config=c), layers),
+            "lm_head": (lambda li, c: m.lm_head(x) if c is None else gemv(x, m.lm_head.weight, config=c), [None]),
+        }
+        plan: dict = {}
+        for role, (n, k) in shapes(cfg).items():
+            op, over = ops[role]
+            times = {}
+            for c in [None, *candidates(1, n, k)]:
+                times["cublas" if c is None else ",".join(map(str, c))] = _graph_ms(
+                    lambda c=c, op=op, over=over: [op(li, c) for li in over]) / len(over)
+            best = min(times, key=times.get)
+            plan[role] = None if best == "cublas" else tuple(int(v) for v in best.split(","))
+            self.gemv_timings[role] = {k2: round(1000 * v, 2) for k2, v in times.items()}  # microseconds
+        return plan
+
+    @staticmethod
+    def _time(g: torch.cuda.CUDAGraph, reps: int = 20) -> float:
+        """Milliseconds per replay (after 3 untimed ones)."""
+        for _ in range(3):
+            g.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+
+
+def _graph_ms(fn, calls: int = 2) -> float:
+    """Milliseconds per call of ``fn``, replayed from a CUDA graph of ``calls`` calls."""
+    for _ in range(2):  # compile / pick kernels outside the graph
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return ModelRunner._time(g, reps=5) / calls
 
 
 def _to(values: list, device: torch.device) -> torch.Tensor:

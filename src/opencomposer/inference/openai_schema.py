@@ -10,8 +10,9 @@ Responses are plain dicts in the shapes of ``openai.types.chat.ChatCompletion``,
 ``ChatCompletionChunk`` and ``Completion``; the tests parse them with the official client.
 
 Logprobs: ``logprobs``/``top_logprobs`` return the log-probability of each *sampled*
-token, as the engine computed it (see ``inference/engine.py``). The engine does not
-expose the rest of the distribution, so ``top_logprobs`` lists are empty.
+token and of the N most likely tokens at that position (chat: ``logprobs: true,
+top_logprobs: N`` <= 20; completions: ``logprobs: N`` <= 5), as the engine computed them
+(``SamplingParams.top_logprobs``; see ``inference/engine.py`` for the convention).
 
 Test: ``pytest tests/unit/inference/test_server.py``.
 """
@@ -115,17 +116,21 @@ def usage(prompt_tokens: int, completion_tokens: int, cached: int | None = None)
     return u
 
 
-def chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, lp in zip(tokens, logprobs)]}
+def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[list[tuple[str, float]]] | None = None) -> dict:
+    tops = tops or [[] for _ in tokens]
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                         "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top]}
+                        for t, lp, top in zip(tokens, logprobs, tops)]}
 
 
-def completion_logprobs(tokens: list[str], logprobs: list[float], offset: int) -> dict:
+def completion_logprobs(tokens: list[str], logprobs: list[float], offset: int,
+                        tops: list[list[tuple[str, float]]] | None = None) -> dict:
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
+    top = [dict(row) for row in tops] if tops and any(tops) else None
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
 def chat_completion(rid: str, model: str, choices: list[dict], usage_: dict) -> dict:

@@ -10,6 +10,14 @@ for RL rollouts, it is also the log-probability of the distribution sampled from
 Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)``, which is a draw from ``p``; rows with
 a ``seed`` take their noise from their own generator, so their output does not depend on
 what else is in the batch.
+
+``top_logprobs = N`` (<= 20) also returns, per sampled token, the N most likely tokens and
+their logprobs under the same convention (before truncation), most likely first.
+
+Rows with no top-k/top-p, seed or top_logprobs are "plain": ``sample_plain`` samples them
+with fixed-shape tensor ops only (temperatures and greedy flags as tensors), which is what
+the decode CUDA graphs capture (``model_runner.py``), so such a step needs no sampling
+kernels launched from Python.
 """
 
 from __future__ import annotations
@@ -18,10 +26,39 @@ import torch
 
 from opencomposer.inference.sequence import Sequence
 
+TopLogprobs = list[tuple[int, float]]
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
-    """``logits`` [B, V] (any float dtype) for ``seqs`` -> (token ids, logprobs), one per row."""
+
+def is_plain(seq: Sequence) -> bool:
+    p = seq.params
+    return p.top_k == 0 and p.top_p >= 1.0 and seq.generator is None and not p.top_logprobs
+
+
+def plain_inputs(seqs: list[Sequence]) -> list[list[float]]:
+    """[temperatures (1 for greedy), greedy flags (1.0 / 0.0)]: ``sample_plain``'s inputs."""
+    return [[s.params.temperature if s.params.temperature > 0 else 1.0 for s in seqs],
+            [float(s.params.temperature == 0) for s in seqs]]
+
+
+def sample_plain(logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """``logits`` [B, V], ``inputs`` [2, B] fp32 from ``plain_inputs`` -> [2, B] fp64:
+    sampled token ids and their logprobs. Fixed shapes, no host sync (CUDA-graph safe)."""
+    logits = logits.float()
+    scaled = logits / inputs[0][:, None]
+    # argmax(p / E) = argmax(log p - log E) = argmax(scaled - log E): no softmax over the vocab
+    drawn = (scaled - torch.empty_like(scaled).exponential_().log_()).argmax(dim=-1)
+    tokens = torch.where(inputs[1] > 0.5, logits.argmax(dim=-1), drawn)
+    chosen = scaled.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
+    return torch.stack([tokens.double(), chosen.double()])
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float], list[TopLogprobs | None]]:
+    """``logits`` [B, V] (any float dtype) for ``seqs`` -> (token ids, logprobs, top logprobs),
+    one per row (top logprobs: None for rows that did not ask for them)."""
     dev = logits.device
+    if all(is_plain(s) for s in seqs):
+        out = sample_plain(logits, _host(plain_inputs(seqs), dev, torch.float32)).tolist()  # one sync
+        return [int(t) for t in out[0]], out[1], [None] * len(seqs)
     logits = logits.float()
     params = [s.params for s in seqs]
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
@@ -42,8 +79,18 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
         if any(greedy):
             tokens = torch.where(_host(greedy, dev, torch.bool), logits.argmax(dim=-1), tokens)
     chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    both = torch.stack([tokens.double(), chosen.double()]).tolist()  # one device->host sync
-    return [int(t) for t in both[0]], both[1]
+    rows = [tokens.double()[None], chosen.double()[None]]
+    top_n = max(p.top_logprobs for p in params)
+    if top_n:
+        values, ids = logprobs.topk(min(top_n, logprobs.shape[-1]), dim=-1)
+        rows += [ids.double().T, values.double().T]
+    out = torch.cat(rows).tolist()  # one device->host sync
+    k = (len(out) - 2) // 2
+    tops: list[TopLogprobs | None] = []
+    for i, p in enumerate(params):
+        n = min(p.top_logprobs, k)
+        tops.append([(int(out[2 + j][i]), out[2 + k + j][i]) for j in range(n)] if p.top_logprobs else None)
+    return [int(t) for t in out[0]], out[1], tops
 
 
 def _host(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+MAX_TOP_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
@@ -23,6 +25,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings, matched on decoded text; not part of the returned text
     stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's/model's end-of-turn ids
     seed: int | None = None
+    top_logprobs: int = 0  # also return the N most likely tokens' logprobs per sampled token (N <= 20)
 
     def check(self) -> None:
         bad = []
@@ -36,6 +39,8 @@ class SamplingParams:
             bad.append(f"top_k={self.top_k!r} (an int >= 0, 0 = off)")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
             bad.append(f"stop={self.stop!r} (a tuple of non-empty strings)")
+        if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            bad.append(f"top_logprobs={self.top_logprobs!r} (an int in [0, {MAX_TOP_LOGPROBS}])")
         if bad:
             raise ValueError("bad SamplingParams: " + "; ".join(bad))
 
@@ -59,6 +64,7 @@ class Sequence:
         self.cache_epoch = -1          # prefix-cache epoch its blocks were computed under
         self.cached_prompt_tokens = -1  # from the prefix cache at first admission (-1: not yet admitted)
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] = []  # per generated token, when asked for
         self.versions: list[int] = []
         self.finish_reason: str | None = None
         self.text = ""                 # final text, set when finished

@@ -5,7 +5,8 @@
 
 Endpoints: ``POST /v1/chat/completions`` (tools, streaming, ``n``, logprobs),
 ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (JSON:
-engine stats and request counters).
+engine stats and request counters). ``serve()`` puts ``front.FrontDoor`` in front of it:
+``--log-dir`` session logs, ``POST /v1/feedback``, A/B arms, ``/admin/weights`` hot-swap.
 
 How a chat request becomes tokens: the messages and tools go through
 ``chat_format.render_chat``, i.e. the same ``models.chat.render_prompt`` that training
@@ -76,6 +77,12 @@ class ServeConfig:
     dtype: str = "float32"
     device: str | None = None
     kv_blocks: int | None = None
+    # real-time loop (``inference/front.py``): session logs, A/B arm, admin hot-swap
+    log_dir: str | None = None  # every chat completion and feedback event, JSONL (``session_log.py``)
+    log_window_s: float = 3600.0  # one log file per window
+    ab_model: str | None = None  # arm "b": a second checkpoint; sessions split by id
+    ab_fraction: float = 0.5  # share of sessions routed to arm "b"
+    admin_token: str | None = None  # /admin/* needs "Authorization: Bearer TOKEN" (none: loopback clients only)
 
 
 class HTTPError(Exception):
@@ -95,6 +102,9 @@ class OpenAIServer:
         # The engine ends a sequence on these itself; here they are only cut from the text.
         self.eos_ids, self.default_max_tokens = frozenset(eos_ids), default_max_tokens
         self.created = int(time.time())
+        # set by ``front.FrontDoor``: where completions are logged, and what this engine serves
+        self.recorder: Any = None
+        self.arm, self.checkpoint = "a", model_name
         self.api = self._build_app()
         self.app = self._shed_load(self.api)
 
@@ -188,6 +198,8 @@ class OpenAIServer:
             max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
             stop=req.stop_strings(),
             seed=None if req.seed is None else req.seed + seq,
+            top_logprobs=(req.top_logprobs or 0) if isinstance(req, wire.ChatRequest) and req.logprobs
+            else (req.logprobs or 0) if isinstance(req, wire.CompletionRequest) else 0,
         )
 
     @contextmanager
@@ -210,7 +222,7 @@ class OpenAIServer:
         """Read a group to the end (non-streaming); abort it if the client goes away."""
         async def read() -> None:
             async for i, out in group:
-                streams[i].add(out.new_token_ids, out.new_logprobs)
+                streams[i].add(out.new_token_ids, out.new_logprobs, out.new_top_logprobs)
 
         task = asyncio.ensure_future(read())
         try:
@@ -232,6 +244,7 @@ class OpenAIServer:
     # ------------------------------------------------------------------ chat completions
 
     async def chat(self, req: wire.ChatRequest, request: Request):
+        t0 = time.perf_counter()
         self._check(req)
         explicit = req.max_completion_tokens or req.max_tokens
         with self._reserved(req.n):
@@ -245,11 +258,13 @@ class OpenAIServer:
         group = self.loop.submit(seqs)
         streams = [TextStream(self.tokenizer, req.stop_strings()) for _ in range(req.n)]
         if req.stream:
-            body = self._stream_chat(req, group, streams, bool(tools), len(ids))
+            body = self._stream_chat(req, group, streams, bool(tools), len(ids),
+                                     (request.headers, ids, tools, t0))
             return StreamingResponse(body, media_type="text/event-stream",
                                      background=BackgroundTask(self._abort, group))
         await self._collect(group, streams, request)
         choices = [self._chat_choice(h, s, bool(tools), req.logprobs) for h, s in zip(group.handles, streams)]
+        self._record(req, request.headers, ids, tools, group, streams, t0, stream=False)
         completion = sum(len(s.token_ids) for s in streams)
         usage = wire.usage(len(ids), completion, _cached(group.handles[:1]))  # the prompt counts once
         return wire.chat_completion(wire.new_id("chatcmpl"), self.model_name, choices, usage)
@@ -265,11 +280,11 @@ class OpenAIServer:
         if calls:
             message["tool_calls"] = calls
             finish = "tool_calls" if finish == "stop" else finish
-        lp = wire.chat_logprobs(s.token_strings(), s.logprobs) if logprobs else None
+        lp = wire.chat_logprobs(s.token_strings(), s.logprobs, s.top_strings()) if logprobs else None
         return {"index": i, "message": message, "finish_reason": finish, "logprobs": lp}
 
     async def _stream_chat(self, req: wire.ChatRequest, group: Group, streams: list[TextStream],
-                           tools: bool, prompt_len: int) -> AsyncIterator[str]:
+                           tools: bool, prompt_len: int, log_args: tuple) -> AsyncIterator[str]:
         rid, created = wire.new_id("chatcmpl"), int(time.time())
 
         def chunk(i: int, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> str:
@@ -283,8 +298,9 @@ class OpenAIServer:
             async for i, out in group:
                 s = streams[i]
                 first = len(s.token_ids)
-                s.add(out.new_token_ids, out.new_logprobs)
-                lp = wire.chat_logprobs(s.token_strings(first), out.new_logprobs) if req.logprobs else None
+                s.add(out.new_token_ids, out.new_logprobs, out.new_top_logprobs)
+                lp = (wire.chat_logprobs(s.token_strings(first), out.new_logprobs, s.top_strings(first))
+                      if req.logprobs else None)
                 if not out.finished:
                     shown = content_before_tool_call(s.visible()) if tools else s.visible()
                     if shown[len(sent[i]):] or lp:
@@ -305,11 +321,34 @@ class OpenAIServer:
                 done = sum(len(s.token_ids) for s in streams)
                 usage = wire.usage(prompt_len, done, _cached(group.handles[:1]))
                 yield _sse(wire.chat_chunk(rid, self.model_name, created, [], usage))
+            headers, ids, tool_list, t0 = log_args
+            self._record(req, headers, ids, tool_list, group, streams, t0, stream=True)
             yield "data: [DONE]\n\n"
         except (EngineFailed, ValueError) as e:
             yield _sse(wire.error_body(f"the request failed: {e}", kind="server_error"))
         finally:
             self.loop.abort(group)
+
+    def _record(self, req: wire.ChatRequest, headers: Any, ids: list[int], tools: list, group: Group,
+                streams: list[TextStream], t0: float, stream: bool) -> None:
+        """Log each finished choice (``--log-dir``): what the trainer needs to learn from it."""
+        if self.recorder is None:
+            return
+        from opencomposer.inference.session_log import completion_record, session_id
+
+        sid, latency, rid = session_id(headers, req.model_extra), time.perf_counter() - t0, wire.new_id("chatcmpl")
+        for h, s in zip(group.handles, streams):
+            c = h.completion
+            if c is None:  # aborted: nothing the user saw in full
+                continue
+            text = self._final(h, s)
+            content, calls = split_tool_calls(text) if tools else (text, [])
+            self.recorder(completion_record(
+                rid=rid, index=h.index, sid=sid, arm=self.arm, checkpoint=self.checkpoint, model=self.model_name,
+                messages=req.messages, tools=req.tools, temperature=req.temperature, top_p=req.top_p,
+                prompt_ids=ids, token_ids=list(c.token_ids), logprobs=list(c.logprobs),
+                policy_versions=list(c.policy_versions), text=content, tool_calls=calls,
+                finish_reason=h.finish_reason, latency_s=latency, stream=stream))
 
     # ------------------------------------------------------------------ text completions
 
@@ -331,7 +370,8 @@ class OpenAIServer:
         choices = []
         for i, (h, s) in enumerate(zip(group.handles, streams)):
             head = self._echo(req, prompts[i // req.n])
-            lp = wire.completion_logprobs(s.token_strings(), s.logprobs, len(head)) if req.logprobs is not None else None
+            lp = (wire.completion_logprobs(s.token_strings(), s.logprobs, len(head), s.top_strings())
+                  if req.logprobs is not None else None)
             choices.append({"index": i, "text": head + self._final(h, s), "finish_reason": h.finish_reason, "logprobs": lp})
         usage = wire.usage(prompt_tokens, sum(len(s.token_ids) for s in streams), _cached(group.handles))
         return wire.text_completion(wire.new_id("cmpl"), self.model_name, int(time.time()), choices, usage)
@@ -366,10 +406,10 @@ class OpenAIServer:
             async for i, out in group:
                 s = streams[i]
                 first = len(s.token_ids)
-                s.add(out.new_token_ids, out.new_logprobs)
+                s.add(out.new_token_ids, out.new_logprobs, out.new_top_logprobs)
                 shown = self._final(group.handles[i], s) if out.finished else s.visible()
-                lp = (wire.completion_logprobs(s.token_strings(first), out.new_logprobs, len(sent[i]))
-                      if req.logprobs is not None else None)
+                lp = (wire.completion_logprobs(s.token_strings(first), out.new_logprobs, len(sent[i]),
+                                               s.top_strings(first)) if req.logprobs is not None else None)
                 delta = shown[len(sent[i]):]
                 sent[i] = shown
                 if delta or lp or out.finished:
@@ -429,7 +469,9 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, **kw: Any):
 def serve(cfg: ServeConfig, on_ready=None) -> None:
     """Run until interrupted. ``on_ready(url)`` is called once the socket listens
     (port 0 picks a free port; the url has the real one)."""
-    server = build_server(cfg)
+    from opencomposer.inference.front import build_front
+
+    server = build_front(cfg)
     uv = uvicorn_server(server, cfg.host, cfg.port)
 
     async def main() -> None:
@@ -444,4 +486,4 @@ def serve(cfg: ServeConfig, on_ready=None) -> None:
     try:
         asyncio.run(main())
     finally:
-        server.loop.stop()
+        server.stop()

@@ -31,12 +31,15 @@ class TextStream:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]] | None] = []  # per token, when the request asked
         self._text = ""  # decoded text of all tokens, as far as it is complete
         self._base, self._start = "", 0  # text of token_ids[:_start], a safe restart point
 
-    def add(self, token_ids: list[int], logprobs: list[float]) -> None:
+    def add(self, token_ids: list[int], logprobs: list[float],
+            top_logprobs: list[list[tuple[int, float]]] | None = None) -> None:
         self.token_ids += token_ids
         self.logprobs += logprobs
+        self.top_logprobs += top_logprobs if top_logprobs is not None else [None] * len(token_ids)
         tail = self._decode(self.token_ids[self._start:])
         if tail.endswith("\ufffd"):  # an incomplete character: wait for its other bytes
             return
@@ -57,6 +60,10 @@ class TextStream:
 
     def token_strings(self, start: int = 0, end: int | None = None) -> list[str]:
         return [self._decode([t]) for t in self.token_ids[start:end]]
+
+    def top_strings(self, start: int = 0) -> list[list[tuple[str, float]]]:
+        """Per token from ``start``: its top alternatives as (token string, logprob); [] where none."""
+        return [[(self._decode([t]), lp) for t, lp in top or []] for top in self.top_logprobs[start:]]
 
     def _cut(self, text: str) -> tuple[str, bool]:
         hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]

@@ -14,7 +14,7 @@ each op: in bf16 results may differ by an ulp; in fp32 they agree to rounding.
 
 Paged decode: one program per (sequence, KV head, split of the context): it loads the
 query heads that share that KV head (padded to 16 rows for ``tl.dot``), walks its part of
-the block table one cache block at a time with an online softmax (running max, running
+the context 64 tokens (several cache blocks) at a time with an online softmax (running max, running
 sum, fp32 accumulator), and a second small kernel merges the splits. It reads each K/V
 entry once and never past the sequence's length -- the torch path gathers the block
 table's full padded width and then masks it.
@@ -36,17 +36,17 @@ def _paged_decode_kernel(
     stride_qb, stride_qh,
     stride_kn, stride_ks, stride_kh,
     stride_tb,
-    BLOCKS_PER_SPLIT,
+    TOKENS_PER_SPLIT,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One (sequence, KV head, split of the context): partial softmax state of its blocks."""
+    """One (sequence, KV head, split of the context): partial softmax state of its tokens,
+    read ``TILE`` tokens (several cache blocks, gathered through the block table) at a time."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
-    slots = tl.arange(0, BLOCK_SIZE)
     row_ok = rows < GROUP
     heads = kvh * GROUP + rows
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -54,15 +54,17 @@ def _paged_decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    first = split * BLOCKS_PER_SPLIT
-    last = tl.minimum(first + BLOCKS_PER_SPLIT, tl.cdiv(length, BLOCK_SIZE))
-    for i in range(first, last):
-        block = tl.load(tables_ptr + b * stride_tb + i).to(tl.int64)
-        offs = block * stride_kn + kvh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-        k = tl.load(k_ptr + offs)
-        v = tl.load(v_ptr + offs)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [GROUP_PAD, BLOCK_SIZE]
-        s = tl.where((i * BLOCK_SIZE + slots)[None, :] < length, s, float("-inf"))
+    first = split * TOKENS_PER_SPLIT
+    last = tl.minimum(first + TOKENS_PER_SPLIT, length)
+    for t0 in range(first, last, TILE):
+        keys = t0 + tl.arange(0, TILE)
+        ok = keys < last
+        block = tl.load(tables_ptr + b * stride_tb + keys // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+        offs = block[:, None] * stride_kn + (keys % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + dims[None, :]
+        k = tl.load(k_ptr + offs, mask=ok[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [GROUP_PAD, TILE]
+        s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -76,26 +78,29 @@ def _paged_decode_kernel(
 
 
 @triton.jit
-def _paged_decode_reduce(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
+def _paged_decode_reduce(part_acc_ptr, part_ml_ptr, out_ptr, lens_ptr, stride_ob, stride_oh, TOKENS_PER_SPLIT,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
-    """Merge the splits' (max, sum, acc) into the attention output."""
+    """Merge the splits' (max, sum, acc) into the attention output, one pass over the splits
+    that hold tokens of this sequence (the rest are empty)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
     base = (b * tl.num_programs(1) + kvh) * SPLITS
+    used = tl.minimum(tl.cdiv(tl.load(lens_ptr + b), TOKENS_PER_SPLIT), SPLITS)
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    for sp in range(SPLITS):
-        m = tl.maximum(m, tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + rows))
     l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    for sp in range(SPLITS):
+    for sp in range(used):
         m_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + rows)
         l_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + GROUP_PAD + rows)
-        w = tl.where(l_s > 0, tl.exp(m_s - m), 0.0)  # empty splits (past the length) weigh nothing
-        l_sum += l_s * w
         a = tl.load(part_acc_ptr + (base + sp) * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :])
-        acc += a * w[:, None]
+        m_new = tl.maximum(m, m_s)
+        old_w = tl.exp(m - m_new)
+        new_w = tl.exp(m_s - m_new)
+        l_sum = l_sum * old_w + l_s * new_w
+        acc = acc * old_w[:, None] + a * new_w[:, None]
+        m = m_new
     heads = kvh * GROUP + rows
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
              (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
@@ -113,10 +118,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     _, bs, kvh, _ = k_cache.shape
     group = h // kvh
     group_pad = max(16, triton.next_power_of_2(group))
-    width = block_tables.shape[1]
-    # enough programs to fill the GPU at small batch, few enough that each has work
-    splits = max(1, min(16, width // 4, 128 // max(1, b * kvh)))
-    per_split = triton.cdiv(width, splits)
+    tile = 64 if d <= 128 else 32
+    # at small batch, split the (padded) context so every split is about one tile and the
+    # programs fill the GPU; at large batch the sequences alone do
+    tiles = triton.cdiv(block_tables.shape[1] * bs, tile)
+    splits = max(1, min(32, tiles, 256 // max(1, b * kvh)))
+    per_split = triton.cdiv(tiles, splits) * tile
     part_acc = torch.empty((b, kvh, splits, group_pad, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((b, kvh, splits, 2, group_pad), dtype=torch.float32, device=q.device)
     _paged_decode_kernel[(b, kvh, splits)](
@@ -126,11 +133,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         per_split,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_SIZE=bs, SPLITS=splits,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_SIZE=bs, TILE=tile, SPLITS=splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
     )
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
-    _paged_decode_reduce[(b, kvh)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+    _paged_decode_reduce[(b, kvh)](part_acc, part_ml, out, context_lens, out.stride(0), out.stride(1), per_split,
                                    GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, SPLITS=splits)
     return out
 

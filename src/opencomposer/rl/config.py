@@ -30,6 +30,25 @@ class TasksSection(Strict):
     heldout: int = Field(8, ge=0, description="tasks kept out of training, for pass@1 before/after")
     seed: int = 0
     levels: list[Literal["block", "body", "function", "class", "feature"]] = ["body"]
+    factory: str | None = Field(None, description="factory config (configs/factory.toml): with harder_every, "
+                                "the trainer asks it for harder tasks as its pass rate rises")
+    harder_every: int = Field(0, ge=0, description="every N steps, report the rolling pass@1 to the factory "
+                              "(TaskFactory.harder) and add the batch it makes if its levels moved; 0: never")
+    pass_window: int = Field(4, ge=1, description="training steps averaged into the rolling pass@1")
+
+    @model_validator(mode="after")
+    def _harder_needs_factory(self) -> TasksSection:
+        if self.harder_every and not self.factory:
+            raise ValueError("tasks.harder_every needs tasks.factory (the factory config to ask for harder tasks)")
+        return self
+
+
+class SandboxPoolSection(Strict):
+    """Episode sandboxes from a warm pool (``sandbox/pool.py``) instead of a fresh one each."""
+
+    size: int = Field(16, ge=1, description="most sandboxes alive at once (idle + in use); acquires beyond wait")
+    warm: int = Field(1, ge=0, description="idle sandboxes kept ready per task (base image + env)")
+    health_check: bool = Field(True, description="exec 'true' before handing a sandbox out")
 
 
 class RolloutSection(Strict):
@@ -39,6 +58,9 @@ class RolloutSection(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(256, ge=1, description="per model turn")
     backend: Literal["local", "namespace", "gvisor", "docker"] = "namespace"
+    sandbox_pool: SandboxPoolSection | None = Field(
+        None, description="e.g. {size = 16, warm = 2}: reuse reset sandboxes of a warm pool; absent: a fresh "
+                          "sandbox per episode")
     max_batch: int = Field(16, ge=1, description="sequences generated together")
     engine: Literal["hf", "builtin"] = Field(
         "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not "

@@ -27,7 +27,7 @@ from opencomposer.models.policy import ModelPolicy
 from opencomposer.models.registry import load_model
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.advantages import advantages_for_groups
-from opencomposer.rl.config import RLRunConfig
+from opencomposer.rl.config import RLRunConfig, RolloutSection
 from opencomposer.rl.feedback import detect, distill_pairs
 from opencomposer.rl.loss import LossConfig
 from opencomposer.rl.metrics import summarize_groups
@@ -35,6 +35,7 @@ from opencomposer.rl.batching import BatchedPolicy
 from opencomposer.rl.rollout import Rollout, collect_rollouts, shape_rollouts
 from opencomposer.rl.samples import trajectory_samples
 from opencomposer.rl.sampler import TaskSampler
+from opencomposer.rl.taskpool import HarderTasks
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from opencomposer.train.trainer import Trainer, frozen_copy
 
@@ -87,9 +88,22 @@ def rollout_stats(rollouts: list[Rollout], k: int) -> dict[str, float]:
         "tool_calls": sum(t.tool_calls for t in trajs) / n,
         "invalid_calls": sum(t.invalid_calls for t in trajs) / n,
         "turns": sum(t.turns for t in trajs) / n,
+        "summaries": sum(t.summaries for t in trajs) / n,  # self-summaries per rollout
         "submitted": sum(t.exit_reason == "submitted" for t in trajs) / n,
         "failed_rollouts": sum(r.result is None for r in rollouts),
     }
+
+
+def sandbox_pool(rollout: RolloutSection):
+    """The pool ``[rollout] sandbox_pool`` asks for (a ``BlockingSandboxPool``: episodes
+    run in threads), or None for a fresh sandbox per episode. Close it when done."""
+    if rollout.sandbox_pool is None:
+        return None
+    from opencomposer.sandbox.pool import BlockingSandboxPool, SandboxPool
+
+    sp = rollout.sandbox_pool
+    return BlockingSandboxPool(SandboxPool(rollout.backend, warm=sp.warm, max_sandboxes=sp.size,
+                                           health_check=sp.health_check))
 
 
 @dataclass
@@ -110,14 +124,21 @@ class RLRun:
         self.log = MetricsLog(self.out)
         self.ckpt_dir = self.out / "checkpoints"
         self.start_step = 0
+        # difficulty on demand: harder tasks from the factory as the pass rate rises (rl/taskpool.py)
+        self.harder = HarderTasks(self.cfg.tasks, self.out) if self.cfg.tasks.harder_every else None
+        if self.harder is not None:  # what it made in earlier sessions of this run is in the pool
+            self.train_tasks = self.train_tasks + self.harder.made_tasks()
         self.sampler = TaskSampler(self.train_tasks, self.cfg.rollout.tasks_per_step, self.cfg.run.seed)
         if self.resume and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
             state = load_checkpoint(self.ckpt_dir, self.trainer)
             self.start_step = int(state["step"])
             self.sampler = TaskSampler.from_state(self.train_tasks, state["sampler"])
+            if self.harder is not None and "harder" in state:
+                self.harder.restore(state["harder"])
             self.log.truncate(self.start_step, state.get("row"))
         self.policy = self.make_policy(self.cfg.rollout.temperature)
         self.tools = agent_tools()
+        self.pool = sandbox_pool(self.cfg.rollout)  # closed by run() (or close())
 
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
         """A batched sampler on the current weights, or (``base_model``) on a fresh load of
@@ -159,7 +180,8 @@ class RLRun:
         tasks = [Task.load(p) for p in self.sampler.next_batch()]
         self.sync_weights()
         rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
-                                    max_concurrent=r.k * r.tasks_per_step)
+                                    max_concurrent=r.k * r.tasks_per_step,
+                                    sandboxes=self.pool.lease if self.pool is not None else None)
         t1 = time.perf_counter()
         shaping = shape_rollouts(rollouts, self.cfg.reward)
         groups: dict[str, list[float]] = {}
@@ -239,18 +261,31 @@ class RLRun:
     def run(self) -> list[dict]:
         rows = []
         self.reference()
-        for step in range(self.start_step, self.cfg.run.steps):
-            row = self.step(step)
-            # checkpoint first (atomic), then the metrics row: a kill in between loses
-            # nothing, since the row travels in the checkpoint (see MetricsLog.truncate)
-            if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
-                save_checkpoint(self.ckpt_dir, self.trainer, {"sampler": self.sampler.state(), "row": row},
-                                step + 1, keep=self.cfg.run.keep_checkpoints)
-            self.log.write(row)
-            rows.append(row)
-            if self.on_step:
-                self.on_step(row)
+        try:
+            for step in range(self.start_step, self.cfg.run.steps):
+                row = self.step(step)
+                if self.harder is not None:
+                    row.update(self.harder.after_step(step + 1, row["pass@1"], self.sampler))
+                # checkpoint first (atomic), then the metrics row: a kill in between loses
+                # nothing, since the row travels in the checkpoint (see MetricsLog.truncate)
+                if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
+                    extra = {"harder": self.harder.state()} if self.harder is not None else {}
+                    save_checkpoint(self.ckpt_dir, self.trainer,
+                                    {"sampler": self.sampler.state(), "row": row, **extra},
+                                    step + 1, keep=self.cfg.run.keep_checkpoints)
+                self.log.write(row)
+                rows.append(row)
+                if self.on_step:
+                    self.on_step(row)
+        finally:
+            self.close()
         return rows
+
+    def close(self) -> None:
+        """Close the sandbox pool, if the run has one (every sandbox it made goes)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def latest_checkpoint(self) -> Path | None:
         try:

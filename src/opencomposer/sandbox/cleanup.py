@@ -7,10 +7,12 @@ file of the process that owns it. The owner holds an exclusive ``flock`` on
 process dies (SIGKILL included), and a reused pid cannot hold it. So a record whose
 owner lock can be taken belongs to a dead owner, and ``reap()`` removes what it names:
 processes (those in its cgroups, and any whose command line names its temp dir), the
-cgroups, the temp dir, the record.
+cgroups, the size-capped tmpfs of its workspace changes (``mount_disk``), the temp dir,
+the record.
 
-Processes rarely survive their owner (bwrap runs with ``--die-with-parent``); temp
-dirs and cgroup dirs always do, and this is what clears them.
+Processes rarely survive their owner (a namespace sandbox's exec server exits when its
+control pipe closes, and its namespace's processes die with it); temp dirs and cgroup
+dirs always do, and this is what clears them.
 
 ``reap()`` runs once per process before its first namespace sandbox is made, and on
 demand: ``python -m opencomposer.sandbox.cleanup`` (prints one JSON line).
@@ -21,6 +23,7 @@ Test: ``pytest tests/unit/sandbox/test_cleanup.py -q``.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import signal
@@ -176,6 +179,40 @@ def remove_cgroups(cgroups: list[str], seconds: float = 5.0) -> int:
     return removed
 
 
+DISK = "disk"  # a sandbox dir's size-capped tmpfs for its workspace changes (namespace.py)
+
+
+@functools.cache
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)  # the interpreter's own symbols: libc's mount/umount2
+
+
+def mount_disk(root: Path, nbytes: int) -> Path | None:
+    """A tmpfs of ``nbytes`` at ``root/disk`` (needs CAP_SYS_ADMIN: root), or None where
+    the host does not let us mount (then the caller keeps files on the host's disk)."""
+    point = root / DISK
+    point.mkdir()
+    try:
+        libc = _libc()
+        ok = libc.mount(b"tmpfs", str(point).encode(), b"tmpfs", 0x2 | 0x4,  # MS_NOSUID | MS_NODEV
+                        f"size={nbytes},mode=0700".encode()) == 0
+    except (OSError, AttributeError):
+        ok = False
+    if not ok:
+        point.rmdir()
+        return None
+    return point
+
+
+def unmount_disk(root: Path) -> None:
+    """Detach ``root/disk`` if it is mounted (no-op otherwise)."""
+    point = root / DISK
+    if os.path.ismount(point):
+        _libc().umount2(str(point).encode(), 2)  # MNT_DETACH
+
+
 def reap(state: Path | None = None) -> dict[str, int]:
     """Remove every sandbox whose owner is dead; returns counts of what went."""
     state = state or state_dir()
@@ -193,6 +230,7 @@ def reap(state: Path | None = None) -> dict[str, int]:
         counts["processes"] += kill_sandbox_processes(root, cgroups)
         counts["cgroups"] += remove_cgroups(cgroups)
         if os.path.lexists(root):
+            unmount_disk(Path(root))
             remove_tree(Path(root))
             counts["dirs"] += 1
         record.unlink(missing_ok=True)

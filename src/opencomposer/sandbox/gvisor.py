@@ -38,10 +38,11 @@ import uuid
 from functools import lru_cache
 from pathlib import Path
 
-from opencomposer.protocols import ExecResult, SandboxSpec
+from opencomposer.protocols import ExecResult, SandboxLimits, SandboxSpec
 from opencomposer.sandbox.base import SandboxUnavailable, check_resolved, confine, remove_tree, run_process, scrubbed_env, shell_argv
 from opencomposer.sandbox.checkpoint import MemorySnapshot
 from opencomposer.sandbox.hostfs import host_mounts
+from opencomposer.sandbox.limits import Counters, Limiter, tree_bytes
 from opencomposer.sandbox.local import MARKER, LocalSandbox
 
 WORKDIR = "/workspace"
@@ -69,7 +70,26 @@ def _make_rootfs(rootfs: Path, links: list[tuple[str, str]], mounts: list[dict])
             point.mkdir()
 
 
-def _oci_config(rootfs: Path, argv: list[str], env: dict[str, str], cwd: str, mounts: list[dict]) -> dict:
+def oci_rlimits(limits: SandboxLimits | None) -> list[dict]:
+    """``spec.limits`` as OCI rlimits, enforced by gVisor's Sentry for every process inside:
+    CPU seconds, open files, file size (= ``disk_mb``), address space (= ``memory_mb``, per
+    process), no core dumps. (No cgroup: runsc runs with ``--ignore-cgroups``.)"""
+    lim, out = limits or SandboxLimits(), [("RLIMIT_CORE", 0, 0)]
+    if lim.cpu_seconds:
+        out.append(("RLIMIT_CPU", lim.cpu_seconds, lim.cpu_seconds + 1))
+    if lim.open_files:
+        out.append(("RLIMIT_NOFILE", lim.open_files, lim.open_files))
+    if lim.disk_mb:
+        out.append(("RLIMIT_FSIZE", lim.disk_mb << 20, lim.disk_mb << 20))
+    if lim.memory_mb:
+        out.append(("RLIMIT_AS", lim.memory_mb << 20, lim.memory_mb << 20))
+    if lim.processes:
+        out.append(("RLIMIT_NPROC", lim.processes, lim.processes))
+    return [{"type": t, "soft": soft, "hard": hard} for t, soft, hard in out]
+
+
+def _oci_config(rootfs: Path, argv: list[str], env: dict[str, str], cwd: str, mounts: list[dict],
+                rlimits: list[dict] | None = None) -> dict:
     none: list[str] = []
     return {
         "ociVersion": "1.0.0",
@@ -77,7 +97,7 @@ def _oci_config(rootfs: Path, argv: list[str], env: dict[str, str], cwd: str, mo
             "terminal": False, "user": {"uid": 0, "gid": 0}, "args": argv, "cwd": cwd,
             "env": [f"{k}={v}" for k, v in env.items()],
             "capabilities": {k: none for k in ("bounding", "effective", "permitted", "inheritable", "ambient")},
-            "noNewPrivileges": True,
+            "noNewPrivileges": True, "rlimits": rlimits or [],
         },
         "root": {"path": str(rootfs), "readonly": True},
         "hostname": "sandbox",
@@ -154,6 +174,12 @@ class GVisorSandbox(LocalSandbox):
         (self._root / "logs").mkdir()
         self._runs = 0
         self._services: set[str] = set()
+        # Disk: the workspace copy's growth is watched as namespace's upper dir is (rlimits
+        # in the OCI config cap each file); explain() words what a command hit the same way.
+        self._limiter = Limiter(getattr(spec, "limits", None) or SandboxLimits(), f"oc-{self.id}",
+                                disk_root=self._ws, host=None)
+        if self._limiter.limits.disk_mb:
+            self._limiter.disk_base = tree_bytes(self._ws)
 
     # ------------------------------------------------------------------ commands
 
@@ -172,10 +198,12 @@ class GVisorSandbox(LocalSandbox):
             return ExecResult(1, f"cwd {cwd!r} is not a directory in the workspace")
         cid, bundle = self._bundle(command, workdir, env)
         try:
-            return run_process(
+            r = run_process(
                 self._runsc_cmd("run", "--bundle", str(bundle), cid), env=self._host_env(), stdin=stdin,
                 timeout=timeout, max_output=max_output, on_start=lambda p: self._pgids.add(p.pid),
+                watch=self._limiter.disk_watch(),
             )
+            return self._limiter.explain(r, Counters())
         finally:
             if any(self._state.glob(f"*{cid}*")):  # a killed run leaves its container's state
                 self._runsc_cmd_run("delete", "--force", cid)
@@ -193,7 +221,7 @@ class GVisorSandbox(LocalSandbox):
         bundle = self._bundles / cid
         bundle.mkdir()
         cfg = _oci_config(self._rootfs, shell_argv(command), scrubbed_env(self.spec, WORKDIR, HOME, env), workdir,
-                          self._mounts + [self._ws_mount])
+                          self._mounts + [self._ws_mount], oci_rlimits(getattr(self.spec, "limits", None)))
         (bundle / "config.json").write_text(json.dumps(cfg))
         return cid, bundle
 

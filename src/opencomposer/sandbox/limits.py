@@ -13,15 +13,17 @@ Two mechanisms, chosen once per host and reported by ``mechanism()``:
 
 Always, as rlimits of every process: CPU seconds (``RLIMIT_CPU``), open files
 (``RLIMIT_NOFILE``), the largest file (``RLIMIT_FSIZE`` = the disk limit), no core dumps.
-Disk is also watched: the size of the sandbox's upper layer, every 0.25 s while a command
-runs (killed once over ``disk_mb`` and not shrinking) and after it (a note until files are
-deleted); /tmp is a tmpfs of that size. A burst faster than the watch can overshoot by
-what the disk writes in 0.25 s.
+Disk: where the host can mount (root), a namespace sandbox keeps its workspace changes
+on a tmpfs of ``disk_mb`` (``cleanup.mount_disk``): a hard limit, writes past it fail with
+ENOSPC (tmpfs pages count as the sandbox's memory too). Elsewhere, and for ``gvisor``,
+the changes are watched: every 0.25 s while a command runs (killed once over
+``disk_mb`` and not shrinking) and after it (a note until files are deleted), so a burst
+can overshoot by what the disk takes in ~0.5 s. /tmp is a tmpfs of ``disk_mb`` too.
 
-Commands start as ``sh`` (joins the cgroups) -> ``prlimit`` (sets the rlimits) -> bwrap,
-all exec'd in one process; joining two v1 cgroups costs ~10 ms per command here (the
-kernel waits for an RCU grace period per join), so ``OPENCOMPOSER_CGROUP=off`` trades
-the per-sandbox memory/process caps for that time.
+A sandbox's exec server starts as ``sh`` (joins the cgroups) -> bwrap, once per sandbox
+(joining two v1 cgroups costs ~10 ms here: the kernel waits for an RCU grace period per
+join); the server sets the rlimits in each command it forks (``rlimits()``), and the
+commands inherit the cgroups.
 
 ``Limiter.explain`` turns what happened into a line the agent reads, e.g.
 ``[killed: memory limit 512 MiB exceeded]``.
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -44,8 +45,6 @@ from opencomposer.protocols import ExecResult, SandboxLimits
 
 MiB = 1 << 20
 CGROUP_ENV = "OPENCOMPOSER_CGROUP"  # "off" forces rlimits only; a path picks the parent cgroup (v2)
-_PRLIMIT_NAMES = {resource.RLIMIT_CORE: "core", resource.RLIMIT_CPU: "cpu", resource.RLIMIT_NOFILE: "nofile",
-                  resource.RLIMIT_FSIZE: "fsize", resource.RLIMIT_DATA: "data", resource.RLIMIT_NPROC: "nproc"}
 # Joins each cgroup named before "--" ("0" means the writer itself), then execs the rest.
 _JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
 _OOM_TEXT = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -124,8 +123,8 @@ def _find_v1() -> CgroupHost | None:
 @lru_cache(maxsize=None)
 def cgroup_host() -> CgroupHost | None:
     """The writable cgroup hierarchy to use, or None (then rlimits alone)."""
-    if os.environ.get(CGROUP_ENV) == "off" or not os.path.isdir("/sys/fs/cgroup"):
-        return None
+    if os.environ.get(CGROUP_ENV) == "off" or not os.path.isdir("/sys/fs/cgroup") or not os.path.exists("/bin/sh"):
+        return None  # /bin/sh joins the cgroups (``Limiter.join``)
     return _find_v2() or _find_v1()
 
 
@@ -137,6 +136,13 @@ def mechanism() -> str:
 def _write(path: str, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+def _read_int(path: str) -> int:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def _counter(path: str, key: str) -> int:
@@ -156,6 +162,8 @@ def _counter(path: str, key: str) -> int:
 @dataclass
 class Counters:
     oom_kills: int = 0
+    mem_limit_hits: int = 0  # v2: times the sandbox's own limit was reached (an OOM kill without: the host ran out)
+    mem_at_limit: bool = False  # v1 (no usable failcnt on new kernels): peak usage reached the limit
     pid_max_hits: int = 0
     disk_bytes: int = 0
 
@@ -189,7 +197,8 @@ class Limiter:
     """Applies ``limits`` to the processes of one sandbox and explains what they hit.
 
     ``disk_root`` is the dir whose growth counts against ``disk_mb`` (the overlay's
-    upper layer). Call ``close()`` to remove the sandbox's cgroups.
+    upper layer; a full copy, less ``disk_base``, for ``gvisor``). Call ``close()`` to
+    remove the sandbox's cgroups.
     """
 
     limits: SandboxLimits
@@ -197,6 +206,8 @@ class Limiter:
     disk_root: Path | None = None
     host: CgroupHost | None = field(default_factory=cgroup_host)
     cgroups: dict[str, str] = field(default_factory=dict)
+    disk_base: int = 0  # bytes of ``disk_root`` that do not count (a full copy's starting size)
+    disk_hard: bool = False  # ``disk_root`` is on a tmpfs of ``disk_mb``: nothing to watch
 
     def planned_cgroups(self) -> list[str]:
         """The cgroup dirs ``open()`` will make (recorded for cleanup before they exist)."""
@@ -243,51 +254,15 @@ class Limiter:
             out.append((resource.RLIMIT_NPROC, lim.processes + _user_processes(), lim.processes + _user_processes()))
         return out
 
-    def command(self, argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
-        """``argv`` made to start inside this sandbox's cgroups under its rlimits.
-
-        Where ``prlimit`` (util-linux) and ``/bin/sh`` exist this is a prefix of argv
-        (``sh`` joins the cgroups, ``prlimit`` sets the limits, both exec onwards), so the
-        host process spawns without a Python ``preexec_fn``, which forces a full fork:
-        ~7 ms more per command here, and more the larger the host process. Elsewhere the
-        second element is a ``preexec_fn`` doing the same (close it with ``close_fds``).
-        """
-        prlimit = _prlimit()
-        if prlimit is None or not os.path.exists("/bin/sh"):
-            return argv, self.preexec()
-        prefix: list[str] = []
+    def join(self, argv: list[str]) -> list[str]:
+        """``argv`` made to start inside this sandbox's cgroups: a ``sh`` prefix writes "0"
+        (itself) to each ``cgroup.procs`` and execs onwards, so the host spawns without a
+        Python ``preexec_fn`` (which forces a full fork of a possibly large host process).
+        Rlimits are the exec server's business: it sets them on itself, commands inherit."""
         dirs = self.cgroup_dirs()
-        if dirs:
-            prefix += ["/bin/sh", "-c", _JOIN, "oc-join", *(os.path.join(d, "cgroup.procs") for d in dirs), "--"]
-        prefix += [prlimit, *(f"--{_PRLIMIT_NAMES[r]}={soft}:{hard}" for r, soft, hard in self.rlimits()), "--"]
-        return prefix + argv, None
-
-    def preexec(self) -> Callable[[], None]:
-        """A ``preexec_fn``: set the rlimits and join the cgroups (runs in the child, pre-exec).
-
-        The cgroup files are opened here, in the parent, so the child only writes ("0"
-        means the writer itself) and allocates nothing; the caller closes them after the
-        spawn with ``close_fds``.
-        """
-        rl = self.rlimits()
-        fds = [os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC) for d in self.cgroup_dirs()]
-
-        def child() -> None:
-            for res, soft, hard in rl:
-                resource.setrlimit(res, (soft, hard))
-            for fd in fds:
-                os.write(fd, b"0")
-
-        child.fds = fds  # type: ignore[attr-defined]
-        return child
-
-    @staticmethod
-    def close_fds(preexec: Callable[[], None] | None) -> None:
-        for fd in getattr(preexec, "fds", []):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if not dirs:
+            return argv
+        return ["/bin/sh", "-c", _JOIN, "oc-join", *(os.path.join(d, "cgroup.procs") for d in dirs), "--", *argv]
 
     def counters(self, disk: bool = True) -> Counters:
         c = Counters()
@@ -295,22 +270,25 @@ class Limiter:
             mem, pids = self.cgroups["memory"], self.cgroups["pids"]
             if self.host and self.host.version == 2:
                 c.oom_kills = _counter(os.path.join(mem, "memory.events"), "oom_kill")
+                c.mem_limit_hits = _counter(os.path.join(mem, "memory.events"), "oom")
             else:
                 c.oom_kills = _counter(os.path.join(mem, "memory.oom_control"), "oom_kill")
+                peak = _read_int(os.path.join(mem, "memory.max_usage_in_bytes"))
+                c.mem_at_limit = bool(self.limits.memory_mb) and peak >= 0.95 * self.limits.memory_mb * MiB
             c.pid_max_hits = _counter(os.path.join(pids, "pids.events"), "max")
         if disk and self.disk_root is not None and self.limits.disk_mb:
-            c.disk_bytes = tree_bytes(self.disk_root)
+            c.disk_bytes = max(0, tree_bytes(self.disk_root) - self.disk_base)
         return c
 
     def disk_watch(self) -> Callable[[], str | None] | None:
         """A check for ``run_process(watch=...)``: a reason once the workspace is over its
         limit and not shrinking (so ``rm`` of a too-large tree may still run)."""
-        if self.disk_root is None or not self.limits.disk_mb:
+        if self.disk_root is None or not self.limits.disk_mb or self.disk_hard:
             return None
         cap, last = self.limits.disk_mb * MiB, [float("inf")]
 
         def check() -> str | None:
-            used = tree_bytes(self.disk_root)
+            used = max(0, tree_bytes(self.disk_root) - self.disk_base)
             growing, last[0] = used >= last[0], used
             if used > cap and growing:
                 return f"disk limit {self.limits.disk_mb} MiB exceeded (workspace changes use {used // MiB} MiB)"
@@ -320,11 +298,15 @@ class Limiter:
 
     def explain(self, r: ExecResult, before: Counters) -> ExecResult:
         """Append a line per limit the command hit; the agent reads it as the observation."""
-        after = self.counters()
+        # A hard disk limit is only worth measuring when a write failed on it.
+        after = self.counters(disk=not self.disk_hard or "No space left on device" in r.output)
         lim, notes = self.limits, []
         sig = r.exit_code - 128 if r.exit_code > 128 else 0
-        if after.oom_kills > before.oom_kills:
+        own_limit = after.mem_limit_hits > before.mem_limit_hits or after.mem_at_limit
+        if after.oom_kills > before.oom_kills and own_limit:
             notes.append(f"killed: memory limit {lim.memory_mb} MiB exceeded")
+        elif after.oom_kills > before.oom_kills:  # sandboxed commands are the host OOM killer's first pick
+            notes.append("killed: the host ran out of memory (not this sandbox's limit)")
         elif self.host is None and lim.memory_mb and any(t in r.output for t in _OOM_TEXT):
             notes.append(f"memory limit {lim.memory_mb} MiB per process reached: an allocation failed")
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and lim.cpu_seconds and not r.timed_out
@@ -332,6 +314,9 @@ class Limiter:
             notes.append(f"killed: CPU time limit {lim.cpu_seconds} s exceeded")
         if sig == signal.SIGXFSZ:
             notes.append(f"killed: file size limit {lim.disk_mb} MiB exceeded")
+        elif lim.disk_mb and "No space left on device" in r.output and "disk limit" not in r.output[-200:]:
+            notes.append(f"disk limit {lim.disk_mb} MiB reached: writes fail (workspace changes use "
+                         f"{after.disk_bytes // MiB} MiB); delete files to go on")
         elif lim.disk_mb and after.disk_bytes > lim.disk_mb * MiB and "disk limit" not in r.output[-200:]:
             notes.append(f"disk limit {lim.disk_mb} MiB exceeded (workspace changes use "
                          f"{after.disk_bytes // MiB} MiB): delete files, or the next command that writes is killed")
@@ -352,15 +337,6 @@ class Limiter:
             kill_sandbox_processes(None, dirs)
             remove_cgroups(dirs)
         self.cgroups = {}
-
-
-@lru_cache(maxsize=None)
-def _which(name: str) -> str | None:
-    return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
-
-
-def _prlimit() -> str | None:
-    return _which("prlimit")
 
 
 def _cpu_hint(r: ExecResult, lim: SandboxLimits) -> bool:

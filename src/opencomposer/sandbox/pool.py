@@ -13,9 +13,10 @@
   acquire beyond it waits until one is released (or evicts an idle one of another spec).
 - Health check on the way out: a quick ``exec`` (``true``) that must exit 0 within
   ``health_timeout``; a sandbox that fails it is closed and replaced. It costs one
-  exec (sub-ms ``local``, ~30-80 ms ``namespace``, ~0.5 s ``gvisor``/``docker``, which
+  exec (~1 ms ``local``, a few ms ``namespace``, ~0.5 s ``gvisor``/``docker``, which
   start a process tree per exec): ``health_check=False`` skips it where that matters
-  more than catching a broken sandbox before use.
+  more than catching a broken sandbox before use. Sandboxes with a ``start()`` (the
+  ``namespace`` exec server) are started when made, so warm ones are ready.
 - On release the sandbox is ``reset()`` to its initial state; one whose reset fails
   (or whose ``async with`` body raised, if ``discard_on_error``) is closed instead.
 - ``close()`` cancels warming, closes idle sandboxes at once and in-use ones as they
@@ -206,6 +207,12 @@ class SandboxPool:
     async def _create(self, spec: SandboxSpec) -> Sandbox:
         sb = await asyncio.to_thread(self._factory, spec)
         self._live[id(sb)] = sb
+        if hasattr(sb, "start"):  # warm means ready: a namespace sandbox's exec server is up
+            try:
+                await asyncio.to_thread(sb.start)
+            except Exception:
+                await self._close_sb(sb)
+                raise
         self.stats["created"] += 1
         if self._closed:  # closed while we were making it
             await self._close_sb(sb)

@@ -10,6 +10,10 @@ its reason and the run goes on. The summary (``FactoryReport.summary()``, also w
 ``OUT/factory_summary.json``) gives per-library yield, time and install method, the install
 success rate, flaky tests dropped, and tasks per minute.
 
+Resumable: rerunning the same command after a kill skips what was tried (per library and per
+candidate, from ``OUT/_journal``; ``make.py``) and reports totals over all sessions
+(``seconds`` includes the earlier sessions' time).
+
 For RL, ``TaskFactory`` keeps a ``LevelSchedule``: the trainer calls
 ``factory.harder(pass_rate)`` with its recent pass rate and then ``factory.make(n)`` for the
 next batch, which is drawn at the (possibly) harder levels.
@@ -81,6 +85,8 @@ class LibraryResult:
     baseline_passed: int = 0
     levels: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0  # jobs an earlier (killed or finished) run already tried
+    runs: dict[str, int] = field(default_factory=dict)  # test runs: deletion, confirm
     error: str = ""
 
 
@@ -134,7 +140,6 @@ class TaskFactory:
              progress: Callable[[str, str, int, int], None] | None = None) -> FactoryReport:
         s = self.cfg.factory
         report = FactoryReport()
-        t0 = time.time()
         weights = self.schedule.weights()
         for i, lib in enumerate(self.cfg.libraries):
             n = max_per_library or lib.max_tasks or s.max_per_library
@@ -149,13 +154,16 @@ class TaskFactory:
                 res.candidates = rep.candidates
                 res.install, res.flaky, res.levels = rep.install, rep.flaky, rep.levels
                 res.baseline_passed = rep.baseline_passed
+                res.resumed, res.runs = rep.resumed, rep.runs
+                earlier = rep.seconds.get("earlier_sessions", 0.0)
             except Exception as e:  # noqa: BLE001 - one bad library is reported, the run goes on
-                res.error = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
+                res.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"
                 res.install = "failed" if isinstance(e, EnvError) else ""
-            res.seconds = round(time.time() - t1, 1)
+                earlier = 0.0
+            res.seconds = round(time.time() - t1 + earlier, 1)
             res.tasks_per_minute = round(res.made / max(res.seconds, 1e-9) * 60, 2)
             report.libraries.append(res)
-            report.seconds = time.time() - t0
+            report.seconds = sum(r.seconds for r in report.libraries)  # earlier sessions included
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out / "factory_summary.json", json.dumps(report.summary(), indent=1))
         self.rounds += 1

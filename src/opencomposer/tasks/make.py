@@ -11,12 +11,31 @@ for each, delete in a sandbox and rerun the tests that execute or mention it -> 
 when some tests fail (FAIL_TO_PASS) and the rest still pass (PASS_TO_PASS) -> write the task
 directory (``tasks/format.py``) atomically, scrubbed of every leak channel.
 
+Validation order (the cheap way that keeps every guarantee): a ``function`` or ``class``
+deletion first gets an import probe (``python -c "import the.module"``): one that breaks the
+library's import fails every test, so it is rejected without a test run. The tests a
+candidate selects are expected to pass as they did in all three baseline runs, so the
+deletion is run first;
+only a candidate that then looks like a task (some selected tests fail, some still pass)
+pays for a second run of the same tests on the original tree, which confirms that every
+FAIL_TO_PASS and PASS_TO_PASS test passes there when run on its own.
+
+Resumable: the prepared state (baseline outcomes, flaky tests, test map) is cached beside
+the environment (``_envs/<slug>/prep.json``, keyed by a hash of the source tree), and every
+candidate tried is appended to ``OUT/_journal/<slug>.jsonl`` with its outcome. A rerun of the
+same command (same seed and level weights: the same *batch*) skips what was tried and counts
+what was made towards ``max_tasks``; a new batch (``TaskFactory.harder`` moved the levels, or
+another seed) skips every job any batch tried but starts its own count.
+
 Test: ``pytest tests/integration/test_tasks_pipeline.py tests/unit/tasks_factory``.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
+import os
 import random
 import re
 import shlex
@@ -28,12 +47,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from opencomposer.paths import staged_dir
-from opencomposer.paths import cache_dir
+from opencomposer.paths import atomic_write_text, cache_dir, staged_dir
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks import deletion, instructions, leakage
-from opencomposer.tasks.coverage import TestMap, flaky_tests, trace_tests
+from opencomposer.tasks.coverage import TestMap, flaky_tests, item_of, trace_tests
 from opencomposer.tasks.format import (
     EnvironmentInfo,
     FeatureInfo,
@@ -48,6 +66,8 @@ from opencomposer.tasks.pypi import SourceError, fetch_sdist, unpack_sdist
 from opencomposer.tasks.testrun import DEFAULT_COMMAND, TestReport, run_tests
 
 MAX_COVERING = 30  # test items kept per deletion among those that execute it
+PREP_FILE = "prep.json"  # cached prepared state, inside the source's environment dir
+IMPORT_PROBE = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
 
 
 @dataclass
@@ -62,6 +82,8 @@ class MakeReport:
     levels: dict[str, int] = field(default_factory=dict)  # tasks made per level
     candidates: int = 0  # (candidate, level) jobs available: made/tried x this = the library's yield
     seconds: dict[str, float] = field(default_factory=dict)
+    resumed: int = 0  # jobs skipped because the journal says an earlier run tried them
+    runs: dict[str, int] = field(default_factory=dict)  # test runs per candidate: deletion, confirm
 
     def reject(self, why: str) -> None:
         self.rejected[why] = self.rejected.get(why, 0) + 1
@@ -82,6 +104,7 @@ class Prepared:
     test_map: TestMap | None = None
     install: str = ""
     kind: str = "pypi"  # pypi | dir -> "local" | git
+    traced: bool = True  # whether the suite ran under the tracer (test_map may still be None)
 
 
 def prepare_source(source: str, out: Path, backend: str, timeout: float, policy: Policy | None = None,
@@ -100,6 +123,9 @@ def prepare_source(source: str, out: Path, backend: str, timeout: float, policy:
     slug = f"{name}-{version}".lower().replace("_", "-")
     leakage.scrub_workspace(root)
     layout = inspect_project(root)
+    cached = load_prepared(out / "_envs" / slug, root, layout, name, version, spec, kind, trace)
+    if cached is not None:
+        return cached
     if not layout.packages:
         raise SourceError(f"{source}: no importable package found in the source tree ({root})")
     if not layout.test_files:
@@ -118,8 +144,52 @@ def prepare_source(source: str, out: Path, backend: str, timeout: float, policy:
                 runs.append(test_map.report)
             sb.reset()
         runs.append(run_tests(sb, layout.test_files, timeout=timeout))
-    return Prepared(name, version, spec, root, layout, inst.env, runs[0], flaky_tests(runs),
-                    test_map if test_map and test_map.funcs else None, inst.method, kind)
+    prep = Prepared(name, version, spec, root, layout, inst.env, runs[0], flaky_tests(runs),
+                    test_map if test_map and test_map.funcs else None, inst.method, kind, trace)
+    save_prepared(prep)
+    return prep
+
+
+def tree_hash(root: Path) -> str:
+    """sha256 over the tree's files (paths and bytes): what a cached preparation was made from."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for f in sorted(filenames):
+            p = Path(dirpath, f)
+            if p.is_file() and not p.is_symlink():
+                h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def save_prepared(prep: Prepared) -> None:
+    """Cache the baseline, flaky tests and test map beside the env, so a resumed run skips
+    the three suite runs (the env itself is reused through its ``env.json``)."""
+    tm = prep.test_map
+    data = {"tree": tree_hash(prep.root), "traced": prep.traced, "install": prep.install, "test_files": prep.layout.test_files,
+            "baseline": prep.baseline.outcomes, "flaky": sorted(prep.flaky),
+            "test_map": {"funcs": tm.funcs, "lines": {f: sorted(v) for f, v in tm.lines.items()}} if tm else None}
+    atomic_write_text(prep.env / PREP_FILE, json.dumps(data))
+
+
+def load_prepared(env: Path, root: Path, layout: ProjectLayout, name: str, version: str, spec: str,
+                  kind: str, trace: bool = True) -> Prepared | None:
+    """The cached preparation of this exact tree, or None (no cache, other tree, unreadable)."""
+    path = env / PREP_FILE
+    if not (env / "env.json").exists() or not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data["tree"] != tree_hash(root) or data.get("traced", True) != trace:
+            return None
+        tm = data["test_map"]
+        test_map = TestMap({t: [tuple(x) for x in fs] for t, fs in tm["funcs"].items()},
+                           {f: set(v) for f, v in tm["lines"].items()}) if tm else None
+        return Prepared(name, version, spec, root, replace(layout, test_files=data["test_files"]), env,
+                        TestReport(dict(data["baseline"])), set(data["flaky"]), test_map,
+                        "cached", kind, trace)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def test_items(root: Path, rel: str) -> list[tuple[str, str]]:
@@ -164,26 +234,28 @@ def _task_id(slug: str, cand, level: str) -> str:
 
 
 class _Worker:
-    """One sandbox per thread, reset between candidates; baselines cached per file set."""
+    """One sandbox per thread, reset between candidates."""
 
     def __init__(self, prep: Prepared, backend: str, timeout: float):
         self.prep, self.timeout = prep, timeout
         self.sb = make_sandbox(SandboxSpec(prep.root, prep.env, prep.layout.pythonpath), backend)
 
-    def baseline(self, targets: tuple[str, ...], cache: dict, lock: threading.Lock) -> TestReport:
-        with lock:
-            if targets in cache:
-                return cache[targets]
+    def original(self, targets: tuple[str, ...]) -> TestReport:
+        """The selected tests, run alone on the original tree."""
         self.sb.reset()
-        rep = run_tests(self.sb, list(targets), timeout=self.timeout)
-        with lock:
-            cache[targets] = rep
-        return rep
+        return run_tests(self.sb, list(targets), timeout=self.timeout)
 
-    def try_deletion(self, files: dict[str, tuple[str, str]], targets: tuple[str, ...]) -> TestReport:
+    def apply(self, files: dict[str, tuple[str, str]]) -> None:
         self.sb.reset()
         for rel, (_, after) in files.items():
             self.sb.write_file(rel, after.encode())
+
+    def imports(self, modules: list[str]) -> str:
+        """'' if ``modules`` import in the (deleted) tree, else the error's last line."""
+        r = self.sb.exec(["python", "-c", IMPORT_PROBE, *modules], timeout=min(self.timeout, 120))
+        return "" if r.exit_code == 0 else (r.output.strip().splitlines() or ["?"])[-1][:200]
+
+    def run(self, targets: tuple[str, ...]) -> TestReport:
         return run_tests(self.sb, list(targets), timeout=self.timeout)
 
 
@@ -235,10 +307,36 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
     return final
 
 
+def module_of(rel: str, pythonpath: list[str]) -> str | None:
+    """``src/pkg/mod.py`` with pythonpath ``["src"]`` -> ``pkg.mod`` (None if outside it)."""
+    for base in sorted(pythonpath, key=len, reverse=True):
+        base = base.strip("/")
+        if base in ("", "."):
+            sub = rel
+        elif rel.startswith(base + "/"):
+            sub = rel[len(base) + 1:]
+        else:
+            continue
+        parts = sub.removesuffix(".py").split("/")
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts and all(x.isidentifier() for x in parts):
+            return ".".join(parts)
+    return None
+
+
+def job_key(obj, level: str) -> str:
+    """What a job uses up: a function's ``block`` (one inner statement) or its whole body
+    (``body``, ``function`` and a ``feature`` anchored on it all remove that), or a class."""
+    cand = obj.anchor if isinstance(obj, deletion.Feature) else obj
+    return f"{cand.id}#{'block' if level == 'block' else 'whole'}"
+
+
 def draw_jobs(prep: Prepared, weights: dict[str, float], rng: random.Random) -> list[tuple[object, str]]:
     """(candidate or feature, level) pairs in the order to try them: each draw picks a level with
     probability proportional to its weight among levels that still have unused candidates,
-    then an unused candidate of that level (a function is used at one level only)."""
+    then an unused candidate of that level. A function gives at most two jobs: one block
+    deletion and one whole-body one (body, function or a feature anchored on it)."""
     classes = weights.get("class", 0) > 0
     cands = deletion.find_candidates(prep.root, prep.layout.package_dirs,
                                      prep.test_map.lines if prep.test_map else None, classes=classes)
@@ -260,10 +358,55 @@ def draw_jobs(prep: Prepared, weights: dict[str, float], rng: random.Random) -> 
             return jobs
         lv = rng.choices(live, [weights[x] for x in live])[0]
         obj = pools[lv].pop()
-        key = obj.anchor.id if isinstance(obj, deletion.Feature) else obj.id
+        key = job_key(obj, lv)
         if key not in used:
             used.add(key)
             jobs.append((obj, lv))
+
+
+class Journal:
+    """``OUT/_journal/<slug>.jsonl``: one line per job tried (key, level, batch, outcome, task
+    id if made) plus one per session start; appended under a lock, read back on resume."""
+
+    def __init__(self, path: Path, batch: str):
+        self.path, self.batch = path, batch
+        self.session = f"{time.time():.3f}"
+        self.tried: dict[str, dict] = {}  # job key -> its latest line
+        self.seconds: dict[str, float] = {}  # session -> seconds it ran (latest line's "s")
+        if path.exists():
+            for raw in path.read_text().splitlines():
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue  # a line cut short by a kill: that job is simply tried again
+                if "key" in line:
+                    self.tried[line["key"]] = line
+                if "session" in line:
+                    self.seconds[line["session"]] = max(self.seconds.get(line["session"], 0.0), line.get("s", 0.0))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+        self._f = open(path, "a")  # noqa: SIM115 - held open for the run, closed by close()
+        self._lock = threading.Lock()
+        if torn:  # a kill cut the last line short: start ours on a fresh line
+            self._f.write("\n")
+
+    def add(self, line: dict, t0: float) -> None:
+        line = {**line, "batch": self.batch, "session": self.session, "s": round(time.time() - t0, 1)}
+        with self._lock:
+            self._f.write(json.dumps(line) + "\n")
+            self._f.flush()
+            if "key" in line:
+                self.tried[line["key"]] = line
+
+    def earlier_seconds(self) -> float:
+        return sum(s for k, s in self.seconds.items() if k != self.session)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def batch_id(seed: int, weights: dict[str, float]) -> str:
+    return f"seed{seed}:" + ",".join(f"{lv}={w:g}" for lv, w in sorted(weights.items()) if w > 0)
 
 
 def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backend: str = "local",
@@ -272,7 +415,8 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                policy: Policy | None = None, max_candidates: int | None = None,
                trace: bool = True) -> MakeReport:
     """Tasks from one source. ``levels`` is a tuple (equal weights) or level -> weight, e.g.
-    ``difficulty.LevelSchedule.weights()``; ``policy`` enables the install agent."""
+    ``difficulty.LevelSchedule.weights()``; ``policy`` enables the install agent. Resumes from
+    ``OUT/_journal`` (module docstring): ``max_tasks`` counts tasks this batch made before."""
     weights = dict(levels) if isinstance(levels, dict) else {lv: 1.0 for lv in levels}
     bad = sorted(set(weights) - set(deletion.LEVELS))
     if bad or not any(w > 0 for w in weights.values()):
@@ -285,15 +429,28 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
     report.baseline_passed = len(prep.baseline.passed() - prep.flaky)
     report.flaky, report.install = len(prep.flaky), prep.install
     report.seconds["prepare"] = round(time.time() - t0, 1)
+    journal = Journal(out / "_journal" / f"{prep.env.name}.jsonl", batch_id(seed, weights))
+    journal.add({"event": "prepared", "install": prep.install}, t0)
+    for ln in journal.tried.values():  # this batch's earlier tries count as tried by this report
+        if ln.get("batch") == journal.batch:
+            report.tried += 1
+            if ln.get("task"):
+                report.made.append(ln["task"])
+                report.levels[ln["level"]] = report.levels.get(ln["level"], 0) + 1
+            else:
+                report.reject(ln["outcome"])
+    report.made = [t for t in report.made if (out / t / "task.toml").exists()]
     rng = random.Random(seed)
     jobs = draw_jobs(prep, weights, rng)
     report.candidates = len(jobs)
     jobs = jobs[:max_candidates]
+    todo = [j for j in jobs if job_key(*j) not in journal.tried]
+    report.resumed = len(jobs) - len(todo)
     existing = {p.name for p in out.iterdir() if (p / "task.toml").exists()}
-    cache: dict = {}
     lock = threading.Lock()
     state = {"next": 0}
-    baseline_files = {t.split("::", 1)[0] for t in prep.baseline.passed()}
+    stable = prep.baseline.passed() - prep.flaky  # passed in all three baseline runs
+    baseline_files = {t.split("::", 1)[0] for t in stable}
     items = {f: test_items(prep.root, f) for f in prep.layout.test_files if f in baseline_files}
     by_func = prep.test_map.by_function() if prep.test_map else {}
 
@@ -307,59 +464,94 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
 
     def take():
         with lock:
-            if len(report.made) >= max_tasks or state["next"] >= len(jobs):
+            if len(report.made) >= max_tasks or state["next"] >= len(todo):
                 return None
-            job = jobs[state["next"]]
+            job = todo[state["next"]]
             state["next"] += 1
             report.tried += 1
-            return job + (random.Random(rng.random()),)
+            return job
 
     def work():
         w = _Worker(prep, backend, timeout)
         try:
-            while (item := take()) is not None:
-                _one(w, *item)
+            while (job := take()) is not None:
+                obj, level = job
+                outcome, task = _one(w, obj, level, random.Random(f"{seed}/{job_key(obj, level)}/{level}"))
+                with lock:
+                    if task:
+                        report.made.append(task)
+                        report.levels[level] = report.levels.get(level, 0) + 1
+                        if progress:
+                            progress(task, len(report.made), max_tasks)
+                    elif outcome:
+                        report.reject(outcome)
+                if outcome:  # None: not tried after all (the quota filled meanwhile)
+                    journal.add({"key": job_key(obj, level), "level": level, "outcome": outcome,
+                                 "task": task}, t0)
         finally:
             w.sb.close()
 
-    def _one(w: _Worker, obj, level: str, crng: random.Random) -> None:
+    def count_run(kind: str) -> None:
+        with lock:
+            report.runs[kind] = report.runs.get(kind, 0) + 1
+
+    def _one(w: _Worker, obj, level: str, crng: random.Random) -> tuple[str | None, str | None]:
+        """(outcome, task id if made): outcome is "made" or the rejection reason."""
         try:
             if isinstance(obj, deletion.Feature):
                 d = deletion.delete_feature(prep.root, obj)
             else:
                 d = deletion.delete(deletion.read_source(prep.root / obj.file), obj, level)
         except deletion.DeletionError:
-            return report.reject("not line-editable")
+            return "not line-editable", None
         if _task_id(prep.env.name, d.candidate, level) in existing:
-            return report.reject("already made")
+            return "already made", None
         targets = tuple(select_targets(items, [m.name for m in d.members], crng, covering(d.members)))
         if not targets:
-            return report.reject("no test mentions or runs it")
-        base = w.baseline(targets, cache, lock)
-        passing = sorted(base.passed() - prep.flaky)
-        after = w.try_deletion(d.files, targets)
+            return "no test mentions or runs it", None
+        chosen = set(targets)
+        expected = sorted(t for t in stable if item_of(t) in chosen or t in chosen)
+        w.apply(d.files)
+        if level in ("function", "class"):  # removing a definition may break the import itself
+            modules = [m for m in (module_of(f, prep.layout.pythonpath) for f in d.files) if m]
+            if modules and w.imports(modules):
+                count_run("import probe")
+                return "deletion breaks importing the library", None
+            count_run("import probe")
+        after = w.run(targets)
+        count_run("deletion")
         if after.timed_out:
-            return report.reject("tests time out after deletion")
-        f2p = [t for t in passing if after.status(t) not in ("PASSED", "XFAIL")]
-        p2p = [t for t in passing if after.status(t) in ("PASSED", "XFAIL")]
+            return "tests time out after deletion", None
+        f2p = [t for t in expected if after.status(t) not in ("PASSED", "XFAIL")]
+        p2p = [t for t in expected if after.status(t) in ("PASSED", "XFAIL")]
         if not f2p:
-            return report.reject("no test fails after deletion")
+            return "no test fails after deletion", None
         if not p2p:
-            return report.reject("every selected test fails (deletion not targeted)")
+            return "every selected test fails (deletion not targeted)", None
         with lock:
             if len(report.made) >= max_tasks:
-                return
-        path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
+                return None, None
+        alone = w.original(targets)  # the tests must pass on the original tree run on their own
+        count_run("confirm")
+        f2p = [t for t in f2p if alone.status(t) in ("PASSED", "XFAIL")]
+        p2p = [t for t in p2p if alone.status(t) in ("PASSED", "XFAIL")]
+        if not f2p or not p2p:
+            return "selected tests fail on the original tree when run alone", None
         with lock:
-            report.made.append(path.name)
-            report.levels[level] = report.levels.get(level, 0) + 1
-            if progress:
-                progress(path.name, len(report.made), max_tasks)
+            if len(report.made) >= max_tasks:
+                return None, None
+        path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
+        return "made", path.name
 
     t1 = time.time()
-    with ThreadPoolExecutor(workers) as ex:
-        for f in [ex.submit(work) for _ in range(workers)]:
-            f.result()
+    try:
+        with ThreadPoolExecutor(workers) as ex:
+            for f in [ex.submit(work) for _ in range(workers)]:
+                f.result()
+    finally:
+        journal.add({"event": "stopped"}, t0)
+        journal.close()
     report.seconds["delete_and_validate"] = round(time.time() - t1, 1)
     report.seconds["total"] = round(time.time() - t0, 1)
+    report.seconds["earlier_sessions"] = round(journal.earlier_seconds(), 1)
     return report

@@ -139,6 +139,10 @@ def test_tool_call_comes_back_as_message_tool_calls(srv, client):
     assert len(lps) == r.usage.completion_tokens
     assert "".join(t.token for t in lps[:-1]) == CALL and lps[-1].token == "<|im_end|>"
     assert all(-50 < t.logprob <= 0 for t in lps)
+    # top_logprobs=2: greedy, so the first alternative is the sampled token itself
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in lps)
+    assert all(abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6 and t.top_logprobs[1].logprob <= t.logprob
+               for t in lps)
     no_leaks(srv)
 
 
@@ -215,6 +219,8 @@ def test_completions_token_prompts_echo_and_logprobs(srv, client):
     assert r.choices[0].text.startswith("def add(a, b):")
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 4 and lp.text_offset[0] == len("def add(a, b):")
+    # logprobs=1: the most likely token at each step, which greedy decoding sampled
+    assert [list(d.items()) for d in lp.top_logprobs] == [[(t, v)] for t, v in zip(lp.tokens, lp.token_logprobs)]
     assert r.usage.prompt_tokens == 2 * len(ids)
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
 

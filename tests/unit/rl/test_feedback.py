@@ -69,6 +69,11 @@ def test_student_and_teacher_differ_only_by_the_hint(tiny_tok):
     assert student.input_ids[:-n] == prompt
     hinted = tiny_tok.decode(teacher.input_ids[:-n])
     assert points[0].hint in hinted and points[0].hint not in tiny_tok.decode(student.input_ids)
+    # the hint rides on the last observation: no new turn (a new user turn made the hinted
+    # teacher restart the task in the ablation)
+    student_text = tiny_tok.decode(student.input_ids[:-n])
+    assert hinted.count("<|im_start|>") == student_text.count("<|im_start|>")
+    assert hinted.replace("\n\n" + points[0].hint, "", 1) == student_text
 
 
 def divergence(a: list[int], b: list[int]) -> tuple[int, int, int]:
@@ -123,3 +128,37 @@ def test_distillation_moves_the_invalid_call_toward_a_valid_one():
     assert after[0] < before[0] - 0.2, (before, after)  # an invalid tool name became much less likely
     assert after[1] > before[1] + 0.2, (before, after)  # the valid call much more likely
     assert kls[-1] < kls[0]
+
+
+BROKEN_EDIT = '<tool_call>\n{"name": "edit_file", "arguments": {"path": "solution.py", "old": "    \\"\\"\\"\\n", "new": "    return x'
+MALFORMED = "Error: could not read your tool call: malformed JSON in <tool_call>: Unterminated string starting at: line 2"
+
+
+@pytest.mark.slow
+def test_a_broken_edit_is_not_distilled_into_a_different_tool():
+    """The ablation's failure (benchmarks/ablation_behaviour.py): an edit_file call cut off
+    mid-JSON got a hint whose example called read_file; the hinted teacher preferred reading,
+    and distillation taught the policy to stop editing. The hint must keep the tool the turn
+    chose: after distillation, edit_file has not lost ground to read_file at the tool name
+    (log p(edit_file) - log p(read_file) does not fall; with the old hint it fell)."""
+    model, tok = load_model("smollm2-135m")
+    trainer = Trainer(model, tok, TrainConfig(lr=5e-5))
+    traj = one_turn(tok, BROKEN_EDIT, MALFORMED, invalid=True)
+    traj.steps[0].tool_events[0] = ToolEvent("c0", "", {}, MALFORMED, False, True)
+    [point] = detect(traj, FeedbackConfig(enabled=True))
+    template = point.hint.split("the tools are")[0]
+    assert "edit_file" in template and "read_file" not in template
+    pairs = distill_pairs(traj, [point], tok, agent_tools())
+    prompt = pairs[0][0].input_ids[: -pairs[0][0].loss_tokens]
+    edit, read = encode_prompt(tok, call_text("edit_file")), encode_prompt(tok, call_text("read_file"))
+    start, _, _ = divergence(edit, read)
+
+    def edit_over_read() -> float:
+        logp = name_distribution(trainer.model, prompt, edit[:start])
+        return float(logp[edit[start]] - logp[read[start]])
+
+    before = edit_over_read()
+    for _ in range(4):
+        trainer.distill_backward(pairs, coef=1.0, normalizer=float(pairs[0][0].loss_tokens))
+        trainer.optimizer_step()
+    assert edit_over_read() >= before, (before, edit_over_read())

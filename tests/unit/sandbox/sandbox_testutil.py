@@ -53,3 +53,11 @@ def wait_gone(token: str, seconds: float = 3.0) -> list[int]:
     while (pids := host_pids(token)) and time.monotonic() < end:
         time.sleep(0.05)
     return pids
+
+
+def ppid(pid: int) -> int | None:
+    """The parent of a host process (None once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -1,8 +1,10 @@
 """Nothing is left behind after a sandbox host is SIGKILLed, once a host starts again.
 
 A child Python makes namespace sandboxes and starts long commands in them, then gets
-SIGKILL; a second, fresh Python makes one sandbox (which reaps on first use). Then no
-process, cgroup, temp dir or state record of the dead host may remain.
+SIGKILL: the sandboxes' exec servers see their control pipe close and take every
+process of their sandbox with them at once. A second, fresh Python makes one sandbox
+(which reaps on first use); then no cgroup, temp dir or state record of the dead host
+may remain either.
 
 Run: ``pytest tests/unit/sandbox/test_cleanup.py -q``.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_testutil import NEEDS_NS, host_pids
+from sandbox_testutil import NEEDS_NS, host_pids, wait_gone
 from opencomposer.sandbox import cleanup
 
 pytestmark = NEEDS_NS
@@ -69,10 +71,14 @@ def test_sigkilled_host_leaves_nothing_after_restart(base_repo, tmp_path):
     finally:
         host.send_signal(signal.SIGKILL)
         host.wait()
-    try:  # bwrap's outer process has no parent-death signal: the sandboxes may live on
+    try:
+        # The exec servers see their control pipe close and end: no process of the dead
+        # host's sandboxes outlives it, even before any host starts again.
+        assert wait_gone(f"sleep {token}", 5.0) == []
+        assert not any(wait_gone(m["root"], 5.0) for m in made)  # bwrap and the servers name their dir
         assert len(list(state.glob("*.json"))) == 3  # the records outlive their owner
         assert all(Path(m["root"]).exists() for m in made)
-    finally:  # a restarted host reaps them, whatever failed above
+    finally:  # a restarted host reaps the rest, whatever failed above
         subprocess.run([sys.executable, "-c", RESTART, str(base_repo), str(root)], env=_env(state), check=True)
 
     end = time.monotonic() + 5
@@ -98,7 +104,8 @@ def test_reap_spares_live_owners_and_counts(base_repo, tmp_path, monkeypatch):
         # A record of a dead owner: a lock file nobody holds, a temp dir, a stray process.
         stray_root = tmp_path / "oc-ns-dead"
         stray_root.mkdir()
-        proc = subprocess.Popen(["bash", "-c", "sleep 300; : \"$0\"", str(stray_root)])
+        # One process naming the dir (a bash -c would fork a second one that names it too).
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(stray_root)])
         while str(stray_root).encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
             time.sleep(0.01)  # until the child has exec'd
         lock = state / "owner-999999999.lock"

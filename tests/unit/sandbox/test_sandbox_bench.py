@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sandbox_testutil import NS_REASON
 from opencomposer.cli import app
-from opencomposer.sandbox.bench import GOALS, percentile, run_bench
+from opencomposer.sandbox.bench import EXECS, GOALS, STEPS, percentile, run_bench
 
 
 def test_percentile_is_nearest_rank():
@@ -21,13 +21,20 @@ def test_percentile_is_nearest_rank():
 
 def test_run_bench_reports_every_step_and_the_baseline(base_repo, tmp_path):
     res = run_bench(["local", "namespace"], base_repo, n=2, idle=4, idle_budget_s=30, root=tmp_path)
-    assert res["files"] == 4 and res["baseline"]["cp_r"]["n"] == 2 and res["baseline"]["subprocess"]["n"] == 2 and res["baseline"]["subprocess"]["p50_ms"] > 0
+    assert res["files"] == 4 and res["baseline"]["cp_r"]["n"] == 2 and res["baseline"]["subprocess"]["n"] == 2 * EXECS
+    assert res["baseline"]["subprocess"]["p50_ms"] > 0 and res["baseline"]["subprocess_shell"]["p50_ms"] > 0
     assert res["local"]["live_idle"]["count"] == 4 and res["local"]["live_idle"]["stopped"] == "target reached"
-    assert set(res["local"]["steps"]) == {"create", "exec", "snapshot", "restore", "fork", "close"}
+    assert set(res["local"]["steps"]) == set(STEPS) and res["local"]["steps"]["exec"]["n"] == 2 * EXECS
     assert res["local"]["steps"]["close"]["n"] == 4  # parent and fork, two rounds
     assert res["local"]["vs_goals"]["live_idle"] == [4, GOALS["live_idle"]]
     if NS_REASON is None:
-        assert res["namespace"]["live_idle"]["sampled_exec_ok"] >= 1 and "rlimit" in res["namespace"]["limits"]
+        ns = res["namespace"]
+        assert ns["cpu_ms_per_exec"] > 0 and res["baseline"]["subprocess"]["cpu_ms"] > 0
+        assert ns["live_idle"]["sampled_exec_ok"] >= 1 and "rlimit" in ns["limits"]
+        assert ns["live_idle"]["processes_pss_mb"] < ns["live_idle"]["started"]["processes_pss_mb"]  # idle: no server yet
+        started = ns["live_idle"]["started"]
+        assert started["count"] == 4 and started["processes_pss_mb"] > 0 and started["kb_per_server"] > 0
+        assert ns["exec_overhead_p50_ms"] == round(ns["steps"]["exec"]["p50_ms"] - res["baseline"]["subprocess_shell"]["p50_ms"], 3)
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]  # every sandbox dir removed
 
 

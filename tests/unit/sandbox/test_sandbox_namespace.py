@@ -86,3 +86,58 @@ def test_base_interpreter_packages_are_hidden(ns):
     assert os.listdir(site), "the host's site-packages is not empty (test precondition)"
     assert ns.exec(f"ls -A {site}").output.strip() == ""
     assert ns.exec("python -c 'import sys; print(sys.version_info[0])'").output.strip() == "3"
+
+
+def test_one_exec_server_per_sandbox_and_threads_take_turns(ns):
+    import threading
+
+    ns.exec("true")
+    server = ns._server.proc.pid
+    out: list[str] = []
+    threads = [threading.Thread(target=lambda i=i: out.append(ns.exec(f"sleep 0.2; echo {i}").output)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sorted(out) == ["0\n", "1\n", "2\n"]
+    assert ns._server.proc.pid == server  # the same server ran all of them
+    assert ns.exec("echo $$").output.strip() != "1"  # commands are its children, not PID 1
+
+
+def test_a_dead_exec_server_is_reported_and_replaced(ns):
+    ns.exec("true")
+    bwrap = ns._server.proc.pid
+    server = int(open(f"/proc/{bwrap}/task/{bwrap}/children").read().split()[0])
+    os.kill(server, 9)  # as the OOM killer might
+    r = ns.exec("echo lost")
+    assert r.exit_code == 137 and "exec server died" in r.output, r.output
+    assert ns.exec("echo back").output == "back\n"  # a fresh server, same files
+    assert ns._server.proc.pid != bwrap
+
+
+def test_no_timeout_means_wait_for_the_command(base_repo, tmp_path):
+    from opencomposer.protocols import SandboxLimits
+
+    # timeout=0 and no disk watch (disk_mb=0): the host waits on the server with no deadline at all.
+    with NamespaceSandbox(SandboxSpec(base_dir=base_repo, limits=SandboxLimits(disk_mb=0)), root=tmp_path) as sb:
+        r = sb.exec("sleep 0.3; echo done", timeout=0)
+        assert r.output == "done\n" and not r.timed_out
+
+
+def test_works_with_host_fds_past_1024(base_repo, tmp_path):
+    # Hundreds of live sandboxes put their pipes past fd 1024, where select() fails.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        with NamespaceSandbox(SandboxSpec(base_dir=base_repo), root=tmp_path) as sb:
+            assert sb.exec("echo high").output == "high\n"
+            assert sb._server.out > 1024
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

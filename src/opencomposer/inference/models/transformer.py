@@ -145,9 +145,12 @@ class Attention(nn.Module):
     fused = False  # Triton kernels (set by DecoderLM.use_triton)
 
     def forward(self, x, rope: Rope, batch: AttentionBatch, k_cache, v_cache):
-        t = x.shape[0]
+        return self.o_proj(self.attend(self.qkv_proj(x), rope, batch, k_cache, v_cache))
+
+    def attend(self, flat, rope: Rope, batch: AttentionBatch, k_cache, v_cache):
+        """Fused qkv projection output [T, (H + 2 KV) * d] -> attention output [T, H * d]."""
+        t = flat.shape[0]
         nh, nkv = self.num_heads, self.num_kv_heads
-        flat = self.qkv_proj(x)
         qkv = flat.view(t, nh + 2 * nkv, self.head_dim)
         qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
         if self.qk_norm:
@@ -163,7 +166,7 @@ class Attention(nn.Module):
         else:
             qk = qk * rope.cos + _rotate_half(qk) * rope.sin  # rotary on q and k heads at once
         out = paged_attention(qk[:, :nh], qk[:, nh:], v, k_cache, v_cache, batch)
-        return self.o_proj(out.reshape(t, nh * self.head_dim))
+        return out.reshape(t, nh * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -207,6 +210,16 @@ def add_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, fuse
         return add_rmsnorm(x, residual, norm.weight, norm.eps), residual  # residual updated in place
     residual = x + residual
     return norm(residual), residual
+
+
+def _norm_proj(x, residual, norm: RMSNorm, proj: nn.Linear, config):
+    """(proj(norm(x + residual)), x + residual): one GEMV with ``config``, else two kernels."""
+    if config:
+        from opencomposer.inference.triton_gemv import gemv
+
+        return gemv(x, proj.weight, proj.bias, norm_weight=norm.weight, residual=residual, eps=norm.eps, config=config)
+    h, residual = add_norm(x, residual, norm, True)
+    return proj(h), residual
 
 
 class DecoderLayer(nn.Module):
@@ -254,12 +267,35 @@ class DecoderLM(nn.Module):
                 k_caches: torch.Tensor, v_caches: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = Rope(self.inv_freq, positions, x.dtype, self.fused)
+        if self.fused and x.shape[0] <= self.gemv_rows and self.gemv_plan:
+            return self._forward_gemv(x, rope, batch, k_caches, v_caches)
         residual = None
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, rope, batch, k_caches[i], v_caches[i])
         return add_norm(x, residual, self.model.norm, self.fused)[0]
 
+    def _forward_gemv(self, x, rope, batch, k_caches, v_caches):
+        """The same layers for a few rows, each projection per ``gemv_plan``: a config ->
+        ``triton_gemv`` with the RMSNorm (+ residual add) or SiLU * up before it fused in;
+        None -> cuBLAS after the separate fused kernel."""
+        from opencomposer.inference.triton_gemv import gemv
+        from opencomposer.inference.triton_kernels import silu_mul
+
+        plan = self.gemv_plan
+        residual = None
+        for i, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            flat, residual = _norm_proj(x, residual, layer.input_layernorm, attn.qkv_proj, plan["qkv"])
+            h = attn.attend(flat, rope, batch, k_caches[i], v_caches[i])
+            h = gemv(h, attn.o_proj.weight, config=plan["o"]) if plan["o"] else attn.o_proj(h)
+            h, residual = _norm_proj(h, residual, layer.post_attention_layernorm, mlp.gate_up_proj, plan["gate_up"])
+            x = gemv(h, mlp.down_proj.weight, silu_mul=True, config=plan["down"]) if plan["down"] else \
+                mlp.down_proj(silu_mul(h))
+        return add_norm(x, residual, self.model.norm, True)[0]
+
     fused = False
+    gemv_rows = 0  # with ``fused``: batches of at most this many tokens take ``_forward_gemv``
+    gemv_plan: dict | None = None  # role (``triton_gemv.ROLES``) -> GEMV config, or None for cuBLAS
 
     def use_triton(self, on: bool = True) -> None:
         """Switch the fused Triton kernels (CUDA) on or off for every layer."""
@@ -271,6 +307,10 @@ class DecoderLM(nn.Module):
                 m.fused = on
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fused and hidden.shape[0] <= self.gemv_rows and self.gemv_plan and self.gemv_plan["lm_head"]:
+            from opencomposer.inference.triton_gemv import gemv
+
+            return gemv(hidden, self.lm_head.weight, config=self.gemv_plan["lm_head"])
         return self.lm_head(hidden)
 
     def hf_views(self) -> dict[str, torch.Tensor]:

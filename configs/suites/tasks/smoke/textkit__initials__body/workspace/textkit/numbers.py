@@ -1,0 +1,16 @@
+"""Small number helpers."""
+
+
+def clamp(x, lo, hi):
+    """``x`` limited to the closed interval [lo, hi]."""
+    if lo > hi:
+        raise ValueError(f"empty interval [{lo}, {hi}]")
+    return max(lo, min(x, hi))
+
+
+def mean(xs):
+    """Arithmetic mean of a non-empty sequence."""
+    xs = list(xs)
+    if not xs:
+        raise ValueError("mean of an empty sequence")
+    return sum(xs) / len(xs)

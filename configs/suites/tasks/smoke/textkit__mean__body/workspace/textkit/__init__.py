@@ -1,0 +1,1 @@
+"""textkit: small helpers (the smoke suite's fixture project)."""

@@ -1,0 +1,150 @@
+"""Triton kernels checked on the CPU through Triton's interpreter -- run by
+``test_triton_cpu.py`` in a subprocess with ``TRITON_INTERPRET=1`` (the variable must be
+set before Triton is imported, so these cannot run in the main test process).
+
+Checks: the small-batch GEMV with its fused prologues against torch ops; a whole decode
+step of a tiny Qwen2 through the fused path (rope + cache write, paged decode, GEMV
+projections per a plan) against the torch path; the paged prefill kernel (with and
+without key splits, and its start-up warm-up) against dense causal attention; the paged
+decode kernel against the torch path. The same kernels run compiled on a GPU in
+``tests/gpu/test_engine_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run through test_triton_cpu.py (needs TRITON_INTERPRET=1 before Triton is imported)",
+                allow_module_level=True)
+
+import triton.runtime.interpreter as _interp
+
+_original_patch = _interp._patch_lang_tensor
+
+
+def _patched(tensor, scope):  # Triton 3.6's interpreter calls int() on 1-element arrays, which numpy 2 refuses
+    _original_patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+_interp._patch_lang_tensor = _patched
+
+
+@pytest.fixture
+def interpreted():
+    from opencomposer.inference import triton_gemv, triton_kernels, triton_prefill
+
+    return {"triton_gemv": triton_gemv, "triton_kernels": triton_kernels, "triton_prefill": triton_prefill}
+
+
+def test_gemv_prologues_match_torch(interpreted):
+    gemv = interpreted["triton_gemv"].gemv
+    torch.manual_seed(0)
+    k, n = 96, 70
+    for m in (1, 3):
+        x, r, w = torch.randn(m, k), torch.randn(m, k), torch.randn(n, k)
+        b, nw = torch.randn(n), torch.randn(k)
+        assert torch.allclose(gemv(x, w, b), F.linear(x, w, b), atol=1e-4)
+        y, s = gemv(x, w, norm_weight=nw, residual=r, eps=1e-6)
+        assert torch.equal(s, x + r)
+        assert torch.allclose(y, F.linear(F.rms_norm(x + r, (k,), nw, 1e-6), w), atol=1e-4)
+        y, s = gemv(x, w, norm_weight=nw, eps=1e-6)
+        assert s is x and torch.allclose(y, F.linear(F.rms_norm(x, (k,), nw, 1e-6), w), atol=1e-4)
+        gu = torch.randn(m, 2 * k)
+        assert torch.allclose(gemv(gu, w, silu_mul=True), F.linear(F.silu(gu[:, :k]) * gu[:, k:], w), atol=1e-4)
+    with pytest.raises(ValueError, match="at most"):
+        gemv(torch.randn(9, k), w)
+    with pytest.raises(ValueError, match="columns"):
+        gemv(torch.randn(1, k + 1), w)
+
+
+def _decode_logits(model, prompt, fused: bool, plan: dict | None):
+    """Prefill ``prompt`` with the torch path, then one decode step with the chosen path."""
+    from opencomposer.inference.attention import AttentionBatch
+
+    cfg = model.cfg
+    bs, nblocks = 16, 8
+    shape = (cfg.num_layers, nblocks, bs, cfg.num_kv_heads, cfg.head_dim)
+    kc, vc = torch.zeros(shape), torch.zeros(shape)
+    table = [3, 5, 1]
+    slots = [table[t // bs] * bs + t % bs for t in range(len(prompt) + 1)]
+    model.use_triton(False)
+    model.gemv_rows = 0
+    n = len(prompt)
+    pre = AttentionBatch(slot_mapping=torch.tensor(slots[:n]), decode=False, num_tokens=n,
+                         fresh_index=torch.arange(n)[None], fresh_valid=torch.ones(1, n, dtype=torch.bool),
+                         fresh_rows=torch.arange(n))
+    hidden = model(torch.tensor(prompt), torch.arange(n), pre, kc, vc)
+    token = int(model.logits(hidden[-1:]).argmax())
+    model.use_triton(fused)
+    model.gemv_rows, model.gemv_plan = (1, plan) if plan else (0, None)
+    dec = AttentionBatch(slot_mapping=torch.tensor(slots[n:]), decode=True, block_tables=torch.tensor([table]),
+                         context_lens=torch.tensor([n + 1]), num_tokens=1, triton_decode=fused, kv_written=fused)
+    out = model.logits(model(torch.tensor([token]), torch.tensor([n]), dec, kc, vc))
+    model.use_triton(False)
+    model.gemv_rows, model.gemv_plan = 0, None
+    return out
+
+
+def test_fused_gemv_decode_step_matches_torch_path(interpreted, tiny_hf):
+    from opencomposer.inference.models.transformer import from_hf_model
+
+    model = from_hf_model(tiny_hf("qwen2"))
+    prompt = list(range(5, 40))
+    plan = interpreted["triton_gemv"].default_plan(model.cfg)
+    mixed = {**plan, "qkv": None, "down": None}  # cuBLAS (torch here) for two of the projections
+    with torch.inference_mode():
+        ref = _decode_logits(model, prompt, fused=False, plan=None)
+        fused = _decode_logits(model, prompt, fused=True, plan=None)
+        small = _decode_logits(model, prompt, fused=True, plan=plan)
+        part = _decode_logits(model, prompt, fused=True, plan=mixed)
+    for got in (fused, small, part):
+        assert torch.allclose(got, ref, atol=1e-4), (got - ref).abs().max()
+
+
+def test_paged_prefill_matches_dense_causal_attention(interpreted):
+    tp = interpreted["triton_prefill"]
+    torch.manual_seed(1)
+    h, kvh, d, bs, nblocks = 4, 2, 32, 16, 12
+    kc, vc = torch.randn(nblocks, bs, kvh, d), torch.randn(nblocks, bs, kvh, d)
+    perm = torch.randperm(nblocks).tolist()
+    # (new tokens, context): fresh, long cached prefix, one token on a prefix, fresh of one
+    shapes = [(5, 5), (37, 70), (1, 20), (1, 1)]
+    tables = [perm[0:1], perm[1:6], perm[6:8], perm[8:9]]
+    total = sum(n for n, _ in shapes)
+    q = torch.randn(total, h + 2 * kvh, d)[:, :h]  # a strided view, as the model passes it
+    starts = [sum(n for n, _ in shapes[:i]) for i in range(len(shapes))]
+    tp.warm_up(kc, h)  # the engine's start-up compile of every eager variant: a no-work step each
+    for rows, splits in ((16, 1), (32, 1), (16, 4)):
+        tiles, seqs = tp.plan(starts, [n for n, _ in shapes], [c for _, c in shapes], rows)
+        width = max(map(len, tables))
+        got = tp.paged_prefill(q, kc, vc, torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+                               torch.tensor(seqs), torch.tensor(tiles), rows, splits)
+        for (n, c), table, s in zip(shapes, tables, starts):
+            slots = torch.tensor([table[i // bs] * bs + i % bs for i in range(c)])
+            k = kc.view(-1, kvh, d)[slots].transpose(0, 1).repeat_interleave(h // kvh, 0)
+            v = vc.view(-1, kvh, d)[slots].transpose(0, 1).repeat_interleave(h // kvh, 0)
+            mask = torch.arange(c)[None, :] <= (torch.arange(n)[:, None] + c - n)
+            ref = F.scaled_dot_product_attention(q[s:s + n].transpose(0, 1), k, v, attn_mask=mask).transpose(0, 1)
+            assert torch.allclose(got[s:s + n], ref, atol=1e-4), ((n, c), (got[s:s + n] - ref).abs().max())
+
+
+def test_paged_decode_matches_torch_path(interpreted):
+    from opencomposer.inference.attention import _decode, decode_mask
+
+    torch.manual_seed(2)
+    h, kvh, d, bs, nblocks, width = 4, 2, 32, 16, 40, 9
+    kc, vc = torch.randn(nblocks, bs, kvh, d), torch.randn(nblocks, bs, kvh, d)
+    tables = torch.randperm(nblocks)[: 4 * width].view(4, width)
+    lens = torch.tensor([1, 17, 64, 144])
+    q = torch.randn(4, h, d)
+    ref = _decode(q, kc, vc, tables, decode_mask(tables, lens, bs, q.dtype))
+    for b in (1, 4):  # one sequence: many splits; four: fewer
+        got = interpreted["triton_kernels"].paged_decode(q[:b], kc, vc, tables[:b], lens[:b])
+        assert torch.allclose(got, ref[:b], atol=1e-4), (got - ref[:b]).abs().max()
+
