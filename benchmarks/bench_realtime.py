@@ -21,13 +21,14 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from opencomposer.inference.serve_process import serve_process
 
 
 def cli(*args: str, timeout: float = 7200) -> dict:
@@ -52,11 +53,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    serve = subprocess.Popen([sys.executable, "-m", "opencomposer.cli", "serve", "--model", args.model, "--port", "0",
-                              "--default-max-tokens", str(args.max_tokens), "--max-num-seqs", "8",
-                              "--log-dir", str(out / "logs")], stdout=subprocess.PIPE, text=True)
-    try:
-        url = json.loads(serve.stdout.readline())["serving"]
+    with serve_process("--model", args.model, "--port", "0", "--default-max-tokens", str(args.max_tokens),
+                       "--max-num-seqs", "8", "--log-dir", str(out / "logs"), stop_timeout=60) as ready:
+        url = ready["serving"]
         t_serve = time.perf_counter() - t0
         t1 = time.perf_counter()
         users = cli("realtime", "users", "--base-url", url, "--model", args.model, "--suite", args.user_suite,
@@ -73,9 +72,6 @@ def main() -> None:
         row = cli("realtime", "--config", str(cfg), "--once")
         t_cycle = time.perf_counter() - t2
         arms = httpx.get(url.removesuffix("/v1") + "/admin/arms", timeout=60).json()["arms"]
-    finally:
-        serve.send_signal(signal.SIGINT)
-        serve.wait(60)
     result = {"model": args.model, "sessions": args.sessions, "outcome": row["outcome"],
               "seconds": {"serve_start": round(t_serve, 1), "users": round(t_users, 1), "cycle": round(t_cycle, 1),
                           **{f"cycle_{k}": v for k, v in row["seconds"].items()}},

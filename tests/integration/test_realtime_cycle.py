@@ -12,15 +12,15 @@ fails its tests; what is checked is each stage's output.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import run_cli
+
+from opencomposer.inference.serve_process import serve_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "configs" / "suites" / "tasks" / "smoke" / "textkit__mean__body"
@@ -29,24 +29,11 @@ TASK = ROOT / "configs" / "suites" / "tasks" / "smoke" / "textkit__mean__body"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve-logs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "opencomposer.cli", "serve", "--model", "tiny-random", "--port", "0",
-         "--default-max-tokens", "24", "--max-num-seqs", "4", "--log-dir", str(logs),
-         "--ab-model", "tiny-random", "--ab-fraction", "0.3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        pytest.fail(f"opencomposer serve did not start: {proc.stderr.read()[-2000:]}")
-    ready = json.loads(line)
-    assert ready["log_dir"] == str(logs)
-    yield ready["serving"], logs
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    with serve_process("--model", "tiny-random", "--port", "0", "--default-max-tokens", "24",
+                       "--max-num-seqs", "4", "--log-dir", str(logs), "--ab-model", "tiny-random",
+                       "--ab-fraction", "0.3", stop_timeout=20) as ready:
+        assert ready["log_dir"] == str(logs)
+        yield ready["serving"], logs
 
 
 def write_config(tmp: Path, url: str, logs: Path, out: Path) -> Path:

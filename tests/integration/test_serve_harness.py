@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import run_cli
+
+from opencomposer.inference.serve_process import serve_process
 
 STATS = 'def mean(xs):\n    """Arithmetic mean of a non-empty sequence."""\n    return sum(xs) / len(xs)\n'
 DELETED = 'def mean(xs):\n    """Arithmetic mean of a non-empty sequence."""\n    raise NotImplementedError\n'
@@ -59,22 +59,9 @@ def make_task(root: Path) -> Path:
 
 @pytest.fixture
 def server():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "opencomposer.cli", "serve", "--model", "tiny-random", "--port", "0",
-         "--default-max-tokens", "48", "--max-num-seqs", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()  # the ready line, once the socket listens (or "" if it died)
-    if not line:
-        proc.kill()
-        pytest.fail(f"opencomposer serve did not start: {proc.stderr.read()[-2000:]}")
-    ready = json.loads(line)
-    yield ready["serving"]
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    with serve_process("--model", "tiny-random", "--port", "0", "--default-max-tokens", "48",
+                       "--max-num-seqs", "4", stop_timeout=20) as ready:
+        yield ready["serving"]
 
 
 def test_agent_runs_a_task_against_opencomposer_serve(server, tmp_path):

@@ -91,10 +91,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ prefill
 
-    def _prefill(self, batch: ScheduledBatch) -> torch.Tensor:
-        ids, pos, slots, cached, last, fresh = [], [], [], [], [], []
+    def _prefill_inputs(self, batch: ScheduledBatch) -> tuple[list[int], list[int], list[int], list[int], list[tuple]]:
+        """The step's token ids, positions and KV slots, the row of each sampling sequence's
+        last token, and per sequence ``(start row, new tokens, cached tokens, block table up to
+        its last token)``: what both prefill paths feed the model."""
+        ids, pos, slots, last, spans = [], [], [], [], []
         bs = self.block_size
-        dev = self.device
         start = 0
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.chunks)):
             c = seq.num_computed
@@ -102,15 +104,19 @@ class ModelRunner:
             pos += range(c, c + n)
             table = seq.block_table
             slots += [table[t // bs] * bs + t % bs for t in range(c, c + n)]
-            if c == 0:
-                fresh.append((start, n))
-            else:
-                bt = _to(table[:-(-(c + n) // bs)], dev)
-                cached.append(PrefillSeq(q_start=start, q_len=n, ctx_len=c + n, block_table=bt))
+            spans.append((start, n, c, table[:-(-(c + n) // bs)]))
             start += n
             if batch.samples(i):
                 last.append(start - 1)
-        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, prefill=cached, num_tokens=start,
+        return ids, pos, slots, last, spans
+
+    def _prefill(self, batch: ScheduledBatch) -> torch.Tensor:
+        ids, pos, slots, last, spans = self._prefill_inputs(batch)
+        dev = self.device
+        fresh = [(start, n) for start, n, c, _ in spans if c == 0]
+        cached = [PrefillSeq(q_start=start, q_len=n, ctx_len=c + n, block_table=_to(table, dev))
+                  for start, n, c, table in spans if c > 0]
+        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, prefill=cached, num_tokens=len(ids),
                               kv_written=self.triton)
         if fresh:
             width = max(n for _, n in fresh)
@@ -128,21 +134,11 @@ class ModelRunner:
         sequences replays the graph of the next token bucket instead."""
         from opencomposer.inference.triton_prefill import block_m, plan, splits_for
 
-        ids, pos, slots, last, starts, tables = [], [], [], [], [], []
-        bs = self.block_size
-        start = 0
-        for i, (seq, n) in enumerate(zip(batch.seqs, batch.chunks)):
-            c = seq.num_computed
-            ids += seq.token_ids[c:c + n]
-            pos += range(c, c + n)
-            table = seq.block_table
-            slots += [table[t // bs] * bs + t % bs for t in range(c, c + n)]
-            tables.append(table[:-(-(c + n) // bs)])
-            starts.append(start)
-            start += n
-            if batch.samples(i):
-                last.append(start - 1)
-        ctx = [s.num_computed + n for s, n in zip(batch.seqs, batch.chunks)]
+        ids, pos, slots, last, spans = self._prefill_inputs(batch)
+        start = len(ids)
+        starts = [sp[0] for sp in spans]
+        tables = [sp[3] for sp in spans]
+        ctx = [c + n for _, n, c, _ in spans]
         bucket = next((t for t in sorted(self.prefill_graphs) if t >= start), None)
         if bucket is not None and len(batch.seqs) <= PREFILL_GRAPH_SEQS:
             return self._prefill_replay(bucket, batch, (ids, pos, slots, last, starts, tables, ctx))

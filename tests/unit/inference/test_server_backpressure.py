@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
+
+from opencomposer.inference.serve_process import serve_process
 
 N = 10_000
 MAX_PENDING = 64
@@ -25,21 +24,9 @@ MAX_PENDING = 64
 
 @pytest.fixture
 def server():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "opencomposer.cli", "serve", "--model", "tiny-random", "--port", "0",
-         "--max-pending", str(MAX_PENDING), "--max-num-seqs", "32"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        pytest.fail(f"opencomposer serve did not start: {proc.stderr.read()[-2000:]}")
-    yield json.loads(line)["serving"].removesuffix("/v1")
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    with serve_process("--model", "tiny-random", "--port", "0", "--max-pending", str(MAX_PENDING),
+                       "--max-num-seqs", "32") as ready:
+        yield ready["serving"].removesuffix("/v1")
 
 
 async def one(host: str, port: int, request: bytes) -> tuple[object, bool, float]:

@@ -1,0 +1,5 @@
+"""`python -m opencomposer.cli ...`"""
+
+from opencomposer.cli import main
+
+main()

@@ -1,0 +1,71 @@
+"""`opencomposer bench sandbox|engine`: measure components on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from opencomposer.cli.common import emit, err, fail
+
+bench_app = typer.Typer(no_args_is_help=True, help="Measure components on this machine.")
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    backend: str = typer.Option("namespace,local", help="comma-separated sandbox backends"),
+    repo: Optional[Path] = typer.Option(None, help="repository to sandbox (default: >= 6,000 files of site-packages)"),
+    n: int = typer.Option(30, min=1, help="lifecycle rounds per backend"),
+    idle: int = typer.Option(500, min=0, help="live idle sandboxes to try to hold"),
+    idle_budget: float = typer.Option(120.0, min=1.0, help="seconds the idle test may take per backend"),
+    root: Optional[Path] = typer.Option(None, help="where sandbox dirs go (default: the temp dir)"),
+) -> None:
+    """Create/exec/snapshot/restore/fork latency and live idle sandboxes, vs cp -r + subprocess."""
+    from opencomposer.sandbox.bench import run_bench, table_rows
+
+    try:
+        res = run_bench([b.strip() for b in backend.split(",") if b.strip()], repo, n, idle, idle_budget, root,
+                        log=lambda m: err.print(m, highlight=False))
+    except (ValueError, FileNotFoundError) as e:
+        fail(e)
+    table = Table("backend", "step", "p50 ms", "p99 ms")
+    for row in table_rows(res):
+        table.add_row(*row)
+    err.print(table)
+    emit(res)
+
+
+@bench_app.command("engine")
+def bench_engine(
+    shapes: str = typer.Option("qwen2.5-0.5b,qwen2.5-1.5b", help="comma-separated: qwen2.5-0.5b, qwen2.5-1.5b, tiny"),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 or float32"),
+    batches: str = typer.Option("1,64,256", help="decode batch sizes"),
+    decode_steps: int = typer.Option(128, min=2, help="timed decode steps per batch size"),
+    kernels: Optional[str] = typer.Option(None, help="triton (CUDA default) or torch"),
+) -> None:
+    """Rollout-engine decode/prefill throughput vs HF generate and the HBM roofline; prefix cache; logprob parity."""
+    import torch
+
+    from opencomposer.inference.bench import SHAPES, run
+
+    names = [s.strip() for s in shapes.split(",") if s.strip()]
+    bad = [s for s in names if s not in SHAPES]
+    if bad or not names:
+        fail(ValueError(f"--shapes: unknown shape(s) {bad or names}; expected some of {','.join(SHAPES)}"))
+    try:
+        bs = tuple(int(b) for b in batches.split(","))
+    except ValueError:
+        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        res = run(names, dev, dtype, bs, decode_steps=decode_steps, kernels=kernels,
+                  log=lambda m: err.print(m, highlight=False))
+    except ValueError as e:
+        fail(e)
+    emit(res)
+
+
+# --------------------------------------------------------------------------- eval

@@ -1,0 +1,57 @@
+"""What every command module shares: the root Typer app, the two consoles, the JSON last
+line (``emit``), the known-error exit (``fail``) and the policy a command runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from opencomposer.config import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train coding agents in the harness they are deployed in.")
+err = Console(stderr=True)
+out = Console()
+
+
+def emit(result: dict) -> None:
+    """The machine-readable last line."""
+    print(json.dumps(result, default=str), flush=True)
+
+
+def known_errors() -> tuple[type[BaseException], ...]:
+    from opencomposer.sandbox.base import SandboxUnavailable
+    from opencomposer.tasks.envs import EnvError
+    from opencomposer.tasks.format import TaskFormatError
+    from opencomposer.tasks.pypi import SourceError
+
+    errs: list[type[BaseException]] = [ConfigError, TaskFormatError, SourceError, EnvError, SandboxUnavailable]
+    registry = sys.modules.get("opencomposer.models.registry")  # only if a model was asked for
+    if registry is not None:
+        errs.append(registry.ModelLoadError)
+    return tuple(errs)
+
+
+def fail(e: BaseException) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+    emit({"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
+    raise typer.Exit(2)
+
+
+def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
+                max_new_tokens: int = 256, temperature: float = 0.0):
+    if kind == "oracle":
+        from opencomposer.harness.oracle import OraclePolicy
+        return OraclePolicy(task)
+    if kind == "model":
+        from opencomposer.models.policy import ModelPolicy
+        return ModelPolicy(model or "smollm2-135m", max_new_tokens=max_new_tokens, temperature=temperature)
+    if kind == "openai":
+        from opencomposer.harness.openai_policy import OpenAIPolicy
+        if not base_url:
+            raise ConfigError("--policy openai needs --base-url (any OpenAI-compatible endpoint)")
+        return OpenAIPolicy(model=model or "default", base_url=base_url, api_key=api_key)
+    raise ConfigError(f"--policy {kind!r}: expected oracle, model or openai")

@@ -1,0 +1,153 @@
+"""`opencomposer agent|train|sft|serve`: run the agent, train it, serve it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from opencomposer.cli.common import app, emit, err, fail, known_errors, make_policy
+from opencomposer.config import AgentRunConfig, ConfigError, load_config
+
+
+@app.command()
+def agent(
+    task_dir: Path = typer.Option(..., "--task", help="a task directory"),
+    policy: str = typer.Option("oracle", help="oracle | model | openai"),
+    model: Optional[str] = typer.Option(None, help="model name for --policy model/openai"),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai"),
+    api_key: Optional[str] = typer.Option(None, envvar="OPENAI_API_KEY", help="key for --policy openai"),
+    sandbox: str = typer.Option("local", help="local | namespace"),
+    config: Optional[Path] = typer.Option(None, help="TOML with [agent] limits"),
+    transcript: Optional[Path] = typer.Option(None, help="where to write the JSON transcript"),
+    verbose: bool = typer.Option(True, help="print each step"),
+    max_new_tokens: int = typer.Option(256, min=1, help="--policy model: tokens per turn"),
+    temperature: float = typer.Option(0.0, min=0.0, help="--policy model: sampling temperature (0 = greedy)"),
+) -> None:
+    """Run one episode on a task and print reward, turns, tool calls, invalid calls and time."""
+    from opencomposer.rl.episode import run_task
+    from opencomposer.tasks.format import Task
+
+    try:
+        cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
+        task = Task.load(task_dir)
+        pol = make_policy(policy, task, model, base_url, api_key, max_new_tokens, temperature)
+        transcript = transcript or Path("runs") / "transcripts" / f"{task.id}-{policy}-{int(time.time())}.json"
+        transcript.parent.mkdir(parents=True, exist_ok=True)
+
+        def show(step) -> None:
+            if verbose:
+                for ev in step.tool_events:
+                    args = json.dumps(ev.arguments)[:70]
+                    state = "ok" if ev.ok else ("[red]invalid[/]" if ev.invalid else "[yellow]error[/]")
+                    err.print(f"  turn {step.turn:>2} {ev.name or '?'} {args} -> {state}", highlight=False)
+
+        res = run_task(task, pol, sandbox, cfg.agent, transcript, on_step=show)
+    except known_errors() as e:
+        fail(e)
+    s = res.summary()
+    err.print(f"reward {s['reward']}  exit {s['exit_reason']}  turns {s['turns']}  tool calls "
+              f"{s['tool_calls']}  invalid {s['invalid_calls']}  {s['seconds']['total']}s  transcript {transcript}")
+    emit({**s, "policy": policy, "sandbox": sandbox, "transcript": str(transcript)})
+
+
+@app.command()
+def train(
+    config: Path = typer.Option(..., help="run config (TOML), e.g. configs/demo.toml"),
+    resume: bool = typer.Option(False, help="continue from the run directory's latest checkpoint"),
+    steps: Optional[int] = typer.Option(None, help="override run.steps"),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="override run.out_dir"),
+    sandbox: Optional[str] = typer.Option(None, help="override rollout.backend (local | namespace)"),
+) -> None:
+    """Tasks -> SFT warm start -> GRPO steps -> held-out evals -> report."""
+    from opencomposer.rl.config import RLRunConfig
+    from opencomposer.rl.sampler import PoolExhausted
+
+    try:
+        cfg = load_config(config, RLRunConfig)
+        if steps is not None:
+            cfg.run.steps = steps
+        if out_dir is not None:
+            cfg.run.out_dir = out_dir
+        if sandbox is not None:
+            cfg.rollout.backend = sandbox
+        from opencomposer.rl.pipeline import run_pipeline
+
+        table_cols = ("step", "reward_mean", "pass@1", "mean_completion_tokens", "tool_calls",
+                      "invalid_calls", "loss", "kl", "grad_norm", "time_rollout", "time_train")
+
+        def show(row: dict) -> None:
+            t = Table(*table_cols, title=f"RL step {row['step']}", title_justify="left")
+            t.add_row(*(f"{row.get(c, 0):.3g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in table_cols))
+            err.print(t)
+
+        result = run_pipeline(cfg, resume=resume, log=lambda m: err.print(m, highlight=False), on_step=show)
+    except known_errors() + (PoolExhausted,) as e:
+        fail(e)
+    err.print(f"report: {result['report']}")
+    emit(result)
+
+
+@app.command()
+def sft(
+    transcripts: list[Path] = typer.Argument(..., help="transcript JSON files or directories of them"),
+    model: str = typer.Option("smollm2-135m", help="model to fine-tune"),
+    out_dir: Path = typer.Option(Path("runs/sft"), "--out"),
+    epochs: int = typer.Option(2, min=1),
+    lr: float = typer.Option(5e-5),
+    lora: bool = typer.Option(False, help="train LoRA adapters instead of all weights"),
+) -> None:
+    """SFT on agent traces (loss on assistant tokens only); writes a loadable model dir."""
+    from opencomposer.train.config import TrainConfig
+    from opencomposer.train.sft import run_sft
+
+    files = [f for p in transcripts for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    try:
+        if not files:
+            raise ConfigError(f"no transcript files in {[str(p) for p in transcripts]}")
+        res = run_sft(files, model, out_dir, TrainConfig(lr=lr, lora=lora), epochs=epochs)
+    except known_errors() as e:
+        fail(e)
+    emit(res)
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("smollm2-135m", help="model name or path, as for load_model"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, min=0, max=65535, help="port (0 = any free port; the ready line says which)"),
+    served_model_name: Optional[str] = typer.Option(None, help="name clients send as 'model' (default: --model)"),
+    max_num_seqs: int = typer.Option(64, min=1, help="sequences the engine runs at once"),
+    max_pending: int = typer.Option(256, min=1, help="sequences in flight before requests get 429"),
+    max_model_len: Optional[int] = typer.Option(None, min=2, help="context length (default: the model's)"),
+    default_max_tokens: Optional[int] = typer.Option(None, min=1, help="chat max_tokens when a request gives none"),
+    kv_blocks: Optional[int] = typer.Option(None, min=1, help="KV-cache blocks (default: the engine's)"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the engine's)"),
+    log_dir: Optional[str] = typer.Option(None, help="log every session (completions + feedback) as JSONL here"),
+    log_window: str = typer.Option("1h", help="one log file per window: 30m, 1h, 5h, ..."),
+    ab_model: Optional[str] = typer.Option(None, help="arm b of an A/B split: a second model/checkpoint"),
+    ab_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="share of sessions routed to arm b"),
+    admin_token: Optional[str] = typer.Option(None, envvar="OPENCOMPOSER_ADMIN_TOKEN",
+                                              help="bearer token for /admin/* (default: loopback clients only)"),
+) -> None:
+    """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
+    /v1/feedback and /admin/weights for the real-time loop)."""
+    from opencomposer.inference.server import ServeConfig
+    from opencomposer.inference.server import serve as run_server
+    from opencomposer.realtime.config import parse_duration
+
+    try:
+        cfg = ServeConfig(model=model, served_model_name=served_model_name, host=host, port=port,
+                          max_num_seqs=max_num_seqs, max_pending=max_pending, max_model_len=max_model_len,
+                          default_max_tokens=default_max_tokens, kv_blocks=kv_blocks, dtype=dtype, device=device,
+                          log_dir=log_dir, log_window_s=parse_duration(log_window, "--log-window"),
+                          ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token)
+        run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model,
+                                                   "log_dir": log_dir, "ab_model": ab_model}))
+    except known_errors() as e:
+        fail(e)

