@@ -2,7 +2,7 @@
 all, leak probe on every channel) and the oracle through the harness, per task.
 
     nice -n 19 .venv/bin/python benchmarks/validate_factory.py out/factory2k [--sandbox local]
-        [--limit N] [--follow]
+        [--limit N] [--follow] [--shard I/N]
 
 Only libraries whose factory session stopped are taken (the journal's last line is
 ``stopped``), so a library still being made is left alone. Tasks are drawn round-robin over
@@ -74,10 +74,15 @@ def main() -> None:
     ap.add_argument("--sandbox", default="local")
     ap.add_argument("--limit", type=int, default=0, help="stop after this many new tasks (0: all)")
     ap.add_argument("--follow", action="store_true", help="wait for more libraries to finish")
+    ap.add_argument("--shard", default="0/1", help="I/N: take only the tasks whose index in the sorted list is I mod N "
+                                                    "(N processes share one log)")
     a = ap.parse_args()
     log = a.out / "_validation.jsonl"
     rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
     seen = {r["task"] for r in rows}
+    shard, shards = map(int, a.shard.split("/"))
+    if not 0 <= shard < shards:
+        raise SystemExit(f"--shard {a.shard!r}: expected I/N with 0 <= I < N")
     slug = {}
     new = 0
     while True:
@@ -89,7 +94,7 @@ def main() -> None:
             done[slug.get(t)] += 1
         queues = []
         for s, ts in sorted(libs.items(), key=lambda kv: done[kv[0]]):  # least validated first
-            todo = [t for t in ts if t not in seen]
+            todo = [t for i, t in enumerate(ts) if t not in seen and i % shards == shard]
             random.Random(s).shuffle(todo)
             queues.append(todo)
         order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]

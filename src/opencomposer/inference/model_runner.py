@@ -67,6 +67,9 @@ class ModelRunner:
         self.capture_ms: dict[str, float] = {}
         self._plain_key: tuple | None = None
         self.gemv_timings: dict[str, dict[str, float]] = {}
+        # graphs sample in two fused Triton kernels (one read of the logits) on the Triton path;
+        # the device-side seed advances on every replay, so each replay draws new numbers
+        self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device)
         if self.gemv and not cuda_graphs:
             from opencomposer.inference.triton_gemv import default_plan
 
@@ -216,7 +219,7 @@ class ModelRunner:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self._pool):
                 st["logits"][:] = self._prefill_graph_forward(t)
-                st["sampled"][:] = sample_plain(st["logits"], st["sample_in"])
+                st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
             self._pool = g.pool()
             self.prefill_graphs[t] = g
 
@@ -336,9 +339,17 @@ class ModelRunner:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._pool):
             st["logits"][:b] = self._graph_forward(b)
-            st["sampled"][:, :b] = sample_plain(st["logits"][:b], st["sample_in"][:, :b])
+            st["sampled"][:, :b] = self._sample_in_graph(st["logits"][:b], st["sample_in"][:, :b])
         self._pool = g.pool()
         return g
+
+    def _sample_in_graph(self, logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """``sampler.sample_plain``'s contract; fused Triton kernels on the Triton path."""
+        if self.triton:
+            from opencomposer.inference.triton_sample import sample_plain_fused
+
+            return sample_plain_fused(logits, inputs, self._seed)
+        return sample_plain(logits, inputs)
 
     def _tune_gemv(self) -> dict:
         """Per projection at batch 1: cuBLAS (after its separate norm / activation kernel)

@@ -20,10 +20,18 @@ For each point, the *student* context is the prompt the policy saw at that turn;
 the turn (the tool observation, or the task message at turn 0). Not a new user message:
 a model fine-tuned on agent traces has only ever seen a user message at the start of a
 task, so a hinted teacher restarted the task (measured in the issue-7 ablation: 94-99% of
-later turns reopened with the first turn's words, and the feedback arms collapsed). The same model scores the turn's sampled tokens under both; the KL
-from the teacher's distribution to the student's at every token of the turn is the loss
-(``rl/loss.distill_kl``), so the policy moves toward what it would have done had it
-been told, without the hint ever appearing at deployment.
+later turns reopened with the first turn's words, and the feedback arms collapsed). The
+same model scores the turn's sampled tokens under both; the KL from the teacher's
+distribution to the student's is the loss (``rl/loss.distill_kl``), so the policy moves
+toward what it would have done had it been told, without the hint ever appearing at
+deployment.
+
+The KL is taken *at the failure point* only: for a broken call or a linted edit, the
+tokens of that ``<tool_call>`` block; for a turn without a call or an over-long message,
+the whole turn. Distilling every token of a turn with a broken call made the policy
+degenerate in the second ablation run: the hinted teacher rates the words it was just shown
+(the tool names) higher everywhere, and the student learnt to write lists of tool names in
+its prose (100% of turns after 8 updates; 0/32 solved).
 
 Test: ``pytest tests/unit/rl/test_feedback.py``.
 """
@@ -34,6 +42,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opencomposer.harness.codec import TOOL_CALL_BLOCK
 from opencomposer.harness.tools import TOOLS
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
@@ -49,24 +58,30 @@ class FeedbackPoint:
     step: int  # index into traj.steps
     kind: str
     hint: str
+    call: int | None = None  # which <tool_call> block of the turn failed (None: the whole turn)
 
 
 def _call_format(tool: str = "") -> str:
-    """The call syntax without a concrete call of some other tool.
+    """The call syntax, without naming any tool the turn did not choose.
 
-    A hinted model copies what it sees: with an example ``read_file`` call in the hint, the
+    A hinted model copies what it sees. With an example ``read_file`` call in the hint, the
     teacher preferred reading at a broken ``edit_file`` call, and after one distillation
     update the policy stopped editing (benchmarks/ablation_behaviour.py: step-2 pass@1 on the
     same tasks 0.88 without feedback, 0 with it; p(read_file) at the broken call 0.001 -> 0.48
-    after one update). ``tool``, when the turn's only fault was its JSON, is the tool it chose,
-    kept in the template so the teacher fixes the call, not the choice.
+    after one update). So the tools are listed only where the fault was the name itself
+    (``_invalid_hint``): without the list there, the hinted teacher does not prefer real
+    names (``tests/unit/rl/test_feedback.py``: p(invalid name) 0.991 -> 0.999 after four
+    updates, against a fall with the list). ``tool``, when the turn's only fault was its
+    JSON, is the tool it chose, kept so that the teacher fixes the call, not the choice.
     """
-    tools = ", ".join(TOOLS)
     if tool in TOOLS:
-        return (f'Write the call as <tool_call>{{"name": "{tool}", "arguments": {{...}}}}</tool_call> with valid JSON; '
-                f"the tools are {tools}.")
+        return f'Write the call as <tool_call>{{"name": "{tool}", "arguments": {{...}}}}</tool_call> with valid JSON.'
     # no name in the name's place at all: a placeholder such as "TOOL" is copied too (measured)
-    return f'Write each call as <tool_call> with a JSON object of "name" (one of {tools}) and "arguments".'
+    return 'Write each call as <tool_call> with a JSON object of "name" and "arguments".'
+
+
+def _tool_list() -> str:
+    return f'Write each call as <tool_call> with a JSON object of "name" (one of {", ".join(TOOLS)}) and "arguments".'
 
 
 _NAME = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([^"]+)"')
@@ -77,8 +92,8 @@ def _invalid_hint(observation: str, text: str = "") -> str:
     copy it (a hinted model prefers tokens it can see)."""
     tool = ""
     if "unknown tool" in observation:
-        why = "that tool does not exist."
-    elif "could not read your tool call" in observation:
+        return f"Hint: your next tool call must be valid; the last one failed: that tool does not exist. {_tool_list()}"
+    if "could not read your tool call" in observation:
         why = "the call was not valid JSON (in a JSON string, write a newline as \\n and a quote as \\\")."
         chosen = _NAME.findall(text)  # the right tool, badly written: keep it
         tool = chosen[-1] if chosen else ""
@@ -95,22 +110,24 @@ def detect(traj: Trajectory, cfg: FeedbackConfig) -> list[FeedbackPoint]:
     for i, step in enumerate(traj.steps):
         if not step.token_ids or step.summary:
             continue  # a turn the policy did not sample cannot be trained on
-        bad = next((e for e in step.tool_events if e.invalid), None)
+        bad = next((k for k, e in enumerate(step.tool_events) if e.invalid), None)
         if "invalid_call" in on and bad is not None:
-            points[i] = FeedbackPoint(i, "invalid_call", _invalid_hint(bad.observation, step.text))
+            points[i] = FeedbackPoint(i, "invalid_call", _invalid_hint(step.tool_events[bad].observation, step.text),
+                                      call=bad)
         elif "no_call" in on and step.no_call:
-            points[i] = FeedbackPoint(i, "no_call", "Hint: reply with a tool call; text alone does nothing. "
-                                                    + _call_format())
+            # no list of tools here: the KL covers the whole turn, and a hinted model copies names it sees
+            points[i] = FeedbackPoint(i, "no_call", "Hint: reply with a tool call; text alone does nothing.")
         elif "long_message" in on and not step.tool_events and len(step.token_ids) > cfg.long_message_tokens:
             points[i] = FeedbackPoint(i, "long_message", "Hint: be brief: a sentence or two, then a tool call.")
     lint = traj.meta.get("lint") or {}
     if "lint" in on and lint.get("new_findings"):
-        edits = [i for i, s in enumerate(traj.steps)
-                 if s.token_ids and any(e.ok and e.name in ("edit_file", "write_file") for e in s.tool_events)]
-        if edits and edits[-1] not in points:
+        edits = [(i, k) for i, s in enumerate(traj.steps) if s.token_ids
+                 for k, e in enumerate(s.tool_events) if e.ok and e.name in ("edit_file", "write_file")]
+        if edits and edits[-1][0] not in points:
+            i, k = edits[-1]
             codes = ", ".join(sorted(lint.get("codes", {})))
-            points[edits[-1]] = FeedbackPoint(edits[-1], "lint", f"Hint: keep the code clean: avoid lint errors "
-                                                                f"({codes}) such as unused imports or `== None`.")
+            points[i] = FeedbackPoint(i, "lint", f"Hint: keep the code clean: avoid lint errors "
+                                                 f"({codes}) such as unused imports or `== None`.", call=k)
     return [points[i] for i in sorted(points)][: cfg.max_points_per_rollout]
 
 
@@ -124,8 +141,36 @@ def distill_pairs(traj: Trajectory, points: list[FeedbackPoint], tokenizer: Any,
         completion = list(traj.steps[p.step].token_ids)
         student = encode_prompt(tokenizer, render_prompt(tokenizer, history, tools))
         teacher = encode_prompt(tokenizer, render_prompt(tokenizer, with_hint(history, p.hint), tools))
-        pairs.append((_sample(student, completion, traj.task_id), _sample(teacher, completion, traj.task_id)))
+        mask = point_mask(completion, p.call, tokenizer)
+        pairs.append((_sample(student, completion, mask, traj.task_id), _sample(teacher, completion, mask, traj.task_id)))
     return pairs
+
+
+def point_mask(completion: list[int], call: int | None, tokenizer: Any) -> list[int]:
+    """1 on the tokens of the turn's ``call``-th ``<tool_call>`` block (all tokens when
+    ``call`` is None or the block cannot be found in the decoded turn), else 0."""
+    n = len(completion)
+    if call is None:
+        return [1] * n
+    text = tokenizer.decode(completion)
+    blocks = list(TOOL_CALL_BLOCK.finditer(text))
+    if call >= len(blocks):
+        return [1] * n
+    a, b = _token_at(completion, blocks[call].start(), tokenizer), _token_at(completion, blocks[call].end() - 1, tokenizer)
+    return [int(a <= i <= b) for i in range(n)]
+
+
+def _token_at(ids: list[int], char: int, tokenizer: Any) -> int:
+    """Index of the token whose decoded text covers character ``char`` of ``decode(ids)``:
+    the first i with len(decode(ids[:i + 1])) > char (binary search; decoded length grows with i)."""
+    lo, hi = 0, len(ids) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[: mid + 1])) > char:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def with_hint(history: list[Message], hint: str) -> list[Message]:
@@ -136,7 +181,6 @@ def with_hint(history: list[Message], hint: str) -> list[Message]:
     return history[:-1] + [replace(last, content=f"{last.content}\n\n{hint}")]
 
 
-def _sample(prompt: list[int], completion: list[int], task_id: str) -> Sample:
+def _sample(prompt: list[int], completion: list[int], mask: list[int], task_id: str) -> Sample:
     n = len(prompt) + len(completion)
-    return Sample(prompt + completion, [0] * len(prompt) + [1] * len(completion), [0.0] * n, 0.0,
-                  [NOT_GENERATED] * n, task_id)
+    return Sample(prompt + completion, [0] * len(prompt) + mask, [0.0] * n, 0.0, [NOT_GENERATED] * n, task_id)

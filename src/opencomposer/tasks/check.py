@@ -59,6 +59,25 @@ def _probe_roots(task: Task) -> list[Path]:
     return [task.workspace] + ([task.env_dir] if task.env_dir else [])
 
 
+def leak_scan(task: Task) -> tuple[dict, dict]:
+    """(channels checked with their file counts, suspects: where -> deleted lines found there).
+
+    The factory runs this on every task before it is written (``tasks/make.py``), and
+    ``check_task`` again on the finished directory. In the workspace any deleted line is a
+    leak (lines that remain elsewhere in it were dropped by ``distinctive_lines``). Outside it
+    (the env, site-packages) a leak is a copy: a file holding >= 3 distinct deleted lines;
+    one or two short lines there are shared idioms ("return self[key]"), and deletions with
+    fewer distinctive lines reveal nothing.
+    """
+    lines = leakage.distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
+    roots = _probe_roots(task)
+    inside = leakage.probe(roots[:1], lines)
+    outside = leakage.probe(roots[1:], lines)
+    suspects = {**inside.suspects(min_lines=1),
+                **{p: t for p, t in outside.suspects(min_lines=3).items() if len(t) >= 3}}
+    return dict(inside.checked + outside.checked), suspects
+
+
 def check_task(path: Path, backend: str = "local") -> CheckResult:
     res = CheckResult(task=str(path))
     t0 = time.time()
@@ -87,17 +106,7 @@ def check_task(path: Path, backend: str = "local") -> CheckResult:
                 res.problems.append(f"gold patch leaves tests failing: {bad[:3]}")
     except Exception as e:  # a task that crashes the checker is a failed check, not a crash
         res.problems.append(f"{type(e).__name__}: {e}")
-    lines = leakage.distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
-    # In the workspace any deleted line is a leak (lines that remain elsewhere in it were
-    # dropped above). Outside it (the env, site-packages) a leak is a copy: a file holding
-    # >= 3 distinct deleted lines; one or two short lines there are shared idioms
-    # ("return self[key]"), and deletions with fewer distinctive lines reveal nothing.
-    roots = _probe_roots(task)
-    inside = leakage.probe(roots[:1], lines)
-    outside = leakage.probe(roots[1:], lines)
-    res.leak_channels = dict(inside.checked + outside.checked)
-    suspects = {**inside.suspects(min_lines=1),
-                **{p: t for p, t in outside.suspects(min_lines=3).items() if len(t) >= 3}}
+    res.leak_channels, suspects = leak_scan(task)
     res.leaks = len(suspects)
     if suspects:
         where, found = next(iter(suspects.items()))

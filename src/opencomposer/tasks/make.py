@@ -9,7 +9,9 @@ so every test ran three times: tests whose outcome changed are flaky and never b
 FAIL_TO_PASS or PASS_TO_PASS -> draw (candidate, level) jobs, levels weighted as asked ->
 for each, delete in a sandbox and rerun the tests that execute or mention it -> keep it
 when some tests fail (FAIL_TO_PASS) and the rest still pass (PASS_TO_PASS) -> write the task
-directory (``tasks/format.py``) atomically, scrubbed of every leak channel.
+directory (``tasks/format.py``) atomically, scrubbed of every leak channel, after the full
+leak probe (``check.leak_scan``: workspace and git objects, the env with its archives and
+compiled files) found nothing; a flagged candidate is rejected and never written.
 
 Validation order (the cheap way that keeps every guarantee): a ``function`` or ``class``
 deletion first gets an import probe (``python -c "import the.module"``): one that breaks the
@@ -51,11 +53,13 @@ from opencomposer.paths import atomic_write_text, cache_dir, staged_dir
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks import deletion, instructions, leakage
+from opencomposer.tasks.check import leak_scan
 from opencomposer.tasks.coverage import TestMap, flaky_tests, item_of, trace_tests
 from opencomposer.tasks.format import (
     EnvironmentInfo,
     FeatureInfo,
     SourceInfo,
+    Task,
     TaskMeta,
     TestsInfo,
     write_task_toml,
@@ -304,7 +308,18 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
                             pass_to_pass=p2p),
         )
         write_task_toml(tmp / "task.toml", meta)
+        # the full leak probe (workspace with its git objects, the env with its archives and
+        # compiled files) before the task exists: a flagged task is never written
+        _, suspects = leak_scan(Task.load(tmp))
+        if suspects:
+            where, found = next(iter(suspects.items()))
+            raise LeakFound(f"{where.replace(str(tmp), tid)} holds {len(found)} deleted lines, "
+                            f"e.g. {sorted(found)[0]!r}")
     return final
+
+
+class LeakFound(Exception):
+    """The leak probe found the deleted code somewhere a task's sandbox can read."""
 
 
 def module_of(rel: str, pythonpath: list[str]) -> str | None:
@@ -540,7 +555,10 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         with lock:
             if len(report.made) >= max_tasks:
                 return None, None
-        path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
+        try:
+            path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
+        except LeakFound:
+            return "the leak probe found the deleted code", None
         return "made", path.name
 
     t1 = time.time()

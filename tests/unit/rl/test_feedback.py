@@ -8,6 +8,7 @@ import torch
 
 from opencomposer.harness.codec import format_assistant
 from opencomposer.harness.prompt import agent_tools, system_prompt
+from opencomposer.harness.tools import TOOLS
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
 from opencomposer.models.registry import load_model
@@ -44,7 +45,7 @@ def tiny_tok():
 def test_detectors_find_each_failure_point(tiny_tok):
     cfg = FeedbackConfig(enabled=True, long_message_tokens=5)
     [p] = detect(one_turn(tiny_tok, call_text("open_file"), UNKNOWN, invalid=True), cfg)
-    assert p.kind == "invalid_call" and "does not exist" in p.hint and "read_file" in p.hint
+    assert p.kind == "invalid_call" and "does not exist" in p.hint and all(t in p.hint for t in TOOLS)
     assert "open_file" not in p.hint  # never quote the bad call: the teacher would copy it
     [p] = detect(one_turn(tiny_tok, "I think I should look at the code first, then decide.", "", False, no_call=True), cfg)
     assert p.kind == "no_call"
@@ -62,8 +63,9 @@ def test_student_and_teacher_differ_only_by_the_hint(tiny_tok):
     traj = one_turn(tiny_tok, call_text("open_file"), UNKNOWN, invalid=True)
     points = detect(traj, FeedbackConfig(enabled=True))
     [(student, teacher)] = distill_pairs(traj, points, tiny_tok, agent_tools())
-    n = student.loss_tokens
-    assert n == len(traj.steps[0].token_ids) == teacher.loss_tokens
+    n = len(traj.steps[0].token_ids)
+    assert 0 < student.loss_tokens == teacher.loss_tokens <= n
+    assert student.loss_mask[-n:] == teacher.loss_mask[-n:]
     assert student.input_ids[-n:] == teacher.input_ids[-n:] == traj.steps[0].token_ids
     prompt = encode_prompt(tiny_tok, render_prompt(tiny_tok, traj.messages[:2], agent_tools()))
     assert student.input_ids[:-n] == prompt
@@ -74,6 +76,30 @@ def test_student_and_teacher_differ_only_by_the_hint(tiny_tok):
     student_text = tiny_tok.decode(student.input_ids[:-n])
     assert hinted.count("<|im_start|>") == student_text.count("<|im_start|>")
     assert hinted.replace("\n\n" + points[0].hint, "", 1) == student_text
+
+
+def test_the_kl_covers_the_failed_call_only(tiny_tok):
+    """A turn of prose, a good call and a broken one: only the broken block's tokens are
+    distilled (distilling the whole turn taught the policy to write tool names in its prose)."""
+    good = format_assistant("", [ToolCall("list_dir", {"path": "."}, "c0")])
+    text = "Let me look around first.\n" + good + "\n" + call_text("open_file")
+    traj = one_turn(tiny_tok, text, UNKNOWN, invalid=True)
+    traj.steps[0].tool_events = [ToolEvent("c0", "list_dir", {"path": "."}, "solution.py", True, False),
+                                 ToolEvent("c1", "open_file", {"path": "setup.py"}, UNKNOWN, False, True)]
+    [point] = detect(traj, FeedbackConfig(enabled=True))
+    assert point.call == 1
+    [(student, _)] = distill_pairs(traj, [point], tiny_tok, agent_tools())
+    n = len(traj.steps[0].token_ids)
+    masked = [t for t, m in zip(student.input_ids[-n:], student.loss_mask[-n:]) if m]
+    decoded = tiny_tok.decode(masked)
+    assert decoded.strip().startswith("<tool_call>") and "open_file" in decoded, decoded
+    assert "list_dir" not in decoded and "look around" not in decoded, decoded
+    # a turn without a call is distilled whole
+    prose = one_turn(tiny_tok, "I think I should look at the code first.", "", False, no_call=True)
+    [p] = detect(prose, FeedbackConfig(enabled=True))
+    [(s2, _)] = distill_pairs(prose, [p], tiny_tok, agent_tools())
+    assert p.call is None and s2.loss_tokens == len(prose.steps[0].token_ids)
+    assert "read_file" not in p.hint  # nothing copyable where the whole turn is distilled
 
 
 def divergence(a: list[int], b: list[int]) -> tuple[int, int, int]:
@@ -146,8 +172,7 @@ def test_a_broken_edit_is_not_distilled_into_a_different_tool():
     traj = one_turn(tok, BROKEN_EDIT, MALFORMED, invalid=True)
     traj.steps[0].tool_events[0] = ToolEvent("c0", "", {}, MALFORMED, False, True)
     [point] = detect(traj, FeedbackConfig(enabled=True))
-    template = point.hint.split("the tools are")[0]
-    assert "edit_file" in template and "read_file" not in template
+    assert "edit_file" in point.hint and not any(t in point.hint for t in TOOLS if t != "edit_file")
     pairs = distill_pairs(traj, [point], tok, agent_tools())
     prompt = pairs[0][0].input_ids[: -pairs[0][0].loss_tokens]
     edit, read = encode_prompt(tok, call_text("edit_file")), encode_prompt(tok, call_text("read_file"))

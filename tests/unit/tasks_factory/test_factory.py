@@ -154,3 +154,41 @@ def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
         assert ep.reward.reward == 1.0, ep.reward.details
     features = [Task.load(p) for p in tasks if Task.load(p).meta.feature.level == "feature"]
     assert any(t.gold_patch.count("diff --git") == 2 for t in features)  # words + clean: two files
+
+
+@pytest.mark.slow  # one small venv, three suite runs, a dozen candidates: ~1 minute
+def test_factory_never_writes_a_task_the_leak_probe_flags(tmp_path: Path) -> None:
+    """The sdist ships an archive holding a copy of ``count`` and ``longest`` (as some ship
+    fixture archives or vendored wheels): deletions from them are recoverable from it, so the
+    factory's leak probe rejects those candidates before writing them; deletions from
+    ``words`` are made."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("backup/core.py", CORE[CORE.index("def count"):])
+    lib = _sdist(tmp_path, "minilib", {
+        "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
+        "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
+    # add the archive to the sdist (text files only go through _sdist)
+    root = tmp_path / "src" / "minilib-0.1"
+    (root / "minilib" / "data").mkdir()
+    (root / "minilib" / "data" / "backup.zip").write_bytes(buf.getvalue())
+    with tarfile.open(lib, "w:gz") as t:
+        t.add(root, arcname=root.name)
+    cfg = validate({
+        "factory": {"max_per_library": 20, "workers": 1, "test_timeout": 120},
+        "difficulty": {"position": 2.0, "width": 4.0},
+        "libraries": [{"spec": str(lib)}],
+    }, FactoryConfig, "test")
+    out = tmp_path / "tasks"
+    s = TaskFactory(cfg, out).make().summary()
+    rejected = s["per_library"][str(lib)]["rejected"]
+    assert rejected.get("the leak probe found the deleted code", 0) >= 1, rejected
+    tasks = [p for p in find_tasks([out]) if (p / "task.toml").exists()]
+    assert tasks, rejected
+    for p in tasks:
+        t = Task.load(p)
+        assert t.meta.feature.symbol not in ("count", "longest"), t.meta.feature
+        assert check_task(p, "local").ok
