@@ -1,23 +1,43 @@
-"""The eval suite end to end on real runs: the smoke suite through the real harness and
-sandboxes, with the oracle (solves every task from its gold patch, through the tools) as
-the good checkpoint and a policy that submits without editing as the damaged one.
+"""The eval suite end to end on real runs, and the gate on real model checkpoints.
+
+Checkpoints (issue 8: "the gate blocks a deliberately damaged checkpoint and passes an
+identical one"): a tiny Llama is SFT'd by the repo's own ``run_sft`` on demonstrations of two
+smoke tasks until it solves them greedily (``solver_model.py``), then evaluated through the
+CLI exactly as a user runs it (``opencomposer eval --suite ... --model CKPT``: ModelPolicy,
+the deployment harness, real sandboxes, hidden tests), in four copies:
+
+* ``good``: the trainer checkpoint itself (the run dir whose ``latest`` names the step);
+* ``copy``: a byte copy of its exported model directory; ``resaved``: that model loaded and
+  written again by the checkpoint writer;
+* ``damaged``: the same weights plus Gaussian noise (1 std) on every matrix, written the same way.
+
+``opencomposer eval compare good damaged`` must exit 1 (blocked, JSON last line says why);
+``compare good copy`` and ``compare good resaved`` exit 0.
+
+Policies: the smoke suite with the oracle (solves every task from its gold patch, through the
+tools) as the good run and a policy that submits without editing as the damaged one:
 
 * the damaged run is blocked by `opencomposer eval compare` (exit 1, JSON last);
 * a second, independent run of the good policy passes against the first (exit 0);
 * the report is rebuilt from the results files alone;
 * bad inputs exit 2 with a reason naming the file/field.
 
-Run: ``pytest tests/integration/test_eval_gate.py`` (about 60 s on 2 busy cores).
+Run: ``pytest tests/integration/test_eval_gate.py -s`` (about 100 s on 2 busy cores: the
+checkpoint fixture ~75 s, of which SFT ~35 s and the four CLI evals ~10 s each; ``-s`` prints
+the timings).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import NS_REASON, run_cli
+from solver_model import damage, record_demos, resave, tiny_base, train_solver
 
 from opencomposer.config import AgentConfig
 from opencomposer.eval.run import run_suite
@@ -110,3 +130,80 @@ def test_bad_inputs_exit_2(runs, tmp_path):
     assert r.returncode == 2 and "known suites" in last_json(r.stdout)["error"]
     r = run_cli("eval", "--suite", "smoke", "--k", "0")
     assert r.returncode == 2 and "--k" in last_json(r.stdout)["error"]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+SOLVER_TASKS = ("textkit__initials__body", "textkit__word_count__body")
+EVAL_ARGS = ("--k", "1", "--temperature", "0", "--max-turns", "2", "--max-new-tokens", "128", "--backend", BACKEND)
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory) -> dict:
+    """Train the solver once, make its copies, evaluate all four through the CLI."""
+    from safetensors.torch import load_file
+
+    root = tmp_path_factory.mktemp("ckpt")
+    tasks = [t for t in load_suite("smoke").tasks if t.id in SOLVER_TASKS]
+    assert len(tasks) == len(SOLVER_TASKS)
+    demos = record_demos(tasks, root / "demos", BACKEND, AgentConfig(max_turns=2, command_timeout=30))
+    trained = train_solver(demos, tiny_base(root / "base"), root / "sft")
+    assert trained["mistakes"][-1] == 0, f"SFT did not reproduce the demonstrations: {trained}"
+    export = Path(trained["export"])
+    models = {"good": Path(trained["checkpoint"]).parent,  # the run's checkpoints/ dir, via `latest`
+              "copy": Path(shutil.copytree(export, root / "copy")),
+              "resaved": resave(export, root / "resaved"),
+              "damaged": root / "damaged"}
+    hurt = damage(export, models["damaged"], noise=1.0)
+    weights = {k: load_file(models[k] / "model.safetensors") for k in ("copy", "resaved", "damaged")}
+    assert all(torch.equal(t, weights["copy"][n]) for n, t in weights["resaved"].items())
+    assert sum(not torch.equal(t, weights["copy"][n]) for n, t in weights["damaged"].items()) == len(hurt["tensors"]) > 0
+    suite = root / "suite.toml"  # the trained tasks, from the repo's fixture dirs
+    suite.write_text('name = "smoke-sft"\n' + "".join(
+        f'[[source]]\nkind = "dir"\npath = "{t.root}"\nenv = "current"\n' for t in tasks))
+    out: dict = {"trained": trained, "root": root, "seconds": {"train": trained["seconds"]}}
+    for name, model in models.items():
+        t0 = time.monotonic()
+        r = run_cli("eval", "--suite", str(suite), "--model", str(model), "--label", name,
+                    "--out", str(root / "eval" / name), *EVAL_ARGS)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[name] = root / "eval" / name
+        out[name + "_line"] = last_json(r.stdout)
+        out["seconds"][name] = round(time.monotonic() - t0, 1)
+    print(f"\n[checkpoint gate] rounds {trained['rounds']}, mistakes {trained['mistakes']}, seconds {out['seconds']}")
+    return out
+
+
+def test_sft_checkpoint_really_solves_and_damage_breaks_it(ckpts):
+    good = json.loads((ckpts["good"] / "results.json").read_text())
+    assert good["label"] == "good" and ckpts["good_line"]["pass@1"] == 1.0
+    assert len(good["episodes"]) == len(SOLVER_TASKS) and {e["task_id"] for e in good["episodes"]} == set(SOLVER_TASKS)
+    # solved by the model's own tool calls: an edit_file, then submit, graded by the hidden tests
+    assert all(e["reward"] == 1 and e["stop_reason"] == "submitted" and e["tool_calls"] == 2 and not e["invalid_calls"]
+               for e in good["episodes"])
+    for task in SOLVER_TASKS:  # the model's own calls are the demonstrated ones, argument for argument
+        made, shown = (json.loads(f.read_text())["messages"] for f in
+                       (ckpts["good"] / "transcripts" / f"{task}-0.json", ckpts["root"] / "demos" / f"{task}.json"))
+        calls = [[(c["name"], c["arguments"]) for m in msgs if m["role"] == "assistant" for c in m["tool_calls"]]
+                 for msgs in (made, shown)]
+        assert calls[0] == calls[1] and [c[0] for c in calls[0]] == ["edit_file", "submit"]
+    damaged = json.loads((ckpts["damaged"] / "results.json").read_text())
+    assert damaged["summary"]["pass@1"] == 0.0 and damaged["summary"]["tool_calls"] < 1
+    # greedy decoding of identical weights: the same episodes, token for token
+    for name in ("copy", "resaved"):
+        same = json.loads((ckpts[name] / "results.json").read_text())
+        assert [(e["task_id"], e["reward"], e["completion_tokens"]) for e in same["episodes"]] == \
+               [(e["task_id"], e["reward"], e["completion_tokens"]) for e in good["episodes"]]
+
+
+def test_gate_blocks_damaged_checkpoint_and_passes_identical_ones(ckpts):
+    r = run_cli("eval", "compare", str(ckpts["good"]), str(ckpts["damaged"]))
+    assert r.returncode == 1, r.stdout + r.stderr
+    g = last_json(r.stdout)
+    assert not g["passed"] and g["delta"] == -1.0 and g["ci_high"] < 0 and g["n_tasks"] == len(SOLVER_TASKS)
+    assert g["label_a"] == "good" and g["label_b"] == "damaged" and "BLOCKED" in r.stderr
+    for name in ("copy", "resaved"):
+        r = run_cli("eval", "compare", str(ckpts["good"]), str(ckpts[name]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        g = last_json(r.stdout)
+        assert g["passed"] and g["delta"] == 0.0 and (g["ci_low"], g["ci_high"]) == (0.0, 0.0) and g["label_b"] == name

@@ -9,7 +9,9 @@
 * ``tiny-random``: a 2-layer, hidden-64 Llama with SmolLM2's tokenizer and random
   weights from a fixed seed, cached the same way. For tests: fast, real, deterministic.
 * a local path: an HF causal-LM directory (Llama, Qwen2, Qwen3, ... anything
-  ``AutoModelForCausalLM`` reads) or a single ``.gguf`` file.
+  ``AutoModelForCausalLM`` reads), a full fine-tuning checkpoint of ``train/checkpoint.py``
+  (a ``step-NNNN`` dir, or the dir whose ``latest`` names one: its ``model/`` is loaded), or
+  a single ``.gguf`` file.
 * anything else is a Hugging Face hub id, loaded with ``from_pretrained(name)``.
 
 Caches live under ``$OPENCOMPOSER_CACHE/models/<name>`` (default root
@@ -114,6 +116,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def _load_dir(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    path = _checkpoint_model_dir(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         ggufs = sorted(path.glob("*.gguf"))
@@ -130,6 +133,32 @@ def _load_dir(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     except Exception as e:  # transformers raises many types; the caller needs one
         raise ModelLoadError(f"{path}: could not load as a causal LM: {type(e).__name__}: {e}") from e
     return model, tokenizer
+
+
+def _checkpoint_model_dir(path: Path) -> Path:
+    """A trainer checkpoint -> the HF directory inside it; any other directory unchanged.
+
+    The layout is ``train/checkpoint.py``'s (this layer cannot import it): a run's checkpoint
+    dir holds ``latest`` naming a ``step-NNNN`` dir, which holds ``trainer.json`` and
+    ``model/`` (full fine-tuning: an HF directory; LoRA: only the adapter).
+    """
+    if (path / "config.json").is_file():
+        return path
+    latest = path / "latest"
+    if latest.is_file():
+        step = path / latest.read_text().strip()
+        if not step.is_dir():
+            raise ModelLoadError(f"{latest}: names {step.name!r}, which does not exist in {path}")
+        path = step
+    if not (path / "trainer.json").is_file():
+        return path
+    model = path / "model"
+    if (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
+        raise ModelLoadError(
+            f"{path}: a LoRA checkpoint holds only the adapter ({model / 'adapter_config.json'}); "
+            "load the merged export (train.checkpoint.export_model, e.g. the run's model/ dir) instead"
+        )
+    return model
 
 
 def _load_hub(name: str, dtype: torch.dtype, local_files_only: bool) -> tuple[Any, Any]:

@@ -64,8 +64,7 @@ def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str
         raise RuntimeError(
             f"SFT: none of the oracle traces solved its task within agent.max_turns="
             f"{cfg.agent.max_turns} (the compact oracle needs 4 turns for a one-hunk task)")
-    for g in tr.optimizer.param_groups:
-        g["lr"] = cfg.sft.lr
+    tr.set_lr(cfg.sft.lr)
     rng = random.Random(cfg.run.seed)
     losses, t0, batch = [], time.perf_counter(), 4
     for epoch in range(cfg.sft.epochs):
@@ -76,8 +75,7 @@ def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str
         log(f"  SFT epoch {epoch + 1}/{cfg.sft.epochs}: loss {losses[-1]:.3f}")
     # RL starts with a fresh optimizer at its own learning rate
     tr.optimizer.state.clear()
-    for g in tr.optimizer.param_groups:
-        g["lr"] = cfg.train.lr
+    tr.set_lr(cfg.train.lr)
     tokens = sum(len(s.input_ids) for s in samples) * cfg.sft.epochs
     secs = time.perf_counter() - t0
     return {"traces": len(trajs), "samples": len(samples), "steps": len(losses), "loss_first": losses[0],

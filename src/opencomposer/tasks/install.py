@@ -44,6 +44,7 @@ from packaging.utils import canonicalize_name
 
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks import pyparse
 from opencomposer.tasks.envs import TOOLS, EnvError, build_env, strip_tools
 from opencomposer.tasks.layout import TEST_EXTRAS, ProjectLayout
 from opencomposer.tasks.pypi import SourceError
@@ -327,7 +328,7 @@ def _from_setup_py(path: Path) -> list[str]:
     if not path.is_file():
         return []
     try:
-        tree = ast.parse(path.read_text(errors="replace"))
+        tree = pyparse.parse(path.read_text(errors="replace"))
     except SyntaxError:
         return []
     out: list[str] = []
@@ -363,7 +364,7 @@ def _from_noxfile(path: Path) -> list[str]:
     if not path.is_file():
         return []
     try:
-        tree = ast.parse(path.read_text(errors="replace"))
+        tree = pyparse.parse(path.read_text(errors="replace"))
     except SyntaxError:
         return []
     out = []

@@ -18,6 +18,7 @@ import random
 import re
 import textwrap
 
+from opencomposer.tasks import pyparse
 from opencomposer.tasks.deletion import LEVELS, Candidate
 
 MAX_SUMMARY = 140  # characters of docstring summary; keeps the median instruction short
@@ -135,7 +136,7 @@ def _docstring(source: str) -> str | None:
     text = textwrap.dedent(source)
     for attempt in (text, "class _:\n" + text):
         try:
-            tree = ast.parse(attempt)
+            tree = pyparse.parse(attempt)
         except SyntaxError:
             continue
         for node in ast.walk(tree):

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
 
+from opencomposer.tasks import pyparse
+
 CACHE_DIRS = frozenset(
     ".git .hg .svn __pycache__ .pytest_cache .mypy_cache .ruff_cache .tox .nox .eggs "
     ".hypothesis htmlcov".split()
@@ -340,7 +342,7 @@ def _docstring_lines(text: str) -> set[int]:
     """Line numbers (1-based, in ``text``) of docstrings in a definition or a bare body."""
     for wrapper in ("", "def _():\n"):
         try:
-            tree = ast.parse(wrapper + text if wrapper else textwrap.dedent(text))
+            tree = pyparse.parse(wrapper + text if wrapper else textwrap.dedent(text))
         except SyntaxError:
             continue
         top = tree.body[0] if wrapper else None  # the wrapper's own body is code, not a docstring

@@ -52,7 +52,7 @@ from pathlib import Path
 from opencomposer.paths import atomic_write_text, cache_dir, staged_dir
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
-from opencomposer.tasks import deletion, instructions, leakage
+from opencomposer.tasks import deletion, instructions, leakage, pyparse
 from opencomposer.tasks.check import leak_scan
 from opencomposer.tasks.coverage import TestMap, flaky_tests, item_of, trace_tests
 from opencomposer.tasks.format import (
@@ -200,7 +200,7 @@ def test_items(root: Path, rel: str) -> list[tuple[str, str]]:
     """(node id, source) of the top-level test functions and test classes of one file."""
     text = (root / rel).read_text(errors="replace")
     try:
-        tree = ast.parse(text)
+        tree = pyparse.parse(text)
     except SyntaxError:
         return []
     items = []

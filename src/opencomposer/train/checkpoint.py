@@ -69,6 +69,7 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
         torch.save(_rng_state(), tmp / "rng.pt")
         meta = {
             "format": CHECKPOINT_FORMAT, "step": step, "version": trainer.version, "model": trainer.name,
+            "lr": trainer.base_lr, "schedule_start": trainer.schedule_start,
             "lora": trainer.cfg.lora, "config": trainer.cfg.model_dump(mode="json"),
         }
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
@@ -120,6 +121,8 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
         raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: {e}") from None
     _set_rng_state(_torch_load(path / "rng.pt"))
     trainer.version = int(meta["version"])
+    trainer.base_lr = float(meta.get("lr", trainer.base_lr))  # older checkpoints: the config's
+    trainer.schedule_start = int(meta.get("schedule_start", 0))
     return state
 
 

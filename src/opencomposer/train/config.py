@@ -22,6 +22,9 @@ from opencomposer.config import Strict
 
 class TrainConfig(Strict):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    warmup_steps: int = Field(
+        0, ge=0, description="linear warm-up: step n (1-based) uses lr * min(1, n / warmup_steps); 0 = off. "
+        "AdamW's first steps move every weight by about lr whatever the gradient's size")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(1e-8, gt=0)

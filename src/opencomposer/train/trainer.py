@@ -81,6 +81,7 @@ class Trainer:
         )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.version = 0  # optimizer steps taken; the policy_version of fresh samples
+        self.base_lr, self.schedule_start = self.cfg.lr, 0  # see set_lr / lr_at
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
 
@@ -180,15 +181,28 @@ class Trainer:
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
 
+    def set_lr(self, lr: float) -> None:
+        """A new base learning rate from the next step on, warmed up again from there (a new
+        stage: SFT before RL, RL after SFT)."""
+        self.base_lr, self.schedule_start = lr, self.version
+
+    def lr_at(self, version: int) -> float:
+        """The learning rate of the step that turns weights ``version`` into ``version + 1``."""
+        w = self.cfg.warmup_steps
+        return self.base_lr * min(1.0, (version - self.schedule_start + 1) / w) if w else self.base_lr
+
     def optimizer_step(self) -> dict[str, float]:
         """Clip, step, clear gradients; a non-finite gradient skips the step (version unchanged)."""
         norm = self.clip_gradients()
         skipped = not math.isfinite(norm)
+        lr = self.lr_at(self.version)
         if not skipped:
+            for group in self.optimizer.param_groups:  # the schedule is a function of the version
+                group["lr"] = lr
             self.optimizer.step()
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": norm, "skipped": float(skipped), "version": float(self.version)}
+        return {"grad_norm": norm, "skipped": float(skipped), "version": float(self.version), "lr": lr}
 
     # ------------------------------------------------------------------ internals
 

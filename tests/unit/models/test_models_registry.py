@@ -106,6 +106,29 @@ def test_broken_directories_name_the_file(tmp_path):
         load_model(str(tmp_path))
 
 
+def test_trainer_checkpoints_load_their_model(tiny, tmp_path):
+    """A ``save_checkpoint`` step dir, or the run dir whose ``latest`` names it, loads its
+    ``model/``; a LoRA checkpoint (adapter only) and a dangling ``latest`` say what is wrong."""
+    from opencomposer.train.checkpoint import save_checkpoint
+    from opencomposer.train.config import TrainConfig
+    from opencomposer.train.trainer import Trainer
+
+    model, tok = load_model("tiny-random")
+    with torch.no_grad():
+        model.model.norm.weight.mul_(3.0)  # differs from tiny-random, so we know which weights loaded
+    step = save_checkpoint(tmp_path / "full", Trainer(model, tok, TrainConfig(bf16=False)), {}, step=2)
+    for path in (step, tmp_path / "full"):
+        loaded, _ = load_model(str(path))
+        assert torch.equal(loaded.model.norm.weight, model.model.norm.weight)
+    (tmp_path / "full" / "latest").write_text("step-0009\n")
+    with pytest.raises(ModelLoadError, match=r"latest: names 'step-0009', which does not exist"):
+        load_model(str(tmp_path / "full"))
+    lora, _ = load_model("tiny-random")
+    save_checkpoint(tmp_path / "lora", Trainer(lora, tok, TrainConfig(bf16=False, lora=True, lora_r=2)), {}, step=1)
+    with pytest.raises(ModelLoadError, match="LoRA checkpoint holds only the adapter"):
+        load_model(str(tmp_path / "lora"))
+
+
 def test_unknown_name_explains_what_was_tried():
     with pytest.raises(ModelLoadError) as err:
         load_model("smollm-typo-135m", local_files_only=True)

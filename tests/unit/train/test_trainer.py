@@ -108,3 +108,29 @@ def test_bad_settings_are_refused(tiny):
         Trainer(model.to(torch.bfloat16), tok, TrainConfig(bf16=False))
     with pytest.raises(ValueError, match="no samples to train on: 0 given"):
         Trainer(model.float(), tok).rl_step([], LossConfig(), 1.0)
+
+
+def test_warmup_ramps_the_learning_rate_linearly(tiny):
+    """warmup_steps = 4: steps 1..4 use lr/4, lr/2, 3lr/4, lr, and later steps lr. The schedule
+    follows the weights version, so a trainer restored from a checkpoint continues it. With
+    AdamW the first update moves each weight by about the lr, so a warmed step 1 moves the
+    weights ~1/4 as far as an un-warmed one."""
+    import copy
+
+    model, tok = tiny
+    samples = rollout_samples(model, tok, n=2)
+    start = params(model)
+
+    def first_step_change(cfg: TrainConfig) -> float:
+        m = copy.deepcopy(model)
+        Trainer(m, tok, cfg).sft_step(samples)
+        return max((p - start[n]).abs().max().item() for n, p in params(m).items())
+
+    plain = first_step_change(TrainConfig(bf16=False, lr=1e-3))
+    warmed = first_step_change(TrainConfig(bf16=False, lr=1e-3, warmup_steps=4))
+    assert warmed == pytest.approx(plain / 4, rel=0.05), (plain, warmed)
+    warm = Trainer(copy.deepcopy(model), tok, TrainConfig(bf16=False, lr=1e-3, warmup_steps=4))
+    lrs = [warm.sft_step(samples)["lr"] for _ in range(5)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    warm.set_lr(2e-3)  # a new stage (RL after SFT) warms up again from its own start
+    assert [warm.sft_step(samples)["lr"] for _ in range(2)] == pytest.approx([5e-4, 1e-3])

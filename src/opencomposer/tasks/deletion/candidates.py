@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opencomposer.tasks import pyparse
 from opencomposer.tasks.deletion.lines import (
     DeletionError,
     body_region,
@@ -128,7 +129,7 @@ def find_candidates(
     for path in iter_source_files(repo, package_dirs):
         try:
             source = read_source(path)
-            trees[path.relative_to(repo).as_posix()] = (source, ast.parse(source))
+            trees[path.relative_to(repo).as_posix()] = (source, pyparse.parse(source))
         except (DeletionError, SyntaxError, ValueError):
             continue
     used = Counter[str]()  # names used anywhere in the library: who still calls what

@@ -18,6 +18,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from opencomposer.tasks import pyparse
 from opencomposer.tasks.deletion.candidates import Candidate, walk_defs
 from opencomposer.tasks.deletion.lines import (
     DeletionError,
@@ -97,7 +98,7 @@ def delete(source: str, cand: Candidate, level: str) -> Deletion:
         start, end = swallow_blank_lines(lines, start, end)
     after = "".join(lines[: start - 1] + new + lines[end:])
     try:
-        ast.parse(after)
+        pyparse.parse(after)
     except SyntaxError as e:  # a bug here, not in the library: say so loudly
         raise DeletionError(f"{where}: deleting at level {level!r} broke the syntax: {e}") from None
     return Deletion(cand, level, source, after, "".join(lines[start - 1 : end]))

@@ -14,6 +14,8 @@ import functools
 import re
 from pathlib import Path
 
+from opencomposer.tasks import pyparse
+
 # The line breaks ast counts; str.splitlines would also break at \f, \x1c, \u2028...
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
@@ -35,7 +37,7 @@ def read_source(path: Path) -> str:
 
 @functools.lru_cache(maxsize=8)  # a file's candidates are deleted one after another
 def parse(source: str) -> ast.Module:
-    return ast.parse(source)
+    return pyparse.parse(source)
 
 
 def split_lines(text: str) -> list[str]:
