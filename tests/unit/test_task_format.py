@@ -57,3 +57,25 @@ def test_missing_parts(tmp_path):
         Task.load(root)
     with pytest.raises(TaskFormatError, match="not a task directory"):
         Task.load(tmp_path / "nope")
+
+
+def test_a_crlf_file_keeps_its_gold_patch_applicable(tmp_path):
+    """A library file with CRLF line endings (lark 1.2.2's tree_templates.py): the gold patch
+    holds "\\r\\n" lines, and reading it must not turn them into "\\n" (universal newlines did,
+    and `patch` then refused the hunks: 11 of lark's 149 tasks failed their check)."""
+    import shutil
+    import subprocess
+
+    from opencomposer.tasks.deletion import make_patch
+
+    src = Path(__file__).parents[2] / "configs" / "suites" / "tasks" / "smoke" / "textkit__initials__body"
+    task_dir = tmp_path / "task"
+    shutil.copytree(src, task_dir)
+    original = "def f(x):\r\n    y = x + 1\r\n    return y\r\n"
+    deleted = "def f(x):\r\n    raise NotImplementedError\r\n"
+    (task_dir / "workspace" / "crlf.py").write_bytes(deleted.encode())
+    (task_dir / "solution" / "gold.patch").write_bytes(make_patch(original, deleted, "crlf.py").encode())
+    gold = Task.load(task_dir).gold_patch
+    assert "\r\n" in gold
+    subprocess.run(["patch", "-p1", "--forward", "-s"], input=gold.encode(), cwd=task_dir / "workspace", check=True)
+    assert (task_dir / "workspace" / "crlf.py").read_bytes() == original.encode()

@@ -103,7 +103,9 @@ class Task:
 
     @property
     def gold_patch(self) -> str:
-        return (self.root / "solution" / "gold.patch").read_text()
+        # bytes, not read_text(): universal newlines would turn a CRLF file's lines into LF
+        # ones, and the patch would no longer apply to it
+        return (self.root / "solution" / "gold.patch").read_bytes().decode("utf-8")
 
     @property
     def env_dir(self) -> Path | None:

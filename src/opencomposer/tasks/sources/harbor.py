@@ -249,7 +249,7 @@ def harbor_task(src: Path, out: Path, env: Path | None) -> Path:
             layout.requirements = reqs or ["pytest"]
             env = build_env(layout, tid, out / "_envs" / f"harbor-{tid}")
         if (src / "solution" / "gold.patch").is_file():
-            gold = (src / "solution" / "gold.patch").read_text()
+            gold = (src / "solution" / "gold.patch").read_bytes().decode("utf-8")  # CRLF lines kept
         elif (src / "solution" / "solve.sh").is_file():
             leakage.fresh_git(ws)
             gold = solve_patch(ws, env, (src / "solution" / "solve.sh").read_text(), pythonpath)
