@@ -8,7 +8,8 @@ A *detector* finds turns that went wrong and writes a short hint for each:
 
 * ``invalid_call``: a tool call the harness could not run (unknown tool, unreadable
   JSON, arguments not fitting the schema); the hint says which kind of mistake it was
-  and shows the call format with the tools that exist. It does not repeat the bad call:
+  and shows the call format (with the list of tools only when the name was the fault,
+  keeping the chosen tool when only its JSON was). It does not repeat the bad call:
   a hinted model copies what it sees, so quoting it would make the teacher favour it too
   (measured: with the bad tool name in the hint, the student's probability of that name rose).
 * ``no_call``: a turn without any tool call (nothing happens in this harness).
@@ -29,9 +30,9 @@ deployment.
 The KL is taken *at the failure point* only: for a broken call or a linted edit, the
 tokens of that ``<tool_call>`` block; for a turn without a call or an over-long message,
 the whole turn. Distilling every token of a turn with a broken call made the policy
-degenerate in the second ablation run: the hinted teacher rates the words it was just shown
-(the tool names) higher everywhere, and the student learnt to write lists of tool names in
-its prose (100% of turns after 8 updates; 0/32 solved).
+degenerate (ablation run 3 in benchmarks/RESULTS.md): the hinted teacher rates the words it
+was just shown (the tool names) higher everywhere, and the transcripts inspected show the
+student writing lists of tool names in its prose turn after turn; 0/32 solved.
 
 Test: ``pytest tests/unit/rl/test_feedback.py``.
 """
