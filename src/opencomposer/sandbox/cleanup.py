@@ -238,9 +238,19 @@ def reap(state: Path | None = None) -> dict[str, int]:
     for lock in state.glob("owner-*.lock"):  # locks of dead owners with no records left
         if str(lock) not in locks_in_use and not _owner_alive(str(lock)):
             lock.unlink(missing_ok=True)
-    for tmp in state.glob(".*.json.tmp"):
-        tmp.unlink(missing_ok=True)
+    for tmp in state.glob(".*.json.tmp"):  # a dead writer's leftovers; a live one renames within ms
+        try:
+            if time.time() - tmp.stat().st_mtime > TMP_GRACE_S:
+                tmp.unlink(missing_ok=True)
+        except FileNotFoundError:
+            continue
     return counts
+
+
+# Another process may be writing a record right now (``atomic_write_text``: tmp, then rename):
+# deleting its tmp file made that process's register() fail (seen in CI: an eval episode
+# errored with FileNotFoundError on the rename while a new process reaped).
+TMP_GRACE_S = 60.0
 
 
 def reap_once() -> None:

@@ -130,3 +130,17 @@ def test_unreadable_records_are_skipped(tmp_path, monkeypatch, body):
     monkeypatch.setenv(cleanup.STATE_ENV, str(tmp_path))
     (tmp_path / "bad.json").write_text(body)
     assert cleanup.reap()["sandboxes"] == 0
+
+
+def test_reap_leaves_a_record_being_written_alone(tmp_path, monkeypatch):
+    """Another process may be between writing a record's tmp file and renaming it: reap()
+    must not delete that file (CI: an episode's register() then failed on the rename).
+    Only tmp files older than the grace period are a dead writer's leftovers."""
+    monkeypatch.setenv(cleanup.STATE_ENV, str(tmp_path))
+    fresh, stale = tmp_path / ".aaaa.json.tmp", tmp_path / ".bbbb.json.tmp"
+    fresh.write_text("{}")
+    stale.write_text("{}")
+    old = time.time() - cleanup.TMP_GRACE_S - 5
+    os.utime(stale, (old, old))
+    cleanup.reap()
+    assert fresh.exists() and not stale.exists()
