@@ -463,7 +463,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
     report.resumed = len(jobs) - len(todo)
     existing = {p.name for p in out.iterdir() if (p / "task.toml").exists()}
     lock = threading.Lock()
-    state = {"next": 0}
+    state = {"next": 0, "writing": 0}  # next job; tasks being written (slots reserved under max_tasks)
     stable = prep.baseline.passed() - prep.flaky  # passed in all three baseline runs
     baseline_files = {t.split("::", 1)[0] for t in stable}
     items = {f: test_items(prep.root, f) for f in prep.layout.test_files if f in baseline_files}
@@ -494,6 +494,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                 outcome, task = _one(w, obj, level, random.Random(f"{seed}/{job_key(obj, level)}/{level}"))
                 with lock:
                     if task:
+                        state["writing"] -= 1
                         report.made.append(task)
                         report.levels[level] = report.levels.get(level, 0) + 1
                         if progress:
@@ -544,7 +545,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         if not p2p:
             return "every selected test fails (deletion not targeted)", None
         with lock:
-            if len(report.made) >= max_tasks:
+            if len(report.made) + state["writing"] >= max_tasks:
                 return None, None
         alone = w.original(targets)  # the tests must pass on the original tree run on their own
         count_run("confirm")
@@ -552,14 +553,19 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         p2p = [t for t in p2p if alone.status(t) in ("PASSED", "XFAIL")]
         if not f2p or not p2p:
             return "selected tests fail on the original tree when run alone", None
-        with lock:
-            if len(report.made) >= max_tasks:
+        with lock:  # reserve a slot: two workers past this point at once must not overshoot max_tasks
+            if len(report.made) + state["writing"] >= max_tasks:
                 return None, None
+            state["writing"] += 1
         try:
             path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
-        except LeakFound:
-            return "the leak probe found the deleted code", None
-        return "made", path.name
+        except BaseException as e:
+            with lock:
+                state["writing"] -= 1
+            if isinstance(e, LeakFound):
+                return "the leak probe found the deleted code", None
+            raise
+        return "made", path.name  # work() releases the slot as it counts the task
 
     t1 = time.time()
     try:
