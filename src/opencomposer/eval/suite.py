@@ -40,7 +40,6 @@ import glob
 import hashlib
 import random
 import sys
-import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from opencomposer.config import ConfigError, Strict, validate
+from opencomposer.config import ConfigError, Strict, load_config
 from opencomposer.paths import cache_dir
 from opencomposer.tasks.format import Task, TaskFormatError
 
@@ -130,11 +129,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
 
 def _from_file(path: Path) -> Suite:
     try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SuiteError(f"{path}: not valid TOML: {e}") from None
-    try:
-        spec = validate(data, SuiteFile, str(path))
+        spec = load_config(path, SuiteFile)
     except ConfigError as e:
         raise SuiteError(str(e)) from None
     tasks: list[Task] = []

@@ -477,6 +477,9 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                     hit |= tests
         return hit
 
+    def quota_full() -> bool:  # call under ``lock``: tasks counted plus those being written
+        return len(report.made) + state["writing"] >= max_tasks
+
     def take():
         with lock:
             if len(report.made) >= max_tasks or state["next"] >= len(todo):
@@ -545,7 +548,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         if not p2p:
             return "every selected test fails (deletion not targeted)", None
         with lock:
-            if len(report.made) + state["writing"] >= max_tasks:
+            if quota_full():
                 return None, None
         alone = w.original(targets)  # the tests must pass on the original tree run on their own
         count_run("confirm")
@@ -554,7 +557,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         if not f2p or not p2p:
             return "selected tests fail on the original tree when run alone", None
         with lock:  # reserve a slot: two workers past this point at once must not overshoot max_tasks
-            if len(report.made) + state["writing"] >= max_tasks:
+            if quota_full():
                 return None, None
             state["writing"] += 1
         try:
