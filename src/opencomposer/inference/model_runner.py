@@ -69,7 +69,8 @@ class ModelRunner:
         self.gemv_timings: dict[str, dict[str, float]] = {}
         # graphs sample in two fused Triton kernels (one read of the logits) on the Triton path;
         # the device-side seed advances on every replay, so each replay draws new numbers
-        self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device)
+        # (drawn only there: on other paths it would shift the global RNG stream for nothing)
+        self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device) if self.triton else None
         if self.gemv and not cuda_graphs:
             from opencomposer.inference.triton_gemv import default_plan
 
