@@ -105,9 +105,10 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         return len(seq) <= len(seq.block_table) * self.block_size or self.num_free > 0
 
-    def append_slot(self, seq: Sequence) -> None:
-        """Make room for ``seq``'s last token (called before it is computed)."""
-        if len(seq) > len(seq.block_table) * self.block_size:
+    def append_slot(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Make room for ``seq``'s last token (called before it is computed), or for its first
+        ``num_tokens`` (at most one block more than it has)."""
+        if (len(seq) if num_tokens is None else num_tokens) > len(seq.block_table) * self.block_size:
             if not self.free:
                 raise NoFreeBlocks("no free KV block")
             seq.block_table.append(self._take())

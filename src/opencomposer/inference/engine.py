@@ -12,14 +12,33 @@ sequences leave the batch and waiting ones join it between any two steps. ``gene
 steps the whole engine until its own requests finish: use it when you own the engine
 (tests, ``EnginePolicy``), not beside a server loop that also steps it.
 
+Run-ahead decode (``run_ahead``, on by default wherever decode graphs exist): a decode step
+whose rows are all sampled inside the graph is launched, its tokens are queued for an
+asynchronous copy to the host, and -- when the next step is bound to be the same batch
+one position further -- that next step is launched at once from the tokens still on the
+device, before ``step()`` waits for and post-processes the first. The host's per-step
+work (scheduling, reading results, stop checks) then overlaps the GPU's next step instead
+of leaving it idle (as vLLM's async scheduling and SGLang's overlap scheduler do). The step
+left in flight is post-processed by the next ``step()``. It is launched only when it
+is safe: no request waiting that the scheduler could admit, every sequence of the batch
+still running, two tokens of ``max_tokens`` budget left, and a free block for any
+sequence whose next position starts one (run-ahead never preempts). A sequence that
+finishes meanwhile (stop token or string, abort) has its row of the step in flight
+dropped: that step wrote K/V only for the token the sequence really produced, into a
+block it still owned, and no block is published for the prefix cache before its K/V is
+computed. ``update_weights`` drops the step in flight (it ran with the old weights) and the
+next step recomputes it with the new ones, so outputs, logprobs and policy versions are
+exactly what they are without run-ahead.
+
 Meaning of the outputs:
 
 * ``logprobs``: ``log_softmax(logits / T)[token]`` in fp32 (T = 1 for greedy), before
   top-k/top-p truncation: what the trainer's forward pass computes (see ``sampler.py``).
 * ``policy_versions``: the ``policy_version`` of the weights that produced each token.
-  ``update_weights(state_dict, version)`` waits for the step in flight, copies the weights
-  in place, and the next step runs with them; running sequences continue (their cached
-  K/V stays as the old weights computed it, as in PipelineRL-style in-flight updates).
+  ``update_weights(state_dict, version)`` waits for the step in flight (dropping a step
+  launched ahead, see above), copies the weights in place, and the next step runs with
+  them; running sequences continue (their cached K/V stays as the old weights computed it,
+  as in PipelineRL-style in-flight updates).
   The prefix cache is invalidated: requests admitted later never reuse old-weight K/V.
 * ``token_ids`` end with the stop token when a turn ended on one (the model must learn
   to emit it), and include the token that completed a stop string; ``text`` is the
@@ -37,7 +56,11 @@ memory on CUDA (capped at twice what ``max_num_seqs`` full-length sequences need
 to at most 1 GiB on CPU. ``stats()`` reports blocks (total / used / cached; used is 0
 when idle, so a leak shows), running / waiting, prefix-cache hit tokens, preemptions,
 tokens and seconds spent in prefill and decode steps, the policy version, and on CUDA which
-graphs exist (decode batch sizes, prefill token buckets) and the batch-1 GEMV plan.
+graphs exist (decode batch sizes, prefill token buckets) and the batch-1 GEMV plan; with
+run-ahead, the steps launched ahead and the rows of them dropped (``run_ahead_steps``,
+``run_ahead_discarded_rows``: neither counts as generated tokens; ``steps`` counts steps
+whose results were used). ``cuda_graphs="eager"`` runs the decode graphs' bodies eagerly on
+their static buffers (CPU tests of the graph and run-ahead paths).
 
 Test: ``pytest tests/unit/inference``; GPU: ``pytest tests/gpu/test_engine_cuda.py``;
 benchmark: ``opencomposer bench engine``.
@@ -56,7 +79,7 @@ from typing import Any
 import torch
 
 from opencomposer.inference.block_manager import BlockManager
-from opencomposer.inference.model_runner import ModelRunner
+from opencomposer.inference.model_runner import Launch, ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
@@ -91,12 +114,22 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+@dataclass
+class _InFlight:
+    """A decode step launched on the device whose sampled tokens have not been read."""
+
+    seqs: list[Sequence]  # its rows
+    launch: Launch
+    version: int  # policy version of the weights it runs with
+
+
 class Engine:
     def __init__(self, model: Any, tokenizer: Any = None, *, max_num_seqs: int = 64, max_model_len: int | None = None,
                  kv_blocks: int | None = None, block_size: int = 16, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int | None = None,
-                 cuda_graphs: bool = True, kernels: str | None = None,
-                 kv_memory_fraction: float = 0.8, policy_version: int = 0, gemv: bool | None = None):
+                 cuda_graphs: bool | str = True, kernels: str | None = None,
+                 kv_memory_fraction: float = 0.8, policy_version: int = 0, gemv: bool | None = None,
+                 pdl: bool | None = None, run_ahead: bool | None = None):
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
         if isinstance(model, DecoderLM):
@@ -129,7 +162,12 @@ class Engine:
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
         self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
-                                  cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv)
+                                  cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv, pdl=pdl)
+        self.run_ahead = bool(self.runner.graphs) if run_ahead is None else bool(run_ahead)
+        if self.run_ahead and not self.runner.graphs:
+            raise ValueError("run_ahead=True needs decode graphs: cuda_graphs=True on a CUDA device, "
+                             "or cuda_graphs='eager'")
+        self._inflight: _InFlight | None = None  # a decode step launched ahead, results not read yet
         self.policy_version = policy_version
         self._seqs: dict[str, Sequence] = {}
         self._finished: OrderedDict[str, Sequence] = OrderedDict()
@@ -137,7 +175,8 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.Lock()  # held by step() and update_weights()
         self._counts = {"prompt_tokens": 0, "prefill_tokens_computed": 0, "generated_tokens": 0, "steps": 0,
-                        "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0}
+                        "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0,
+                        "run_ahead_steps": 0, "run_ahead_discarded_rows": 0}
 
     @classmethod
     def from_name(cls, name_or_path: str, **kw: Any) -> Engine:
@@ -186,7 +225,7 @@ class Engine:
         self._aborted.append(seq)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or self._inflight is not None
 
     # ------------------------------------------------------------------ stepping
 
@@ -195,41 +234,107 @@ class Engine:
             outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
             self._aborted.clear()
             t0 = time.perf_counter()
-            batch = self.scheduler.schedule()
-            if batch is None:
-                return outputs
-            logits, sampled = self.runner.run(batch)
-            sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
-            if sampled is not None:  # sampled inside the decode graph (plain rows only)
-                both = sampled.tolist()
-                tokens, logprobs, tops = [int(t) for t in both[0]], both[1], [None] * len(sampling)
-            elif sampling:
-                tokens, logprobs, tops = sample(logits, sampling)
-            else:
-                tokens, logprobs, tops = [], [], []
-            if not sampling and self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # sampling's .tolist() syncs otherwise
-            # wall time of the step up to its results (which wait for the device)
-            self._counts["decode_seconds" if batch.decode else "prefill_seconds"] += time.perf_counter() - t0
+            launched, self._inflight = self._inflight, None
+            if launched is None:
+                batch = self.scheduler.schedule()
+                if batch is None:
+                    return outputs
+                launch = self.runner.launch_decode(batch) if self.run_ahead and batch.decode else None
+                if launch is None:
+                    self._step_now(batch, t0, outputs)
+                    return outputs
+                launched = _InFlight(batch.seqs, launch, self.policy_version)
+            if self._may_run_ahead(launched.seqs):
+                self._inflight = self._launch_ahead(launched)
+            tokens, logprobs = launched.launch.wait()
+            self._counts["decode_seconds"] += time.perf_counter() - t0
             self._counts["steps"] += 1
-            for seq, n in zip(batch.seqs, batch.chunks):
-                seq.num_computed += n
-                if not batch.decode:
-                    self._counts["prefill_tokens_computed"] += n
+            for seq, tok, lp in zip(launched.seqs, tokens, logprobs):
+                if seq.status is not Status.RUNNING:  # finished (or aborted) after this step was launched
+                    self._counts["run_ahead_discarded_rows"] += 1
+                    continue
+                seq.num_computed += 1
                 self.blocks.publish(seq)
-            for seq, tok, lp, top in zip(sampling, tokens, logprobs, tops):
-                seq.token_ids.append(tok)
-                seq.logprobs.append(lp)
-                if top is not None:
-                    seq.top_logprobs.append(top)
-                seq.versions.append(self.policy_version)
-                self._counts["generated_tokens"] += 1
-                reason = self._check_stop(seq)
-                if reason:
-                    self._finish(seq, reason)
-                outputs.append(StepOutput(seq.request_id, [tok], [lp], reason is not None, reason,
-                                          [top] if top is not None else None))
+                self._append(seq, tok, lp, None, launched.version, outputs)
+            if self._inflight is not None and all(s.status is not Status.RUNNING for s in self._inflight.seqs):
+                self._drop_inflight()  # every row of it was for a sequence that just finished
             return outputs
+
+    def _step_now(self, batch, t0: float, outputs: list[StepOutput]) -> None:
+        """One step run to its results: prefill, and decode steps that cannot run ahead."""
+        logits, sampled = self.runner.run(batch)
+        sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
+        if sampled is not None:  # sampled inside the decode graph (plain rows only)
+            both = sampled.tolist()
+            tokens, logprobs, tops = [int(t) for t in both[0]], both[1], [None] * len(sampling)
+        elif sampling:
+            tokens, logprobs, tops = sample(logits, sampling)
+        else:
+            tokens, logprobs, tops = [], [], []
+        if not sampling and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # sampling's .tolist() syncs otherwise
+        # wall time of the step up to its results (which wait for the device)
+        self._counts["decode_seconds" if batch.decode else "prefill_seconds"] += time.perf_counter() - t0
+        self._counts["steps"] += 1
+        for seq, n in zip(batch.seqs, batch.chunks):
+            seq.num_computed += n
+            if not batch.decode:
+                self._counts["prefill_tokens_computed"] += n
+            self.blocks.publish(seq)
+        for seq, tok, lp, top in zip(sampling, tokens, logprobs, tops):
+            self._append(seq, tok, lp, top, self.policy_version, outputs)
+
+    def _append(self, seq: Sequence, tok: int, lp: float, top, version: int, outputs: list[StepOutput]) -> None:
+        """Add a sampled token to ``seq``, finish it if it stops, and report it."""
+        seq.token_ids.append(tok)
+        seq.logprobs.append(lp)
+        if top is not None:
+            seq.top_logprobs.append(top)
+        seq.versions.append(version)
+        self._counts["generated_tokens"] += 1
+        reason = self._check_stop(seq)
+        if reason:
+            self._finish(seq, reason)
+        outputs.append(StepOutput(seq.request_id, [tok], [lp], reason is not None, reason,
+                                  [top] if top is not None else None))
+
+    # ------------------------------------------------------------------ run-ahead
+
+    def _may_run_ahead(self, seqs: list[Sequence]) -> bool:
+        """Can the step after the one just launched for ``seqs`` start before its tokens are
+        known? Only if the next step would be the same decode batch anyway and nobody can
+        need preempting for it."""
+        sch = self.scheduler
+        if sch.waiting and len(sch.running) < sch.max_num_seqs:
+            return False  # the next schedule() may admit a waiting request
+        if len(sch.running) != len(seqs) or any(s.status is not Status.RUNNING for s in seqs):
+            return False
+        bs = self.blocks.block_size
+        new_blocks = 0
+        for s in seqs:
+            # the launched step makes token num_generated + 1; the next one, + 2, at position len(s)
+            if s.num_generated + 2 > s.params.max_tokens or len(s) + 2 > self.max_model_len:
+                return False
+            new_blocks += len(s) + 1 > len(s.block_table) * bs
+        return new_blocks <= self.blocks.num_free
+
+    def _launch_ahead(self, launched: _InFlight) -> _InFlight:
+        bs = self.blocks.block_size
+        new_blocks = []
+        for row, s in enumerate(launched.seqs):
+            if len(s) + 1 > len(s.block_table) * bs:  # position len(s) starts a block
+                self.blocks.append_slot(s, len(s) + 1)
+                new_blocks.append((row, len(s.block_table) - 1, s.block_table[-1]))
+        self._counts["run_ahead_steps"] += 1
+        return _InFlight(launched.seqs, self.runner.launch_next(launched.launch, new_blocks), self.policy_version)
+
+    def _drop_inflight(self) -> None:
+        """Wait for the step launched ahead and throw its results away."""
+        t0 = time.perf_counter()
+        self._inflight.launch.wait()
+        self._counts["decode_seconds"] += time.perf_counter() - t0
+        self._counts["run_ahead_discarded_rows"] += len(self._inflight.seqs)
+        self._inflight = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
         """Run ``prompts`` to completion (stepping the engine) and return them in order."""
@@ -263,6 +368,10 @@ class Engine:
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights (HF parameter names; a subset is fine) between two steps."""
         with self._lock:
+            if self._inflight is not None:
+                # a step launched ahead ran with the old weights: drop it, the next step()
+                # recomputes that position with the new ones (as without run-ahead)
+                self._drop_inflight()
             self.model.load_hf_state_dict(state_dict, partial=True)
             self.blocks.invalidate()
             self.policy_version = int(version)
@@ -282,10 +391,13 @@ class Engine:
             "preemptions": self.scheduler.preemptions,
             "policy_version": self.policy_version,
             "max_model_len": self.max_model_len,
+            "run_ahead": self.run_ahead,
+            "run_ahead_in_flight": self._inflight is not None,
             "cuda_graph_batch_sizes": sorted(self.runner.graphs),
             "prefill_graph_tokens": sorted(self.runner.prefill_graphs),
             "kernels": "triton" if self.runner.triton else "torch",
             "gemv_batch1": bool(self.runner.gemv),
+            "pdl": self.runner.pdl,
             "capture_b1_ms": dict(self.runner.capture_ms),
             "gemv_plan": {k: ",".join(map(str, v)) if v else "cublas" for k, v in (self.model.gemv_plan or {}).items()},
             **self._counts,

@@ -23,9 +23,27 @@ Small prefill steps (an agent turn's new tokens on top of a cached prefix) are g
 on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS``, for up to
 ``PREFILL_GRAPH_SEQS`` sequences, padded (padding tokens write the scratch block; the
 paged-prefill kernel gives padding rows no work). All host inputs travel in one copy.
+
+Run-ahead decode (used by ``Engine``): ``launch_decode`` replays a decode graph of plain
+rows and queues an asynchronous copy of its ``sampled`` buffer into one of two host
+buffers (pinned on CUDA), with a CUDA event after it; ``launch_next`` then queues the next
+step for the same sequences without the host knowing its tokens: a device-side copy of
+the sampled token ids into the graph's token-id input, positions / slots / context
+lengths incremented in place, a block-table entry and slot set for rows that start a new
+block, and the replay. ``Launch.wait`` blocks on the event and reads the tokens. Stream
+order makes it safe: the next step's input updates run after the previous replay has
+read them, and the previous step's results were copied out before the next replay
+overwrites ``sampled``. ``cuda_graphs="eager"`` puts an object in place of each captured
+graph whose ``replay()`` runs the graph's body eagerly on the same static buffers, so
+the graph and run-ahead paths run (and are tested) on CPU; the CPU default stays eager
+decode without static buffers.
 """
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,13 +57,16 @@ from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
 from opencomposer.inference.scheduler import ScheduledBatch
 
 # prefill steps of at most this many tokens (and sequences) replay a CUDA graph (Triton path)
-PREFILL_GRAPH_TOKENS = (32, 64, 128, 256, 512)
+# (steps of 32 tokens up to 256, then 64, then 128: padding costs at most ~15% of a step's
+# work; eager prefill of ~1,000 tokens was host-bound on an H100 box, ~12 ms for ~6 ms of GPU work)
+PREFILL_GRAPH_TOKENS = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 PREFILL_GRAPH_SEQS = 4
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
-                 max_model_len: int, cuda_graphs: bool = True, triton: bool = False, gemv: bool | None = None):
+                 max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
+                 pdl: bool | None = None):
         self.model = model
         cfg = model.cfg
         p = next(model.parameters())
@@ -53,6 +74,13 @@ class ModelRunner:
         model.inv_freq = model.inv_freq.to(self.device)
         self.triton = triton and self.device.type == "cuda"
         model.use_triton(self.triton)
+        if self.triton:
+            from opencomposer.inference.triton_kernels import pdl_supported
+
+            # programmatic dependent launch between the Triton kernels (Hopper+; see triton_kernels.py)
+            self.pdl = pdl_supported(self.device) if pdl is None else bool(pdl)
+        else:
+            self.pdl = False
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -61,7 +89,7 @@ class ModelRunner:
         shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.gemv = gemv if self.triton else False
         self.capture_ms: dict[str, float] = {}
@@ -71,11 +99,21 @@ class ModelRunner:
         # the device-side seed advances on every replay, so each replay draws new numbers
         # (drawn only there: on other paths it would shift the global RNG stream for nothing)
         self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device) if self.triton else None
-        if self.gemv and not cuda_graphs:
+        if cuda_graphs not in (True, False, "eager"):
+            raise ValueError(f"cuda_graphs={cuda_graphs!r}: expected True, False or 'eager'")
+        eager = cuda_graphs == "eager"
+        if self.gemv and (not cuda_graphs or eager):
             from opencomposer.inference.triton_gemv import default_plan
 
             model.gemv_rows, model.gemv_plan = 1, default_plan(model.cfg)
-        if cuda_graphs and self.device.type == "cuda":
+        # run-ahead decode (``launch_decode`` / ``launch_next``): two host buffers its sampled
+        # tokens are copied into (pinned on CUDA, so the copy is asynchronous), used in turn
+        self._results: list[torch.Tensor] = []
+        self._events: list = []
+        self._turn = 0
+        if eager:
+            self._eager_graphs()
+        elif cuda_graphs and self.device.type == "cuda":
             self._capture()
 
     @property
@@ -86,7 +124,7 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward ``batch``; returns (logits [n_sampling_rows, V] in the model dtype, and
         [2, n] sampled token ids and logprobs when a graph already sampled every row, else None)."""
-        with attention_backends():
+        with attention_backends(), _pdl(self.pdl):
             if batch.decode:
                 return self._decode(batch)
             if self.triton:
@@ -147,13 +185,14 @@ class ModelRunner:
         if bucket is not None and len(batch.seqs) <= PREFILL_GRAPH_SEQS:
             return self._prefill_replay(bucket, batch, (ids, pos, slots, last, starts, tables, ctx))
         width = max(len(t) for t in tables)
-        rows = block_m(start)
-        tiles, seqs = plan(starts, list(batch.chunks), ctx, rows)
+        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
+        rows = block_m(start, group)
+        tiles, seqs = plan(starts, list(batch.chunks), ctx, rows, group)
         dev = self.device
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
                               prefill_tables=_to([t + [0] * (width - len(t)) for t in tables], dev),
                               prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_rows=rows,
-                              prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_heads))
+                              prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_kv_heads))
         hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[_to(last, dev)]), None
 
@@ -165,7 +204,8 @@ class ModelRunner:
         s_max, w, pad = PREFILL_GRAPH_SEQS, self.max_blocks_per_seq, t - len(ids)
         scratch = self.scratch_block
         n = len(batch.seqs)
-        tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t))
+        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
+        tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t, group), group)
         p_max = max(lay["tiles_per_bucket"].values())  # the graph of bucket t reads the first p of each row
         flat = {
             "ids": ids + [0] * pad, "pos": pos + [0] * pad, "slots": slots + [scratch * self.block_size] * pad,
@@ -192,11 +232,13 @@ class ModelRunner:
 
     def _capture_prefill(self) -> None:
         """Graphs of the prefill forward for ``PREFILL_GRAPH_TOKENS`` buckets (after decode's)."""
-        from opencomposer.inference.triton_prefill import block_m
+        from opencomposer.inference.triton_prefill import num_tiles
 
         dev, s_max, w = self.device, PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
         t_max = max(PREFILL_GRAPH_TOKENS)
-        per_bucket = {t: -(-t // block_m(t)) + s_max for t in PREFILL_GRAPH_TOKENS}
+        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
+        # a bucket's tiles: its tokens in one sequence, plus one partial tile per other sequence
+        per_bucket = {t: num_tiles(t, group) + s_max for t in PREFILL_GRAPH_TOKENS}
         p_max = max(per_bucket.values())
         sizes = [("ids", t_max), ("pos", t_max), ("slots", t_max), ("tables", (s_max + 1) * w),
                  ("seqs", 3 * (s_max + 1)), ("tiles", 2 * p_max), ("last", s_max)]
@@ -225,16 +267,17 @@ class ModelRunner:
             self.prefill_graphs[t] = g
 
     def _prefill_graph_forward(self, t: int) -> torch.Tensor:
-        from opencomposer.inference.triton_prefill import block_m, splits_for
+        from opencomposer.inference.triton_prefill import block_m, num_tiles, splits_for
 
         v, s_max, w = self._pstatic["views"], PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
+        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
         p = self._prefill_layout["tiles_per_bucket"][t]
         p_max = v["tiles"].shape[0] // 2
         tiles = v["tiles"].view(2, p_max)[:, :p]
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
                               prefill_tables=v["tables"].view(s_max + 1, w), prefill_seqs=v["seqs"].view(3, s_max + 1),
-                              prefill_tiles=tiles, prefill_rows=block_m(t),
-                              prefill_splits=splits_for(-(-t // block_m(t)), self.model.cfg.num_heads))
+                              prefill_tiles=tiles, prefill_rows=block_m(t, group),
+                              prefill_splits=splits_for(num_tiles(t, group), self.model.cfg.num_kv_heads))
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[v["last"]])
 
@@ -252,9 +295,13 @@ class ModelRunner:
         lens = [len(s) for s in batch.seqs] + [1] * (rows - n)
         return ids, pos, slots, tables, lens
 
+    def _bucket(self, n: int) -> int | None:
+        """The smallest decode graph that holds ``n`` rows (None: no graph does)."""
+        return next((b for b in sorted(self.graphs) if b >= n), None)
+
     def _decode(self, batch: ScheduledBatch) -> torch.Tensor:
         n = len(batch.seqs)
-        bucket = next((b for b in sorted(self.graphs) if b >= n), None)
+        bucket = self._bucket(n)
         if bucket is not None:
             ids, pos, slots, tables, lens = self._decode_inputs(batch, self.max_blocks_per_seq, bucket)
             st = self._static
@@ -277,6 +324,49 @@ class ModelRunner:
         vec = _to([ids, pos, slots, lens], dev)
         return self._decode_forward(vec, _to(tables, dev)), None
 
+    # ------------------------------------------------------------------ run-ahead decode
+
+    @torch.inference_mode()
+    def launch_decode(self, batch: ScheduledBatch) -> Launch | None:
+        """Start the decode step ``batch`` without waiting for it: one graph replay that
+        samples every row, then an asynchronous copy of its tokens to the host (``Launch.wait``
+        reads them). None, and nothing done, if it cannot be that: no graph holds the batch,
+        or a row is not plain (``sampler.is_plain``)."""
+        n = len(batch.seqs)
+        bucket = self._bucket(n)
+        if not batch.decode or bucket is None or not all(is_plain(s) for s in batch.seqs):
+            return None
+        self.run(batch)
+        return self._queue_results(n, bucket)
+
+    @torch.inference_mode()
+    def launch_next(self, prev: Launch, new_blocks: list[tuple[int, int, int]]) -> Launch:
+        """Start the decode step after ``prev`` for the same sequences, before ``prev``'s
+        tokens reach the host: its input tokens are ``prev``'s sampled ones (copied on the
+        device), positions, slots and context lengths one further along. ``new_blocks``: (row,
+        block-table index, block) for each row whose next position starts a new block. All of
+        it is queued on the device after ``prev`` (which read the buffers changed here), and
+        ``prev``'s results were already queued to their own host buffer. At most two launches
+        may be unread at a time (two host buffers, used in turn)."""
+        st, n, bs = self._static, prev.n, self.block_size
+        vec = st["vec"]
+        vec[0, :n].copy_(st["sampled"][0, :n])  # float64 token ids -> int64, on the device
+        vec[1:, :n] += 1  # positions, slots (right unless a new block starts: set below), lengths
+        for row, index, block in new_blocks:
+            st["tables"][row, index:index + 1].fill_(block)
+            vec[2, row:row + 1].fill_(block * bs)
+        with attention_backends(), _pdl(self.pdl):
+            self.graphs[prev.bucket].replay()
+        return self._queue_results(n, prev.bucket)
+
+    def _queue_results(self, n: int, bucket: int) -> Launch:
+        self._turn ^= 1
+        host, event = self._results[self._turn], self._events[self._turn]
+        host.copy_(self._static["sampled"], non_blocking=True)  # the whole buffer: contiguous, one copy
+        if event is not None:
+            event.record()
+        return Launch(n, bucket, host, event)
+
     def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W]."""
         attn = AttentionBatch(slot_mapping=vec[2], decode=True, block_tables=tables, context_lens=vec[3],
@@ -289,10 +379,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _capture(self) -> None:
-        with attention_backends():
+        with attention_backends(), _pdl(self.pdl):
             self._capture_all()
 
-    def _capture_all(self) -> None:
+    def _make_static(self) -> None:
+        """The decode graphs' fixed input and output buffers, and run-ahead's host buffers."""
         m, dev = self.max_num_seqs, self.device
         w = self.max_blocks_per_seq
         self._static = {
@@ -304,9 +395,25 @@ class ModelRunner:
             "sample_in": torch.ones(2, m, dtype=torch.float32, device=dev),  # temperatures, greedy flags
             "sampled": torch.zeros(2, m, dtype=torch.float64, device=dev),   # token ids, logprobs
         }
-        sizes = [b for b in (1, 2, 4, 8) if b < m] + list(range(16, m, 16)) + [m]
+        cuda = dev.type == "cuda"
+        self._results = [torch.zeros(2, m, dtype=torch.float64, pin_memory=cuda) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)] if cuda else [None, None]
+
+    def _bucket_sizes(self) -> list[int]:
+        m = self.max_num_seqs
+        return sorted(set([b for b in (1, 2, 4, 8) if b < m] + list(range(16, m, 16)) + [m]))
+
+    @torch.inference_mode()
+    def _eager_graphs(self) -> None:
+        """``cuda_graphs="eager"``: per bucket an object whose ``replay()`` runs what the
+        captured graph would, eagerly, on the same static buffers (tests the graph path on CPU)."""
+        self._make_static()
+        self.graphs = {b: _EagerReplay(self, b) for b in self._bucket_sizes()}
+
+    def _capture_all(self) -> None:
+        self._make_static()
         self._pool = None
-        for b in sorted(set(sizes), reverse=True):  # largest first, so smaller ones fit in its pool
+        for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
             if b > 1 or self.gemv is False:
                 self.graphs[b] = self._capture_one(b)
                 continue
@@ -333,16 +440,20 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
-        st = self._static
         for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
             self._graph_forward(b)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._pool):
-            st["logits"][:b] = self._graph_forward(b)
-            st["sampled"][:, :b] = self._sample_in_graph(st["logits"][:b], st["sample_in"][:, :b])
+            self._graph_body(b)
         self._pool = g.pool()
         return g
+
+    def _graph_body(self, b: int) -> None:
+        """What a decode graph of bucket ``b`` runs: forward and sample, static buffers in and out."""
+        st = self._static
+        st["logits"][:b] = self._graph_forward(b)
+        st["sampled"][:, :b] = self._sample_in_graph(st["logits"][:b], st["sample_in"][:, :b])
 
     def _sample_in_graph(self, logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """``sampler.sample_plain``'s contract; fused Triton kernels on the Triton path."""
@@ -424,6 +535,52 @@ def _graph_ms(fn, calls: int = 2) -> float:
         for _ in range(calls):
             fn()
     return ModelRunner._time(g, reps=5) / calls
+
+
+@dataclass
+class Launch:
+    """A decode step queued on the device (``launch_decode`` / ``launch_next``)."""
+
+    n: int  # rows (sequences)
+    bucket: int  # the graph it replayed
+    host: torch.Tensor  # [2, max_num_seqs] host buffer that its [token ids, logprobs] are copied into
+    event: Any  # CUDA event recorded after that copy; None on CPU (the copy is done)
+
+    def wait(self) -> tuple[list[int], list[float]]:
+        """Block until the step's results are on the host; -> (token ids, logprobs)."""
+        if self.event is not None:
+            self.event.synchronize()
+        both = self.host[:, :self.n].tolist()
+        return [int(t) for t in both[0]], both[1]
+
+
+class _EagerReplay:
+    """Stands in for a captured decode graph (``cuda_graphs="eager"``): ``replay()`` runs the
+    graph's body eagerly, on the same static buffers."""
+
+    def __init__(self, runner: ModelRunner, b: int):
+        self.runner, self.b = runner, b
+
+    @torch.inference_mode()
+    def replay(self) -> None:
+        with attention_backends():
+            self.runner._graph_body(self.b)
+
+
+@contextlib.contextmanager
+def _pdl(on: bool):
+    """The Triton kernels launched inside use programmatic dependent launch iff ``on``
+    (a process-wide switch: two engines in one process may differ)."""
+    if not on:
+        yield
+        return
+    from opencomposer.inference.triton_kernels import set_pdl
+
+    set_pdl(True)
+    try:
+        yield
+    finally:
+        set_pdl(False)
 
 
 def _to(values: list, device: torch.device) -> torch.Tensor:

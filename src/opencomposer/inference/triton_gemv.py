@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from opencomposer.inference.triton_kernels import pdl_args
+
 MAX_ROWS = 4
 
 
@@ -37,7 +39,7 @@ MAX_ROWS = 4
 def _gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, r_out_ptr,
                  M, N, K, stride_x, stride_r, stride_w, stride_y, eps,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     """PROLOGUE: 0 none, 1 silu(x[:, :K]) * x[:, K:], 2 rms_norm(x (+ r)) * nw."""
     pid = tl.program_id(0)
     ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -46,6 +48,13 @@ def _gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, r_out_ptr,
     m_ok = ms < M
     ks = tl.arange(0, BLOCK_K)
     dtype = y_ptr.dtype.element_ty
+    w_rows = w_ptr + ns[:, None] * stride_w
+    # the weights are no kernel's output: start streaming the first tile before waiting for
+    # the previous kernel (programmatic dependent launch), then always one tile ahead
+    w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if PROLOGUE == 2:
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -62,6 +71,8 @@ def _gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, r_out_ptr,
         kk = k0 + ks
         k_ok = kk < K
         ok = m_ok[:, None] & k_ok[None, :]
+        nxt = kk + BLOCK_K
+        w_next = tl.load(w_rows + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :], other=0.0)
         if PROLOGUE == 1:
             g = tl.load(x_ptr + ms[:, None] * stride_x + kk[None, :], mask=ok, other=0.0).to(tl.float32)
             u = tl.load(x_ptr + ms[:, None] * stride_x + K + kk[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -77,9 +88,8 @@ def _gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, r_out_ptr,
             a = (s * rstd[:, None] * nw[None, :]).to(dtype).to(tl.float32)
         else:
             a = tl.load(x_ptr + ms[:, None] * stride_x + kk[None, :], mask=ok, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + ns[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        w = w_next
     if HAS_BIAS:
         acc += tl.load(b_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + ms[:, None] * stride_y + ns[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
@@ -106,6 +116,13 @@ def candidates(m: int, n: int, k: int) -> list[tuple[int, int, int]]:
     found = {(bn, bk, w), (max(4, bn // 2), bk, w), (bn * 2, bk, w), (bn, bk, 8)}
     if m == 1:  # longer loads, more warps: the winners for most Qwen2.5 shapes on an H100
         found.add((bn, min(2048, triton.next_power_of_2(k)), 8))
+        # a K tile that divides K, so no tile is half masked (K = 1536 -> 512: the 1.5B's
+        # qkv and gate_up streamed 1,024 + 512 columns per row with the default)
+        div = k & -k
+        if 512 <= div < bk:
+            found |= {(bn, div, 4), (2 * bn, div, 4)}
+        if n <= 4096:  # few output rows: two per program doubles the programs
+            found.add((2, bk, 4))
     return sorted(found)
 
 
@@ -148,7 +165,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight, bias if bias is not None else weight, y, r_out,
         m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0), y.stride(0), eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl_args())
     if norm_weight is not None:
         return y, r_out
     return y

@@ -19,6 +19,17 @@ sum, fp32 accumulator), and a second small kernel merges the splits. It reads ea
 entry once and never past the sequence's length -- the torch path gathers the block
 table's full padded width and then masks it.
 
+Programmatic dependent launch (PDL, Hopper and newer): with ``set_pdl(True)`` every kernel of
+these modules is launched so that it may start while the kernel before it is finishing,
+and waits (``gdc_wait``) before it reads anything that kernel wrote; it then lets the next
+one start (``gdc_launch_dependents``). A decode step at batch 1 is ~200 small kernels in a
+row, each otherwise paying launch, ramp-up and memory latency after the previous one
+drained; the GEMVs also start streaming their weights before the wait. Because every
+kernel signals only after its own wait, a kernel that starts early may read what kernels
+two or more back wrote, never its direct predecessor's output. ``ModelRunner`` turns it
+on for CUDA devices of compute capability 9.0+ (``pdl=None``); off, the instructions are
+not compiled in.
+
 Checked against the torch paths in ``tests/gpu/test_engine_cuda.py``.
 """
 
@@ -27,6 +38,30 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+_PDL = [False]
+
+
+def set_pdl(on: bool) -> None:
+    """Launch this package's Triton kernels with programmatic dependent launch (or not)."""
+    _PDL[0] = bool(on)
+
+
+def pdl_args() -> dict:
+    """Keyword arguments of a kernel launch: the ``USE_PDL`` constexpr and the launch flag."""
+    return {"USE_PDL": _PDL[0], "launch_pdl": _PDL[0]}
+
+
+def pdl_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def gdc_enter(USE_PDL: tl.constexpr):
+    """Wait for the previous kernel's writes, then let the next kernel launch (PDL)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -38,10 +73,11 @@ def _paged_decode_kernel(
     stride_tb,
     TOKENS_PER_SPLIT,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One (sequence, KV head, split of the context): partial softmax state of its tokens,
     read ``TILE`` tokens (several cache blocks, gathered through the block table) at a time."""
+    gdc_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -79,9 +115,11 @@ def _paged_decode_kernel(
 
 @triton.jit
 def _paged_decode_reduce(part_acc_ptr, part_ml_ptr, out_ptr, lens_ptr, stride_ob, stride_oh, TOKENS_PER_SPLIT,
-                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     """Merge the splits' (max, sum, acc) into the attention output, one pass over the splits
     that hold tokens of this sequence (the rest are empty)."""
+    gdc_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     rows = tl.arange(0, GROUP_PAD)
@@ -135,17 +173,19 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         per_split,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_SIZE=bs, TILE=tile, SPLITS=splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
+        **pdl_args(),
     )
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     _paged_decode_reduce[(b, kvh)](part_acc, part_ml, out, context_lens, out.stride(0), out.stride(1), per_split,
-                                   GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, SPLITS=splits)
+                                   GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, SPLITS=splits, **pdl_args())
     return out
 
 
 @triton.jit
 def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, slots_ptr, kc_ptr, vc_ptr, stride_t, stride_c, stride_slot,
                        NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                       QK_PAD: tl.constexpr, KV_PAD: tl.constexpr):
+                       QK_PAD: tl.constexpr, KV_PAD: tl.constexpr, USE_PDL: tl.constexpr):
+    gdc_enter(USE_PDL)
     t = tl.program_id(0)
     heads = tl.arange(0, QK_PAD)
     ok = heads < NH + NKV
@@ -179,11 +219,14 @@ def rope_and_cache(qkv: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Te
     d = cos_half.shape[1] * 2
     _rope_cache_kernel[(t,)](
         qkv, cos_half, sin_half, slots, k_cache, v_cache, qkv.stride(0), cos_half.stride(0), k_cache.stride(1),
-        NH=nh, NKV=nkv, D=d, HALF=d // 2, QK_PAD=triton.next_power_of_2(nh + nkv), KV_PAD=triton.next_power_of_2(nkv))
+        NH=nh, NKV=nkv, D=d, HALF=d // 2, QK_PAD=triton.next_power_of_2(nh + nkv), KV_PAD=triton.next_power_of_2(nkv),
+        **pdl_args())
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, n, eps, BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, n, eps, BLOCK: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    gdc_enter(USE_PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n
@@ -202,12 +245,13 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     out = torch.empty_like(x)
     n = x.shape[1]
     _add_rmsnorm_kernel[(x.shape[0],)](x, residual, weight, out, x.stride(0), residual.stride(0), out.stride(0), n, eps,
-                                       BLOCK=triton.next_power_of_2(n))
+                                       BLOCK=triton.next_power_of_2(n), **pdl_args())
     return out
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    gdc_enter(USE_PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
@@ -222,5 +266,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     inter = two_i // 2
     out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
+    _silu_mul_kernel[(t, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block,
+                                                        **pdl_args())
     return out

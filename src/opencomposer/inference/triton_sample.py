@@ -27,12 +27,15 @@ import torch
 import triton
 import triton.language as tl
 
+from opencomposer.inference.triton_kernels import gdc_enter, pdl_args
+
 BLOCK = 1024
 
 
 @triton.jit
 def _sample_partial(logits_ptr, inputs_ptr, seed_ptr, part_ptr, V, stride_l, stride_in, CHUNK,
-                    CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+                    CHUNKS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    gdc_enter(USE_PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     temp = tl.load(inputs_ptr + row)
@@ -79,7 +82,8 @@ def _sample_partial(logits_ptr, inputs_ptr, seed_ptr, part_ptr, V, stride_l, str
 
 @triton.jit
 def _sample_final(part_ptr, logits_ptr, inputs_ptr, seed_ptr, out_ptr, stride_l, stride_in, stride_out,
-                  CHUNKS: tl.constexpr):
+                  CHUNKS: tl.constexpr, USE_PDL: tl.constexpr):
+    gdc_enter(USE_PDL)
     row = tl.program_id(0)
     cs = tl.arange(0, CHUNKS)
     base = part_ptr + (row * CHUNKS + cs) * 6
@@ -117,7 +121,7 @@ def sample_plain_fused(logits: torch.Tensor, inputs: torch.Tensor, seed: torch.T
     part = torch.empty((b, chunks, 6), dtype=torch.float32, device=logits.device)
     out = torch.empty((2, b), dtype=torch.float64, device=logits.device)
     _sample_partial[(b, chunks)](logits, inputs, seed, part, v, logits.stride(0), inputs.stride(0), chunk,
-                                 CHUNKS=chunks, BLOCK=BLOCK)
+                                 CHUNKS=chunks, BLOCK=BLOCK, **pdl_args())
     _sample_final[(b,)](part, logits, inputs, seed, out, logits.stride(0), inputs.stride(0), out.stride(0),
-                        CHUNKS=chunks)
+                        CHUNKS=chunks, **pdl_args())
     return out

@@ -37,7 +37,12 @@ _interp._patch_lang_tensor = _patched
 
 @pytest.fixture
 def interpreted():
-    from opencomposer.inference import triton_gemv, triton_kernels, triton_prefill, triton_sample
+    from opencomposer.inference import (
+        triton_gemv,
+        triton_kernels,
+        triton_prefill,
+        triton_sample,
+    )
 
     return {"triton_gemv": triton_gemv, "triton_kernels": triton_kernels, "triton_prefill": triton_prefill,
             "triton_sample": triton_sample}
@@ -121,8 +126,8 @@ def test_paged_prefill_matches_dense_causal_attention(interpreted):
     q = torch.randn(total, h + 2 * kvh, d)[:, :h]  # a strided view, as the model passes it
     starts = [sum(n for n, _ in shapes[:i]) for i in range(len(shapes))]
     tp.warm_up(kc, h)  # the engine's start-up compile of every eager variant: a no-work step each
-    for rows, splits in ((16, 1), (32, 1), (16, 4)):
-        tiles, seqs = tp.plan(starts, [n for n, _ in shapes], [c for _, c in shapes], rows)
+    for rows, splits in ((16, 1), (32, 1), (16, 4), (64, 2)):
+        tiles, seqs = tp.plan(starts, [n for n, _ in shapes], [c for _, c in shapes], rows, h // kvh)
         width = max(map(len, tables))
         got = tp.paged_prefill(q, kc, vc, torch.tensor([t + [0] * (width - len(t)) for t in tables]),
                                torch.tensor(seqs), torch.tensor(tiles), rows, splits)

@@ -1,0 +1,225 @@
+"""Where a decode step and an agent turn's prefill spend their time (GPU), with and without
+programmatic dependent launch (PDL) between the Triton kernels.
+
+    PYTHONPATH=src python3 benchmarks/profile_engine.py [--shape qwen2.5-1.5b] [--out profile.json]
+
+For each setting (pdl off, pdl on), on a randomly initialised model of the shape in bf16:
+
+* batch-1 decode: engine step wall time and the CUDA-graph replay alone (``bench.engine_decode``),
+  and a kernel table of one replay from ``torch.profiler`` (name, calls, microseconds);
+* a 10-turn agent rollout (``bench.agent_rollout``): per-turn prefill wall time and tokens,
+  the ratio to prefilling the last prompt alone, and a kernel table of one replay of the
+  256-token prefill graph (the bucket a turn's ~210 new tokens use).
+
+Also checks that both settings produce the same greedy tokens (PDL changes launch order
+only). Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from collections import defaultdict
+
+import torch
+import triton
+
+from opencomposer.inference.bench import (
+    agent_rollout,
+    bandwidth,
+    engine_decode,
+    random_qwen2,
+    roofline,
+)
+from opencomposer.inference.engine import Engine, SamplingParams
+
+
+def kernel_table(fn, reps: int = 3, top: int = 14) -> dict:
+    """Kernels of ``fn()`` (a graph replay) per call: [(name, calls, us)], their sum, and wall us."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / reps
+    per = defaultdict(lambda: [0, 0.0])
+    spans = []
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        name = e.name if len(e.name) < 60 else e.name[:57] + "..."
+        per[name][0] += 1
+        per[name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        spans.append((e.time_range.start, e.time_range.end))
+    rows = sorted(((k, v[0] // reps, round(v[1] / reps, 1)) for k, v in per.items()), key=lambda r: -r[2])
+    busy = 0.0  # union of kernel intervals (overlap counted once)
+    last = None
+    for s, e in sorted(spans):
+        if last is None or s > last:
+            busy += e - s
+            last = e
+        elif e > last:
+            busy += e - last
+            last = e
+    return {"wall_us": round(1e6 * wall, 1), "kernels_per_call": sum(r[1] for r in rows),
+            "kernel_sum_us": round(sum(r[2] for r in rows), 1), "busy_us": round(busy / reps, 1), "top": rows[:top]}
+
+
+def attention_grid(shape: str) -> dict:
+    """``paged_prefill`` alone (one layer, CUDA-graph timed, microseconds) for a turn on a
+    cached prefix and for fresh prompts: the (rows, splits) the engine picks
+    (``block_m``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages)."""
+    from opencomposer.inference.bench import SHAPES
+    from opencomposer.inference.triton_prefill import (
+        block_m,
+        paged_prefill,
+        plan,
+        splits_for,
+    )
+
+    c = SHAPES[shape]
+    h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
+    d, bs, group = c["hidden_size"] // h, 16, h // kvh
+    out = {}
+    for q_len, ctx in ((208, 3000), (1000, 1000), (3376, 3376)):
+        nblk = -(-ctx // bs)
+        kc = torch.randn(nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
+        table = torch.arange(nblk, device="cuda")[None, :]
+        rows0 = block_m(q_len, group)
+        res = {"picked": f"{rows0}x{splits_for(-(-q_len * group // rows0), kvh)}"}
+        configs = [(r, sp, 64, None, None) for r in (64, 128) for sp in (1, 2, 4, 8)]
+        sp0 = splits_for(-(-q_len * group // rows0), kvh)
+        configs += [(rows0, sp0, bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        for rows, splits, bn, w, st in configs:
+            tiles, seqs = plan([0], [q_len], [ctx], rows, group)
+            tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
+            fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
+                                   num_warps=w, num_stages=st)
+            try:
+                res[f"{rows}x{splits} n{bn} w{w} s{st}"] = round(1000 * _graph_ms(fn), 1)
+            except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
+                res[f"{rows}x{splits} n{bn} w{w} s{st}"] = type(e).__name__
+        out[f"q{q_len}_ctx{ctx}"] = res
+    return out
+
+
+def _graph_ms(fn, reps: int = 20) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def fresh_prefill(engine: Engine, lengths=(300, 600, 1000, 2000, 3376)) -> dict:
+    """Wall ms of one fresh prefill step per prompt length (best of 3, prefix cache cleared)."""
+    out = {}
+    g = torch.Generator().manual_seed(9)
+    for n in lengths:
+        prompt = torch.randint(0, engine.model.cfg.vocab_size, (n,), generator=g).tolist()
+        best = None
+        for _ in range(3):
+            engine.blocks.invalidate()
+            a = engine.stats()["prefill_seconds"]
+            engine.generate([prompt], SamplingParams(max_tokens=1))
+            t = 1000 * (engine.stats()["prefill_seconds"] - a)
+            best = t if best is None else min(best, t)
+        out[n] = round(best, 3)
+    engine.blocks.invalidate()
+    return out
+
+
+def one(shape: str, pdl: bool, bw: float) -> dict:
+    hf = random_qwen2(shape, "cuda", torch.bfloat16)
+    out: dict = {}
+    engine = Engine(hf, None, max_num_seqs=1, max_model_len=128 + 128 + 8, device="cuda", dtype=torch.bfloat16,
+                    pdl=pdl)
+    d = engine_decode(engine, 1, 128, 128)
+    d["roofline_tokens_per_s"] = roofline(engine, 1, d["mean_context"], bw)
+    d["fraction_of_roofline"] = d["tokens_per_s"] / d["roofline_tokens_per_s"]
+    out["decode_b1"] = {k: round(v, 4) for k, v in d.items()}
+    out["capture_b1_ms"] = engine.stats()["capture_b1_ms"]
+    out["gemv_plan"], out["gemv_us_per_layer"] = engine.stats()["gemv_plan"], engine.runner.gemv_timings
+    out["decode_b1_kernels"] = kernel_table(engine.runner.graphs[1].replay)
+    greedy = engine.generate([list(range(1, 40))], SamplingParams(max_tokens=32, temperature=0))[0].token_ids
+    del engine
+    engine = Engine(hf, None, max_num_seqs=8, max_model_len=3376 + 128 + 128, device="cuda", dtype=torch.bfloat16,
+                    max_num_batched_tokens=8192, pdl=pdl)
+    turns = []
+    step = engine.step
+
+    def timed_step(eng=engine):  # per-step prefill seconds and tokens, from the engine's own counters
+        before = eng.stats()
+        res = step()
+        after = eng.stats()
+        if after["prefill_tokens_computed"] > before["prefill_tokens_computed"]:
+            turns.append((after["prefill_tokens_computed"] - before["prefill_tokens_computed"],
+                          round(1000 * (after["prefill_seconds"] - before["prefill_seconds"]), 3)))
+        return res
+
+    out["fresh_prefill_ms"] = fresh_prefill(engine)
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = list(range(5, 1005))
+    engine.blocks.invalidate()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate([prompt], SamplingParams(max_tokens=1))
+    engine.blocks.invalidate()
+    out["fresh_1000_profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)[-2500:]
+    engine.step = timed_step
+    r = agent_rollout(engine)
+    engine.step = step
+    out["rollout"] = {k: round(v, 4) for k, v in r.items()}
+    out["rollout_prefill_steps"] = turns  # (tokens, ms) per prefill step, warm-up and the last-alone runs included
+    if 256 in engine.runner.prefill_graphs:
+        out["prefill_256_kernels"] = kernel_table(engine.runner.prefill_graphs[256].replay)
+    del engine, hf
+    torch.cuda.empty_cache()
+    out["greedy"] = greedy
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="qwen2.5-1.5b")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--pdl", default="off,on", help="settings to run: off,on")
+    a = ap.parse_args()
+    bw = bandwidth("cuda")
+    res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
+    res["attention_us"] = attention_grid(a.shape)
+    print("attention", json.dumps(res["attention_us"]), flush=True)
+    for pdl in [v == "on" for v in a.pdl.split(",")]:
+        key = "pdl_on" if pdl else "pdl_off"
+        res[key] = one(a.shape, pdl, bw)
+        print(f"{key}: {json.dumps(res[key])[:4000]}", flush=True)
+    if "pdl_on" in res and "pdl_off" in res:
+        res["same_greedy_tokens"] = res["pdl_on"].pop("greedy") == res["pdl_off"].pop("greedy")
+    line = json.dumps(res)
+    if a.out:
+        from pathlib import Path
+
+        Path(a.out).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
