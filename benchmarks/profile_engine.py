@@ -185,7 +185,17 @@ def one(shape: str, pdl: bool, bw: float) -> dict:
     engine.blocks.invalidate()
     out["fresh_1000_profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)[-2500:]
     engine.step = timed_step
+    import cProfile
+    import io
+    import pstats
+
+    host = cProfile.Profile()  # where the host's time goes in a rollout (inflated by the profiler)
+    host.enable()
     r = agent_rollout(engine)
+    host.disable()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(22)
+    out["rollout_host_profile"] = text.getvalue()[-4500:]
     engine.step = step
     out["rollout"] = {k: round(v, 4) for k, v in r.items()}
     out["rollout_prefill_steps"] = turns  # (tokens, ms) per prefill step, warm-up and the last-alone runs included
@@ -202,11 +212,17 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen2.5-1.5b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--pdl", default="off,on", help="settings to run: off,on")
+    ap.add_argument("--attention-only", action="store_true", help="only the paged-prefill kernel grid")
+    ap.add_argument("--no-attention", action="store_true", help="skip the paged-prefill kernel grid")
     a = ap.parse_args()
     bw = bandwidth("cuda")
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
-    res["attention_us"] = attention_grid(a.shape)
-    print("attention", json.dumps(res["attention_us"]), flush=True)
+    if not a.no_attention:
+        res["attention_us"] = attention_grid(a.shape)
+        print("attention", json.dumps(res["attention_us"]), flush=True)
+    if a.attention_only:
+        print(json.dumps(res))
+        return
     for pdl in [v == "on" for v in a.pdl.split(",")]:
         key = "pdl_on" if pdl else "pdl_off"
         res[key] = one(a.shape, pdl, bw)

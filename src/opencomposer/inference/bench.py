@@ -17,8 +17,9 @@ For each shape (a randomly initialised Qwen2 of the given size; configs inline b
 * logprob parity (first shape): the engine's logprobs of its sampled tokens against the HF
   forward pass on the same weights, in fp32 and in the benchmark dtype;
 * per shape, the batch-1 projection plan the engine chose at start-up (``gemv_plan``:
-  a Triton GEMV config or cuBLAS per projection) and both graphs' replay times
-  (``capture_b1_ms``: all-cuBLAS vs the plan).
+  a Triton GEMV config or cuBLAS per projection) and the candidate graphs' replay times
+  (``capture_b1_ms``: all-cuBLAS, the per-projection plan, and the plan with each
+  GEMV role moved to cuBLAS in turn; the fastest graph is kept).
 
 The last line printed is one JSON object with every figure.
 """

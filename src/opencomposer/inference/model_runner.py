@@ -14,10 +14,11 @@ are fused kernels too (``triton_kernels.py``), in prefill and decode.
 The graphs also sample (``sampler.sample_plain``: temperature and greedy flags are graph
 inputs), so a step of plain rows (no top-k/top-p/seed/top_logprobs) is one replay and
 one device->host copy of [token, logprob] pairs; other rows are sampled from the graph's
-logits by ``sampler.sample``. At batch 1 the graph is captured twice -- cuBLAS
-projections, and ``triton_gemv`` projections with the norms and the activation fused in
--- each timed over a few replays, and the faster one is kept (``gemv=None``; True/False
-forces one); ``capture_ms`` holds both times.
+logits by ``sampler.sample``. At batch 1 the graph is captured several times -- cuBLAS
+projections; ``triton_gemv`` projections (norms and activation fused in) in the configs
+tuned per projection; that plan with each GEMV role moved back to cuBLAS in turn -- each
+timed over a few replays, and the fastest is kept (``gemv=None``; True/False forces
+one, see ``_capture_b1``); ``capture_ms`` holds every time.
 
 Small prefill steps (an agent turn's new tokens on top of a cached prefix) are graphs too
 on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS``, for up to
@@ -45,6 +46,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from opencomposer.inference.attention import (
@@ -201,26 +203,29 @@ class ModelRunner:
 
         ids, pos, slots, last, starts, tables, ctx = lists
         lay = self._prefill_layout
-        s_max, w, pad = PREFILL_GRAPH_SEQS, self.max_blocks_per_seq, t - len(ids)
+        s_max, w = PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
         scratch = self.scratch_block
         n = len(batch.seqs)
         group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
         tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t, group), group)
-        p_max = max(lay["tiles_per_bucket"].values())  # the graph of bucket t reads the first p of each row
-        flat = {
-            "ids": ids + [0] * pad, "pos": pos + [0] * pad, "slots": slots + [scratch * self.block_size] * pad,
-            # row s_max (and unused rows) is the padding sequence: no tokens, so no work
-            "tables": [b for tb in tables for b in tb + [scratch] * (w - len(tb))] + [scratch] * (w * (s_max + 1 - n)),
-            "seqs": [v for row in seqs for v in row + [0] * (s_max + 1 - n)],
-            "tiles": tiles[0] + [s_max] * (p_max - len(tiles[0])) + tiles[1] + [0] * (p_max - len(tiles[1])),
-            "last": last + [0] * (s_max - len(last)),
-        }
-        host = []
-        for name, size in lay["sizes"]:
-            vals = flat.get(name, [])
-            host += vals + [0] * (size - len(vals))
+        # one host array in the layout of the graph's input buffer (numpy slices: building
+        # Python lists of its ~5,000 entries cost ~0.6 ms a turn); padding tokens write the
+        # scratch block, unused sequence rows are the padding sequence (no tokens, no work)
+        buf = np.zeros(lay["total"], dtype=np.int64)
+        v = {name: buf[o:o + size] for name, (o, size) in lay["offsets"].items()}
+        v["ids"][:len(ids)], v["pos"][:len(pos)], v["slots"][:len(slots)] = ids, pos, slots
+        v["slots"][len(slots):] = scratch * self.block_size
+        tab = v["tables"].reshape(s_max + 1, w)
+        tab[:] = scratch
+        for i, tb in enumerate(tables):
+            tab[i, :len(tb)] = tb
+        v["seqs"].reshape(3, s_max + 1)[:, :n] = seqs
+        til = v["tiles"].reshape(2, -1)
+        til[0, :] = s_max
+        til[:, :len(tiles[0])] = tiles
+        v["last"][:len(last)] = last
         st = self._pstatic
-        st["flat"].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        st["flat"].copy_(torch.from_numpy(buf), non_blocking=True)
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         plain = all(is_plain(s) for s in sampling)
         if plain and sampling:
@@ -242,7 +247,11 @@ class ModelRunner:
         p_max = max(per_bucket.values())
         sizes = [("ids", t_max), ("pos", t_max), ("slots", t_max), ("tables", (s_max + 1) * w),
                  ("seqs", 3 * (s_max + 1)), ("tiles", 2 * p_max), ("last", s_max)]
-        self._prefill_layout = {"sizes": sizes, "tiles_per_bucket": per_bucket}
+        offsets, o = {}, 0
+        for name, size in sizes:
+            offsets[name] = (o, size)
+            o += size
+        self._prefill_layout = {"offsets": offsets, "total": o, "tiles_per_bucket": per_bucket}
         flat = torch.zeros(sum(n for _, n in sizes), dtype=torch.long, device=dev)
         views, o = {}, 0
         for name, n in sizes:
@@ -414,30 +423,58 @@ class ModelRunner:
         self._make_static()
         self._pool = None
         for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
-            if b > 1 or self.gemv is False:
-                self.graphs[b] = self._capture_one(b)
-                continue
-            from opencomposer.inference.triton_gemv import default_plan
-
-            plan = default_plan(self.model.cfg) if self.gemv else self._tune_gemv()
-            timed = {}
-            for name in ("cublas", "gemv"):
-                if (name == "cublas" and self.gemv) or (name == "gemv" and not any(plan.values())):
-                    continue
-                self.model.gemv_rows, self.model.gemv_plan = (1, plan) if name == "gemv" else (0, None)
-                g = self._capture_one(b)
-                timed[name] = (g, self._time(g)) if self.gemv is None else (g, 0.0)
-            best = min(timed, key=lambda k: timed[k][1])
-            self.graphs[b] = timed[best][0]
-            self.model.gemv_rows, self.model.gemv_plan = (1, plan) if best == "gemv" else (0, None)
-            self.capture_ms = {k: round(v[1], 4) for k, v in timed.items()} if self.gemv is None else {}
-            self.gemv = best == "gemv"
+            self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else self._capture_b1()
         if self.triton:
             from opencomposer.inference.triton_prefill import warm_up
 
             self._capture_prefill()
             warm_up(self.k_cache[0], self.model.cfg.num_heads)
         torch.cuda.synchronize()
+
+    def _capture_b1(self) -> torch.cuda.CUDAGraph:
+        """The batch-1 graph with a projection plan (``gemv_plan``: a GEMV config or cuBLAS per
+        role). ``gemv=True``: the heuristic configs, untimed. ``gemv=None``: each projection
+        tuned alone (``_tune_gemv``), then refined on the whole graph's replay time -- each
+        GEMV role tried on cuBLAS in turn, kept when the graph is faster -- and kept only if
+        faster than the all-cuBLAS graph. (Alone, the 1.5B's gate_up timed the same either
+        way, 24.4 vs 24.6 us; in the whole graph cuBLAS there replayed 1.63 ms against
+        1.76-1.82 on H100s, so the choice is made on whole graphs.) ``capture_ms`` keeps
+        every graph's time."""
+        from opencomposer.inference.triton_gemv import ROLES, default_plan
+
+        def capture(plan):
+            self.model.gemv_rows, self.model.gemv_plan = (1, plan) if plan else (0, None)
+            g = self._capture_one(1)
+            return g, self._time(g, reps=30)
+
+        if self.gemv:
+            plan = default_plan(self.model.cfg)
+            self.model.gemv_rows, self.model.gemv_plan = 1, plan
+            return self._capture_one(1)
+        plan = self._tune_gemv()
+        g_cublas, t_cublas = capture(None)
+        times = {"cublas": t_cublas}
+        best = (g_cublas, t_cublas, None)
+        if any(plan.values()):
+            g, t = capture(plan)
+            times["gemv"] = t
+            current = (g, t, plan)
+            for role in ROLES:
+                if not current[2].get(role):
+                    continue
+                trial = {**current[2], role: None}
+                if not any(trial.values()):
+                    continue
+                g, t = capture(trial)
+                times[f"gemv, {role} on cublas"] = t
+                if t < current[1]:
+                    current = (g, t, trial)
+            if current[1] < best[1]:
+                best = current
+        self.model.gemv_rows, self.model.gemv_plan = (1, best[2]) if best[2] else (0, None)
+        self.capture_ms = {k: round(v, 4) for k, v in times.items()}
+        self.gemv = best[2] is not None
+        return best[0]
 
     def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
         for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph

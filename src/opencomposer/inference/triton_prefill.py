@@ -68,13 +68,21 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
     chunk = tl.cdiv(tl.cdiv(end, BLOCK_N), SPLITS) * BLOCK_N  # this split's share of the keys
     lo = split * chunk
     hi = tl.minimum(end, lo + chunk)
+    # the key tile after the one being computed is loaded first (software prefetch: the
+    # loads' latency overlaps the two dots and the softmax instead of stalling each step)
+    keys = lo + tl.arange(0, BLOCK_N)
+    key_ok = keys < hi
+    block = tl.load(tables_ptr + s * stride_tb + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    offs = (block * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
+    k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
     for n0 in range(lo, hi, BLOCK_N):
-        keys = n0 + tl.arange(0, BLOCK_N)
-        key_ok = keys < hi
-        block = tl.load(tables_ptr + s * stride_tb + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        offs = (block * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
-        k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
+        nxt = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+        nxt_ok = nxt < hi
+        nblock = tl.load(tables_ptr + s * stride_tb + nxt // BLOCK_SIZE, mask=nxt_ok, other=0).to(tl.int64)
+        noffs = (nblock * BLOCK_SIZE + nxt % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
+        k_next = tl.load(k_ptr + noffs, mask=nxt_ok[:, None], other=0.0)
+        v_next = tl.load(v_ptr + noffs, mask=nxt_ok[:, None], other=0.0)
         sc = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         sc = tl.where(key_ok[None, :] & (keys[None, :] <= pos[:, None]), sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
@@ -83,6 +91,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
+        keys, key_ok, k, v = nxt, nxt_ok, k_next, v_next
     if SPLITS == 1:
         tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -133,12 +142,9 @@ ROWS = (16, 32, 64, 128)  # the BLOCK_M variants
 
 
 def block_m(num_tokens: int, group: int) -> int:
-    """(token, head) rows per program: smaller tiles for small steps, so they still fill the
-    GPU (measured on an H100, Qwen2.5-1.5B heads: 208 new tokens on a 3,000-token prefix
-    41 us/layer with 64 rows x 4 splits vs 51 with 128 x 8; 3,376 fresh tokens 231 us
-    with 128 x 2 vs 247 with 64 x 2)."""
+    """(token, head) rows per program: smaller tiles for small steps, so they still fill the GPU."""
     rows = num_tokens * group
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 4096 else 128
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 8192 else 128
 
 
 def num_tiles(num_tokens: int, group: int) -> int:
@@ -161,9 +167,14 @@ def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
 def splits_for(tiles: int, kv_heads: int) -> int:
     """Key splits per (tile, KV head) program: few tiles (a short step on a long cached
     prefix) would leave most of the GPU idle while each program walks the whole context;
-    more splits cost partial results written and merged (~200 programs in all measured best)."""
-    per = max(1, 200 // max(1, tiles * kv_heads))
-    return min(8, 1 << (per.bit_length() - 1))
+    more splits cost partial results written and merged.
+
+    Measured on an H100 (Qwen2.5-1.5B heads, ``benchmarks/profile_engine.py
+    --attention-only``, us per layer): 208 new tokens on a 3,000-token prefix 38 with
+    64 rows x 4 splits (46 with x 8, 64 with x 2); 1,000 fresh tokens 38.5 with 64 x 2;
+    3,376 fresh tokens 215 with 128 x 2 (277 with x 1)."""
+    programs = tiles * kv_heads
+    return 8 if programs < 24 else 4 if programs < 64 else 2 if programs < 1024 else 1
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
