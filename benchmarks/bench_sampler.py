@@ -15,6 +15,7 @@ import json
 
 import torch
 
+from opencomposer.inference import batch1_plan
 from opencomposer.inference.bench import bandwidth
 from opencomposer.inference.sampler import sample_plain
 from opencomposer.inference.triton_sample import sample_plain_fused
@@ -23,21 +24,7 @@ from opencomposer.inference.triton_sample import sample_plain_fused
 def graph_ms(fn, args: tuple, reps: int = 50) -> float:
     """Milliseconds per replay of a CUDA graph of ``out.copy_(fn(*args[1:]))``."""
     out, *rest = args
-    for _ in range(2):
-        out.copy_(fn(*rest))
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out.copy_(fn(*rest))
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return batch1_plan.graph_ms(lambda: out.copy_(fn(*rest)), reps=reps)
 
 
 def main() -> None:

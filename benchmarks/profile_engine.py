@@ -26,6 +26,7 @@ from collections import defaultdict
 import torch
 import triton
 
+from opencomposer.inference.batch1_plan import graph_ms
 from opencomposer.inference.bench import (
     agent_rollout,
     bandwidth,
@@ -104,29 +105,11 @@ def attention_grid(shape: str) -> dict:
             fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
                                    num_warps=w, num_stages=st)
             try:
-                res[f"{rows}x{splits} n{bn} w{w} s{st}"] = round(1000 * _graph_ms(fn), 1)
+                res[f"{rows}x{splits} n{bn} w{w} s{st}"] = round(1000 * graph_ms(fn, reps=20), 1)
             except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
                 res[f"{rows}x{splits} n{bn} w{w} s{st}"] = type(e).__name__
         out[f"q{q_len}_ctx{ctx}"] = res
     return out
-
-
-def _graph_ms(fn, reps: int = 20) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / reps
 
 
 def fresh_prefill(engine: Engine, lengths=(300, 600, 1000, 2000, 3376)) -> dict:

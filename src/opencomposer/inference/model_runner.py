@@ -18,7 +18,7 @@ logits by ``sampler.sample``. At batch 1 the graph is captured several times -- 
 projections; ``triton_gemv`` projections (norms and activation fused in) in the configs
 tuned per projection; that plan with each GEMV role moved back to cuBLAS in turn -- each
 timed over a few replays, and the fastest is kept (``gemv=None``; True/False forces
-one, see ``_capture_b1``); ``capture_ms`` holds every time.
+one, see ``batch1_plan.py``); ``capture_ms`` holds every time.
 
 Small prefill steps (an agent turn's new tokens on top of a cached prefix) are graphs too
 on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS``, for up to
@@ -54,6 +54,7 @@ from opencomposer.inference.attention import (
     PrefillSeq,
     attention_backends,
 )
+from opencomposer.inference.batch1_plan import capture_batch1
 from opencomposer.inference.models.transformer import DecoderLM
 from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
 from opencomposer.inference.scheduler import ScheduledBatch
@@ -423,58 +424,13 @@ class ModelRunner:
         self._make_static()
         self._pool = None
         for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
-            self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else self._capture_b1()
+            self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else capture_batch1(self)
         if self.triton:
             from opencomposer.inference.triton_prefill import warm_up
 
             self._capture_prefill()
             warm_up(self.k_cache[0], self.model.cfg.num_heads)
         torch.cuda.synchronize()
-
-    def _capture_b1(self) -> torch.cuda.CUDAGraph:
-        """The batch-1 graph with a projection plan (``gemv_plan``: a GEMV config or cuBLAS per
-        role). ``gemv=True``: the heuristic configs, untimed. ``gemv=None``: each projection
-        tuned alone (``_tune_gemv``), then refined on the whole graph's replay time -- each
-        GEMV role tried on cuBLAS in turn, kept when the graph is faster -- and kept only if
-        faster than the all-cuBLAS graph. (Alone, the 1.5B's gate_up timed the same either
-        way, 24.4 vs 24.6 us; in the whole graph cuBLAS there replayed 1.63 ms against
-        1.76-1.82 on H100s, so the choice is made on whole graphs.) ``capture_ms`` keeps
-        every graph's time."""
-        from opencomposer.inference.triton_gemv import ROLES, default_plan
-
-        def capture(plan):
-            self.model.gemv_rows, self.model.gemv_plan = (1, plan) if plan else (0, None)
-            g = self._capture_one(1)
-            return g, self._time(g, reps=30)
-
-        if self.gemv:
-            plan = default_plan(self.model.cfg)
-            self.model.gemv_rows, self.model.gemv_plan = 1, plan
-            return self._capture_one(1)
-        plan = self._tune_gemv()
-        g_cublas, t_cublas = capture(None)
-        times = {"cublas": t_cublas}
-        best = (g_cublas, t_cublas, None)
-        if any(plan.values()):
-            g, t = capture(plan)
-            times["gemv"] = t
-            current = (g, t, plan)
-            for role in ROLES:
-                if not current[2].get(role):
-                    continue
-                trial = {**current[2], role: None}
-                if not any(trial.values()):
-                    continue
-                g, t = capture(trial)
-                times[f"gemv, {role} on cublas"] = t
-                if t < current[1]:
-                    current = (g, t, trial)
-            if current[1] < best[1]:
-                best = current
-        self.model.gemv_rows, self.model.gemv_plan = (1, best[2]) if best[2] else (0, None)
-        self.capture_ms = {k: round(v, 4) for k, v in times.items()}
-        self.gemv = best[2] is not None
-        return best[0]
 
     def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
         for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
@@ -499,79 +455,6 @@ class ModelRunner:
 
             return sample_plain_fused(logits, inputs, self._seed)
         return sample_plain(logits, inputs)
-
-    def _tune_gemv(self) -> dict:
-        """Per projection at batch 1: cuBLAS (after its separate norm / activation kernel)
-        against ``triton_gemv`` (prologue fused) in a few configs, each timed in a CUDA graph
-        that runs it once per layer on that layer's weights, as a decode step does (so the
-        weights come from HBM, not L2). -> {role: fastest GEMV config, or None for cuBLAS}."""
-        from opencomposer.inference.triton_gemv import candidates, gemv, shapes
-        from opencomposer.inference.triton_kernels import add_rmsnorm, silu_mul
-
-        m = self.model
-        layers = list(m.model.layers)
-        cfg, dev, dt = m.cfg, self.device, self.dtype
-        x, r = torch.randn(1, cfg.hidden_size, device=dev, dtype=dt), torch.randn(1, cfg.hidden_size, device=dev, dtype=dt)
-        a = torch.randn(1, cfg.num_heads * cfg.head_dim, device=dev, dtype=dt)
-        gu = torch.randn(1, 2 * cfg.intermediate_size, device=dev, dtype=dt)
-
-        def qkv(li, c):
-            ln, proj = li.input_layernorm, li.self_attn.qkv_proj
-            if c is None:
-                return proj(add_rmsnorm(x, r, ln.weight, ln.eps))
-            return gemv(x, proj.weight, proj.bias, norm_weight=ln.weight, residual=r, eps=ln.eps, config=c)
-
-        def gate_up(li, c):
-            ln, proj = li.post_attention_layernorm, li.mlp.gate_up_proj
-            if c is None:
-                return proj(add_rmsnorm(x, r, ln.weight, ln.eps))
-            return gemv(x, proj.weight, norm_weight=ln.weight, residual=r, eps=ln.eps, config=c)
-
-        ops = {
-            "qkv": (qkv, layers),
-            "o": (lambda li, c: li.self_attn.o_proj(a) if c is None else gemv(a, li.self_attn.o_proj.weight, config=c),
-                  layers),
-            "gate_up": (gate_up, layers),
-            "down": (lambda li, c: li.mlp.down_proj(silu_mul(gu)) if c is None else
-                     gemv(gu, li.mlp.down_proj.weight, silu_mul=True, config=c), layers),
-            "lm_head": (lambda li, c: m.lm_head(x) if c is None else gemv(x, m.lm_head.weight, config=c), [None]),
-        }
-        plan: dict = {}
-        for role, (n, k) in shapes(cfg).items():
-            op, over = ops[role]
-            times = {}
-            for c in [None, *candidates(1, n, k)]:
-                times["cublas" if c is None else ",".join(map(str, c))] = _graph_ms(
-                    lambda c=c, op=op, over=over: [op(li, c) for li in over]) / len(over)
-            best = min(times, key=times.get)
-            plan[role] = None if best == "cublas" else tuple(int(v) for v in best.split(","))
-            self.gemv_timings[role] = {k2: round(1000 * v, 2) for k2, v in times.items()}  # microseconds
-        return plan
-
-    @staticmethod
-    def _time(g: torch.cuda.CUDAGraph, reps: int = 20) -> float:
-        """Milliseconds per replay (after 3 untimed ones)."""
-        for _ in range(3):
-            g.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / reps
-
-
-def _graph_ms(fn, calls: int = 2) -> float:
-    """Milliseconds per call of ``fn``, replayed from a CUDA graph of ``calls`` calls."""
-    for _ in range(2):  # compile / pick kernels outside the graph
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return ModelRunner._time(g, reps=5) / calls
 
 
 @dataclass
