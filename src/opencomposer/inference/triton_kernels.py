@@ -48,12 +48,15 @@ def set_pdl(on: bool) -> None:
 
 
 def pdl_args() -> dict:
-    """Keyword arguments of a kernel launch: the ``USE_PDL`` constexpr and the launch flag."""
-    return {"USE_PDL": _PDL[0], "launch_pdl": _PDL[0]}
+    """Keyword arguments of a kernel launch: the ``USE_PDL`` constexpr, and the launch flag
+    when on (Triton releases before PDL support do not know ``launch_pdl``)."""
+    return {"USE_PDL": True, "launch_pdl": True} if _PDL[0] else {"USE_PDL": False}
 
 
 def pdl_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Compute capability 9.0+ and a Triton with the grid-dependency instructions (3.4+)."""
+    has_gdc = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
+    return device.type == "cuda" and has_gdc and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @triton.jit
