@@ -6,10 +6,11 @@ On CUDA, decode steps replay CUDA graphs captured once per batch-size bucket
 model is dozens of tiny kernels, and launching them one by one from Python costs more
 than running them. The graphs read fixed input buffers (token ids, positions, slots,
 block tables padded to ``max_model_len``, context lengths); padding rows write to a
-scratch block that no sequence owns. Prefill runs eagerly. With ``triton`` (the
-CUDA default) decode attention is one Triton kernel per layer instead of a gather of the
-padded block table plus SDPA, and rotary + cache write, residual + RMSNorm and SiLU * up
-are fused kernels too (``triton_kernels.py``), in prefill and decode.
+scratch block that no sequence owns. With ``triton`` (the CUDA default) decode attention
+is one Triton kernel per layer instead of a gather of the padded block table plus SDPA,
+and rotary + cache write, residual + RMSNorm and SiLU * up are fused kernels too
+(``triton_kernels.py``), in prefill and decode; on compute capability 9.0+ they are
+launched with programmatic dependent launch (``pdl``, see ``triton_kernels.py``).
 
 The graphs also sample (``sampler.sample_plain``: temperature and greedy flags are graph
 inputs), so a step of plain rows (no top-k/top-p/seed/top_logprobs) is one replay and
@@ -24,6 +25,7 @@ Small prefill steps (an agent turn's new tokens on top of a cached prefix) are g
 on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS``, for up to
 ``PREFILL_GRAPH_SEQS`` sequences, padded (padding tokens write the scratch block; the
 paged-prefill kernel gives padding rows no work). All host inputs travel in one copy.
+Longer prefill steps run eagerly.
 
 Run-ahead decode (used by ``Engine``): ``launch_decode`` replays a decode graph of plain
 rows and queues an asynchronous copy of its ``sampled`` buffer into one of two host
