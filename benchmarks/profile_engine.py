@@ -180,7 +180,7 @@ def one(shape: str, pdl: bool, bw: float) -> dict:
     pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(22)
     out["rollout_host_profile"] = text.getvalue()[-4500:]
     engine.step = step
-    out["rollout"] = {k: [round(x, 4) for x in v] if isinstance(v, list) else round(v, 4) for k, v in r.items()}
+    out["rollout"] = {k: round(v, 4) for k, v in r.items()}
     out["rollout_prefill_steps"] = turns  # (tokens, ms) per prefill step, warm-up and the last-alone runs included
     if 256 in engine.runner.prefill_graphs:
         out["prefill_256_kernels"] = kernel_table(engine.runner.prefill_graphs[256].replay)

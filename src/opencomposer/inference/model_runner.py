@@ -87,6 +87,7 @@ class ModelRunner:
         else:
             self.pdl = False
         self.block_size = block_size
+        self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         # one extra block at the end: the scratch block that graph padding rows write to
@@ -190,9 +191,8 @@ class ModelRunner:
         if bucket is not None and len(batch.seqs) <= PREFILL_GRAPH_SEQS:
             return self._prefill_replay(bucket, batch, (ids, pos, slots, last, starts, tables, ctx))
         width = max(len(t) for t in tables)
-        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
-        rows = block_m(start, group)
-        tiles, seqs = plan(starts, list(batch.chunks), ctx, rows, group)
+        rows = block_m(start, self.group)
+        tiles, seqs = plan(starts, list(batch.chunks), ctx, rows, self.group)
         dev = self.device
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
                               prefill_tables=_to([t + [0] * (width - len(t)) for t in tables], dev),
@@ -209,8 +209,7 @@ class ModelRunner:
         s_max, w = PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
         scratch = self.scratch_block
         n = len(batch.seqs)
-        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
-        tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t, group), group)
+        tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t, self.group), self.group)
         # one host array in the layout of the graph's input buffer (numpy slices: building
         # Python lists of its ~5,000 entries cost ~0.6 ms a turn); padding tokens write the
         # scratch block, unused sequence rows are the padding sequence (no tokens, no work)
@@ -244,9 +243,8 @@ class ModelRunner:
 
         dev, s_max, w = self.device, PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
         t_max = max(PREFILL_GRAPH_TOKENS)
-        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
         # a bucket's tiles: its tokens in one sequence, plus one partial tile per other sequence
-        per_bucket = {t: num_tiles(t, group) + s_max for t in PREFILL_GRAPH_TOKENS}
+        per_bucket = {t: num_tiles(t, self.group) + s_max for t in PREFILL_GRAPH_TOKENS}
         p_max = max(per_bucket.values())
         sizes = [("ids", t_max), ("pos", t_max), ("slots", t_max), ("tables", (s_max + 1) * w),
                  ("seqs", 3 * (s_max + 1)), ("tiles", 2 * p_max), ("last", s_max)]
@@ -255,11 +253,8 @@ class ModelRunner:
             offsets[name] = (o, size)
             o += size
         self._prefill_layout = {"offsets": offsets, "total": o, "tiles_per_bucket": per_bucket}
-        flat = torch.zeros(sum(n for _, n in sizes), dtype=torch.long, device=dev)
-        views, o = {}, 0
-        for name, n in sizes:
-            views[name] = flat[o:o + n]
-            o += n
+        flat = torch.zeros(o, dtype=torch.long, device=dev)
+        views = {name: flat[start:start + size] for name, (start, size) in offsets.items()}
         views["slots"].fill_(self.scratch_block * self.block_size)
         views["tables"].fill_(self.scratch_block)
         self._pstatic = {"flat": flat, "views": views,
@@ -282,14 +277,13 @@ class ModelRunner:
         from opencomposer.inference.triton_prefill import block_m, num_tiles, splits_for
 
         v, s_max, w = self._pstatic["views"], PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
-        group = self.model.cfg.num_heads // self.model.cfg.num_kv_heads
         p = self._prefill_layout["tiles_per_bucket"][t]
         p_max = v["tiles"].shape[0] // 2
         tiles = v["tiles"].view(2, p_max)[:, :p]
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
                               prefill_tables=v["tables"].view(s_max + 1, w), prefill_seqs=v["seqs"].view(3, s_max + 1),
-                              prefill_tiles=tiles, prefill_rows=block_m(t, group),
-                              prefill_splits=splits_for(num_tiles(t, group), self.model.cfg.num_kv_heads))
+                              prefill_tiles=tiles, prefill_rows=block_m(t, self.group),
+                              prefill_splits=splits_for(num_tiles(t, self.group), self.model.cfg.num_kv_heads))
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[v["last"]])
 
@@ -489,20 +483,13 @@ class _EagerReplay:
             self.runner._graph_body(self.b)
 
 
-@contextlib.contextmanager
 def _pdl(on: bool):
-    """The Triton kernels launched inside use programmatic dependent launch iff ``on``
-    (a process-wide switch: two engines in one process may differ)."""
+    """Programmatic dependent launch for the Triton kernels launched inside, iff ``on``."""
     if not on:
-        yield
-        return
-    from opencomposer.inference.triton_kernels import set_pdl
+        return contextlib.nullcontext()
+    from opencomposer.inference.triton_kernels import pdl_launches
 
-    set_pdl(True)
-    try:
-        yield
-    finally:
-        set_pdl(False)
+    return pdl_launches()
 
 
 def _to(values: list, device: torch.device) -> torch.Tensor:

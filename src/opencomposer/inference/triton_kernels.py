@@ -19,7 +19,7 @@ sum, fp32 accumulator), and a second small kernel merges the splits. It reads ea
 entry once and never past the sequence's length -- the torch path gathers the block
 table's full padded width and then masks it.
 
-Programmatic dependent launch (PDL, Hopper and newer): with ``set_pdl(True)`` every kernel of
+Programmatic dependent launch (PDL, Hopper and newer): inside ``pdl_launches()`` every kernel of
 these modules is launched so that it may start while the kernel before it is finishing,
 and waits (``gdc_wait``) before it reads anything that kernel wrote; it then lets the next
 one start (``gdc_launch_dependents``). A decode step at batch 1 is ~200 small kernels in a
@@ -35,6 +35,8 @@ Checked against the torch paths in ``tests/gpu/test_engine_cuda.py``.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -42,9 +44,15 @@ import triton.language as tl
 _PDL = [False]
 
 
-def set_pdl(on: bool) -> None:
-    """Launch this package's Triton kernels with programmatic dependent launch (or not)."""
-    _PDL[0] = bool(on)
+@contextlib.contextmanager
+def pdl_launches():
+    """Inside, this package's Triton kernels launch with programmatic dependent launch (a
+    process-wide switch, on for the duration: two engines in one process may differ)."""
+    _PDL[0] = True
+    try:
+        yield
+    finally:
+        _PDL[0] = False
 
 
 def pdl_args() -> dict:

@@ -213,6 +213,12 @@ def unmount_disk(root: Path) -> None:
         _libc().umount2(str(point).encode(), 2)  # MNT_DETACH
 
 
+# Another process may be writing a record right now (``atomic_write_text``: tmp, then rename):
+# deleting its tmp file made that process's register() fail (seen in CI: an eval episode
+# errored with FileNotFoundError on the rename while a new process reaped).
+TMP_GRACE_S = 60.0
+
+
 def reap(state: Path | None = None) -> dict[str, int]:
     """Remove every sandbox whose owner is dead; returns counts of what went."""
     state = state or state_dir()
@@ -245,12 +251,6 @@ def reap(state: Path | None = None) -> dict[str, int]:
         except FileNotFoundError:
             continue
     return counts
-
-
-# Another process may be writing a record right now (``atomic_write_text``: tmp, then rename):
-# deleting its tmp file made that process's register() fail (seen in CI: an eval episode
-# errored with FileNotFoundError on the rename while a new process reaped).
-TMP_GRACE_S = 60.0
 
 
 def reap_once() -> None:

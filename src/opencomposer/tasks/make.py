@@ -314,7 +314,7 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
         if suspects:
             where, found = next(iter(suspects.items()))
             raise LeakFound(f"{where.replace(str(tmp), tid)} holds {len(found)} deleted lines, "
-                            f"e.g. {sorted(found)[0]!r}")
+                            f"e.g. {min(found)!r}")
     return final
 
 
@@ -480,6 +480,10 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
     def quota_full() -> bool:  # call under ``lock``: tasks counted plus those being written
         return len(report.made) + state["writing"] >= max_tasks
 
+    def release() -> None:  # a reserved slot whose task was not written
+        with lock:
+            state["writing"] -= 1
+
     def take():
         with lock:
             if len(report.made) >= max_tasks or state["next"] >= len(todo):
@@ -562,11 +566,11 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
             state["writing"] += 1
         try:
             path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
-        except BaseException as e:
-            with lock:
-                state["writing"] -= 1
-            if isinstance(e, LeakFound):
-                return "the leak probe found the deleted code", None
+        except LeakFound:
+            release()
+            return "the leak probe found the deleted code", None
+        except BaseException:
+            release()
             raise
         return "made", path.name  # work() releases the slot as it counts the task
 
