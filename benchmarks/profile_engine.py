@@ -95,19 +95,21 @@ def attention_grid(shape: str) -> dict:
         q = torch.randn(q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
         table = torch.arange(nblk, device="cuda")[None, :]
         rows0 = block_m(q_len, group)
-        res = {"picked": f"{rows0}x{splits_for(-(-q_len * group // rows0), kvh)}"}
-        configs = [(r, sp, 64, None, None) for r in (64, 128) for sp in (1, 2, 4, 8)]
         sp0 = splits_for(-(-q_len * group // rows0), kvh)
-        configs += [(rows0, sp0, bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        res = {"picked": f"{rows0}x{sp0}"}
+        # (rows, splits, key tile, warps, pipeline stages)
+        configs = [(r, sp, 64, 4, st) for r in (32, 64) for sp in (1, 2, 4, 8) for st in (2, 3)]
+        configs += [(rows0, sp0, bn, w, 3) for bn in (32, 64, 128) for w in (4, 8)]
         for rows, splits, bn, w, st in configs:
             tiles, seqs = plan([0], [q_len], [ctx], rows, group)
             tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
             fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
                                    num_warps=w, num_stages=st)
+            key = f"{rows}x{splits} n{bn} w{w} s{st}"
             try:
-                res[f"{rows}x{splits} n{bn} w{w} s{st}"] = round(1000 * graph_ms(fn, reps=20), 1)
+                res[key] = round(1000 * graph_ms(fn, reps=20), 1)
             except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
-                res[f"{rows}x{splits} n{bn} w{w} s{st}"] = type(e).__name__
+                res[key] = type(e).__name__
         out[f"q{q_len}_ctx{ctx}"] = res
     return out
 

@@ -13,7 +13,9 @@ For each shape (a randomly initialised Qwen2 of the given size; configs inline b
 * prefill tokens/s (engine, and HF's forward on the same batch);
 * prefix caching: a 10-turn agent rollout (system prompt, then per turn a model reply and a
   tool result appended) -- total prefill work over the 10 turns against prefilling the
-  last turn's prompt alone (tokens and seconds, medians of 3 runs each; goal <= 1.2x);
+  last turn's prompt alone (tokens and seconds, medians of 3 runs each; goal <= 1.2x); and
+  the same for ``prefill_batch`` rollouts in lockstep (an RL actor's group on one engine:
+  each turn's prompts prefilled in one step) against their last prompts prefilled together;
 * logprob parity (first shape): the engine's logprobs of its sampled tokens against the HF
   forward pass on the same weights, in fp32 and in the benchmark dtype;
 * per shape, the batch-1 projection plan the engine chose at start-up (``gemv_plan``:
@@ -162,12 +164,14 @@ def prefill(engine: Engine, hf, n: int, length: int, device: str) -> dict[str, f
 
 
 def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: int = 64, tool: int = 200,
-                  repeats: int = 3) -> dict[str, float]:
+                  repeats: int = 3, concurrent: int = 1) -> dict[str, float]:
     """Total prefill over a multi-turn rollout vs prefilling its last prompt alone.
 
-    The rollout and the last-prompt-alone prefill are each run ``repeats`` times (prefix
-    cache cleared before each) and compared by their medians: one run of each moved the
-    ratio by up to 1.8x between H100 machines for the 0.5B shape."""
+    ``concurrent`` rollouts run in lockstep (each turn's prompts submitted together, as an
+    RL actor's group of rollouts on one engine); their last prompts are then prefilled alone,
+    together. The rollout and the last-prompt-alone prefill are each run ``repeats`` times
+    (prefix cache cleared before each) and compared by their medians: one run of each moved
+    the ratio by up to 1.8x between H100 machines for the 0.5B shape."""
     import statistics
 
     vocab = engine.model.cfg.vocab_size
@@ -175,18 +179,18 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
     rand = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()
     # warm-up: the first prefill of a new length also loads its GEMM kernels (it cost ~12 ms
     # in a measured run)
-    engine.generate([rand(system)], SamplingParams(max_tokens=2))
+    engine.generate([rand(system) for _ in range(concurrent)], SamplingParams(max_tokens=2))
     totals, tokens, hits = [], [], []
     for _ in range(repeats):
         engine.blocks.invalidate()
         s0 = engine.stats()
-        history = rand(system)
+        histories = [rand(system) for _ in range(concurrent)]
         for _turn in range(turns):
             # plain sampling (no per-request seed), as the last-prompt-alone run: a seeded row is
             # sampled outside the graph, a cost of sampling, not of prefill
-            c = engine.generate([history], SamplingParams(max_tokens=reply, temperature=1.0))[0]
-            last_prompt = list(history)
-            history = history + c.token_ids + rand(tool)
+            outs = engine.generate(histories, SamplingParams(max_tokens=reply, temperature=1.0))
+            last_prompts = [list(h) for h in histories]
+            histories = [h + c.token_ids + rand(tool) for h, c in zip(histories, outs)]
         s1 = engine.stats()
         totals.append(s1["prefill_seconds"] - s0["prefill_seconds"])
         tokens.append(s1["prefill_tokens_computed"] - s0["prefill_tokens_computed"])
@@ -195,12 +199,13 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
     for _ in range(repeats):
         engine.blocks.invalidate()
         a = engine.stats()
-        engine.generate([last_prompt], SamplingParams(max_tokens=1))
+        engine.generate(last_prompts, SamplingParams(max_tokens=1))
         alone_s.append(engine.stats()["prefill_seconds"] - a["prefill_seconds"])
     engine.blocks.invalidate()
     total_s, alone = statistics.median(totals), statistics.median(alone_s)
-    return {"turns": turns, "repeats": repeats, "last_prompt_tokens": len(last_prompt),
-            "total_prefill_tokens": tokens[-1], "ratio_tokens": tokens[-1] / len(last_prompt),
+    last_tokens = sum(map(len, last_prompts))
+    return {"turns": turns, "concurrent": concurrent, "repeats": repeats, "last_prompt_tokens": last_tokens,
+            "total_prefill_tokens": tokens[-1], "ratio_tokens": tokens[-1] / last_tokens,
             "total_prefill_s": total_s, "last_alone_prefill_s": alone, "ratio_seconds": total_s / alone,
             "ratio_seconds_min": min(totals) / max(alone_s), "ratio_seconds_max": max(totals) / min(alone_s),
             "cache_hit_tokens": hits[-1]}
@@ -291,6 +296,10 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
         log(f"{shape} prefill: {r['prefill']}")
         r["prefix_cache_10_turns"] = {k: round(v, 4) for k, v in agent_rollout(engine, **ro).items()}
         log(f"{shape} 10-turn rollout: {r['prefix_cache_10_turns']}")
+        # the same with a group of rollouts in lockstep (each turn's prompts prefilled in one step)
+        group = {k: round(v, 4) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch}).items()}
+        r[f"prefix_cache_10_turns_x{prefill_batch}"] = group
+        log(f"{shape} 10-turn rollouts x{prefill_batch}: {group}")
         assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
         r["seconds"] = round(time.perf_counter() - t, 1)
         del engine, hf

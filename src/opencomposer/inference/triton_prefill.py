@@ -42,8 +42,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
                           scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kh, stride_tb,
                           stride_seqs, stride_tiles,
                           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-                          USE_PDL: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                          PRECISION: tl.constexpr, USE_PDL: tl.constexpr, STAGES: tl.constexpr):
     gdc_enter(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -61,6 +61,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None], other=0.0)
+    qk_scale = scale * 1.4426950408889634  # scores in log2 units: exp2 instead of exp
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -68,30 +69,39 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
     chunk = tl.cdiv(tl.cdiv(end, BLOCK_N), SPLITS) * BLOCK_N  # this split's share of the keys
     lo = split * chunk
     hi = tl.minimum(end, lo + chunk)
-    # the key tile after the one being computed is loaded first (software prefetch: the
-    # loads' latency overlaps the two dots and the softmax instead of stalling each step)
-    keys = lo + tl.arange(0, BLOCK_N)
-    key_ok = keys < hi
-    block = tl.load(tables_ptr + s * stride_tb + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-    offs = (block * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
-    k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
-    for n0 in range(lo, hi, BLOCK_N):
-        nxt = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
-        nxt_ok = nxt < hi
-        nblock = tl.load(tables_ptr + s * stride_tb + nxt // BLOCK_SIZE, mask=nxt_ok, other=0).to(tl.int64)
-        noffs = (nblock * BLOCK_SIZE + nxt % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
-        k_next = tl.load(k_ptr + noffs, mask=nxt_ok[:, None], other=0.0)
-        v_next = tl.load(v_ptr + noffs, mask=nxt_ok[:, None], other=0.0)
-        sc = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+    # whole key tiles that every row of the tile sees (up to its first token's position) need
+    # no mask: only the tiles on the causal diagonal and the range's ragged end do
+    seen_by_all = tl.minimum(hi, ctx - q_len + m0 // GROUP + 1)
+    mid = lo + tl.maximum(seen_by_all - lo, 0) // BLOCK_N * BLOCK_N
+    # tl.range pipelines each loop: the next STAGES-1 key tiles are in flight while one computes
+    for n0 in tl.range(lo, mid, BLOCK_N, num_stages=STAGES):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        block = tl.load(tables_ptr + s * stride_tb + keys // BLOCK_SIZE).to(tl.int64)
+        offs = (block * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
+        k = tl.load(k_ptr + offs)
+        v = tl.load(v_ptr + offs)
+        sc = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    for n0 in tl.range(mid, hi, BLOCK_N, num_stages=STAGES):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        key_ok = keys < hi
+        block = tl.load(tables_ptr + s * stride_tb + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        offs = (block * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None] * stride_slot + kvh * stride_kh + dims[None, :]
+        k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
+        sc = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         sc = tl.where(key_ok[None, :] & (keys[None, :] <= pos[:, None]), sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.where(m_new > float("-inf"), tl.exp(m_i - m_new), 1.0)
-        p = tl.where(m_new[:, None] > float("-inf"), tl.exp(sc - m_new[:, None]), 0.0)
+        alpha = tl.where(m_new > float("-inf"), tl.exp2(m_i - m_new), 1.0)
+        p = tl.where(m_new[:, None] > float("-inf"), tl.exp2(sc - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-        keys, key_ok, k, v = nxt, nxt_ok, k_next, v_next
     if SPLITS == 1:
         tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -126,8 +136,8 @@ def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr
         a = tl.load(part_acc_ptr + (base + sp) * BLOCK_M * HEAD_DIM + r[:, None] * HEAD_DIM + dims[None, :])
         m_new = tl.maximum(m, m_s)
         ok = m_new > float("-inf")  # both empty so far: nothing to weigh
-        old_w = tl.where(ok, tl.exp(m - m_new), 0.0)
-        new_w = tl.where(ok, tl.exp(m_s - m_new), 0.0)
+        old_w = tl.where(ok, tl.exp2(m - m_new), 0.0)  # the states are in log2 units
+        new_w = tl.where(ok, tl.exp2(m_s - m_new), 0.0)
         l_sum = l_sum * old_w + l_s * new_w
         acc = acc * old_w[:, None] + a * new_w[:, None]
         m = m_new
@@ -138,13 +148,14 @@ def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr
              (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len * GROUP)[:, None])
 
 
-ROWS = (16, 32, 64, 128)  # the BLOCK_M variants
+ROWS = (16, 32, 64)  # the BLOCK_M variants
 
 
 def block_m(num_tokens: int, group: int) -> int:
-    """(token, head) rows per program: smaller tiles for small steps, so they still fill the GPU."""
+    """(token, head) rows per program: smaller tiles for small steps, so they still fill the
+    GPU; 64 beat 128 on every measured shape, long fresh prompts included (see ``splits_for``)."""
     rows = num_tokens * group
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 8192 else 128
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
 
 
 def num_tiles(num_tokens: int, group: int) -> int:
@@ -170,9 +181,10 @@ def splits_for(tiles: int, kv_heads: int) -> int:
     more splits cost partial results written and merged.
 
     Measured on an H100 (Qwen2.5-1.5B heads, ``benchmarks/profile_engine.py
-    --attention-only``, us per layer): 208 new tokens on a 3,000-token prefix 38 with
-    64 rows x 4 splits (46 with x 8, 64 with x 2); 1,000 fresh tokens 38.5 with 64 x 2;
-    3,376 fresh tokens 215 with 128 x 2 (277 with x 1)."""
+    --attention-only``, us per layer, 64-row tiles, 3 stages): 208 new tokens on a
+    3,000-token prefix 28.9 with 4 splits (36.0 with 2, 33.0 with 8, 67.8 with 1); 1,000
+    fresh tokens 31.4 with 2 (32.2 with 1); 3,376 fresh tokens 165.1 with 2 (175.1 with 1).
+    128-row tiles were slower in each case (33.6, 35.5, 186.5 at the same splits)."""
     programs = tiles * kv_heads
     return 8 if programs < 24 else 4 if programs < 64 else 2 if programs < 1024 else 1
 
@@ -191,13 +203,12 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if splits > 1:
         part_acc = torch.empty((n_tiles, kvh, splits, rows, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((n_tiles, kvh, splits, 2, rows), dtype=torch.float32, device=q.device)
-    _paged_prefill_kernel[(n_tiles, kvh, splits)](
-        q, k_cache, v_cache, out, part_acc, part_ml, tables, seqs, tiles, d ** -0.5,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
-        tables.stride(0), seqs.stride(0), tiles.stride(0),
-        GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n, SPLITS=splits,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or (8 if rows >= 128 else 4),
-        **({"num_stages": num_stages} if num_stages else {}), **pdl_args())
+    args = (q, k_cache, v_cache, out, part_acc, part_ml, tables, seqs, tiles, d ** -0.5,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
+            tables.stride(0), seqs.stride(0), tiles.stride(0))
+    meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n, SPLITS=splits,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or 4)
+    _paged_prefill_kernel[(n_tiles, kvh, splits)](*args, **meta, STAGES=num_stages or 3, **pdl_args())
     if splits > 1:
         _paged_prefill_merge[(n_tiles, kvh)](part_acc, part_ml, out, seqs, tiles, out.stride(0), out.stride(1),
                                              seqs.stride(0), tiles.stride(0), GROUP=h // kvh, HEAD_DIM=d, BLOCK_M=rows,

@@ -116,12 +116,13 @@ def test_fused_gemv_decode_step_matches_torch_path(interpreted, tiny_hf):
 def test_paged_prefill_matches_dense_causal_attention(interpreted):
     tp = interpreted["triton_prefill"]
     torch.manual_seed(1)
-    h, kvh, d, bs, nblocks = 4, 2, 32, 16, 12
+    h, kvh, d, bs, nblocks = 4, 2, 32, 16, 24
     kc, vc = torch.randn(nblocks, bs, kvh, d), torch.randn(nblocks, bs, kvh, d)
     perm = torch.randperm(nblocks).tolist()
-    # (new tokens, context): fresh, long cached prefix, one token on a prefix, fresh of one
-    shapes = [(5, 5), (37, 70), (1, 20), (1, 1)]
-    tables = [perm[0:1], perm[1:6], perm[6:8], perm[8:9]]
+    # (new tokens, context): fresh, long cached prefix, one token on a prefix, fresh of one, and a
+    # short turn on a prefix of whole 64-key tiles that every row sees (the kernel's unmasked loop)
+    shapes = [(5, 5), (37, 70), (1, 20), (1, 1), (9, 150)]
+    tables = [perm[0:1], perm[1:6], perm[6:8], perm[8:9], perm[9:19]]
     total = sum(n for n, _ in shapes)
     q = torch.randn(total, h + 2 * kvh, d)[:, :h]  # a strided view, as the model passes it
     starts = [sum(n for n, _ in shapes[:i]) for i in range(len(shapes))]

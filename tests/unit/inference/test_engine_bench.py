@@ -21,3 +21,6 @@ def test_bench_engine_tiny_cpu():
     # each turn recomputes only what is new: the whole rollout costs about its last prompt
     assert pc["last_prompt_tokens"] == 40 + 9 * (4 + 8)
     assert pc["ratio_tokens"] <= 1.5 and pc["cache_hit_tokens"] > 0
+    group = tiny["prefix_cache_10_turns_x2"]  # two rollouts in lockstep: each turn's prompts in one step
+    assert group["concurrent"] == 2 and group["last_prompt_tokens"] == 2 * (40 + 9 * (4 + 8))
+    assert group["ratio_tokens"] <= 1.5 and group["cache_hit_tokens"] > 0
