@@ -8,7 +8,8 @@ On a randomly initialised model of the shape in bf16:
 * start-up: wall seconds of ``Engine(...)`` for the rollout benchmark's engine (8 sequences,
   prefill graphs) and for the decode benchmark's (256 sequences), with the captured graphs'
   counts;
-* a turn: ``--new`` new tokens on a cached prefix of each ``--prefix`` length, repeated: the
+* a turn (and a lockstep group of 8 turns in one step): ``--new`` new tokens on a cached
+  prefix of each ``--prefix`` length, repeated: the
   step's wall time split into schedule(), the host work up to the graph replay, the replay's
   GPU time (CUDA events) and the wait after it; plus the last-prompt-alone prefill of the
   rollout benchmark (3,376 tokens) for comparison;
@@ -84,12 +85,12 @@ class TimedGraph:
         self.log.append((t, time.perf_counter(), a, b))
 
 
-def turn_phases(engine: Engine, prefix: int, new: int, reps: int, vocab: int) -> dict:
+def turn_phases(engine: Engine, prefix: int, new: int, reps: int, vocab: int, concurrent: int = 1) -> dict:
     g = torch.Generator().manual_seed(prefix)
     rand = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()
     engine.blocks.invalidate()
-    history = rand(prefix)
-    engine.generate([history], SamplingParams(max_tokens=1))
+    histories = [rand(prefix) for _ in range(concurrent)]
+    engine.generate(histories, SamplingParams(max_tokens=1))
     runner, sched = engine.runner, engine.scheduler
     log: list = []
     real = dict(runner.prefill_graphs)
@@ -110,7 +111,7 @@ def turn_phases(engine: Engine, prefix: int, new: int, reps: int, vocab: int) ->
             log.clear()
             marks.clear()
             s0 = engine.stats()["prefill_seconds"]
-            engine.generate([history + rand(new)], SamplingParams(max_tokens=1))
+            engine.generate([h + rand(new) for h in histories], SamplingParams(max_tokens=1))
             step_s = engine.stats()["prefill_seconds"] - s0
             if len(log) != 1:
                 raise RuntimeError(f"expected one prefill graph replay, got {len(log)}")
@@ -173,6 +174,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=208)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-startup", action="store_true")
+    ap.add_argument("--startup-only", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     bw = bandwidth("cuda")
@@ -194,7 +196,12 @@ def main() -> None:
     res["startup_rollout_engine_graphs"] = {"decode": len(engine.runner.graphs),
                                             "prefill": len(engine.runner.prefill_graphs)}
     print("startup", json.dumps(res), flush=True)
+    if a.startup_only:
+        print(json.dumps(res))
+        return
     res["turn"] = {p: turn_phases(engine, int(p), a.new, a.reps, vocab) for p in a.prefix.split(",")}
+    # a lockstep group of 8 turns (bench engine's "x8" rollouts), one prefill step
+    res["turn_x8"] = {p: turn_phases(engine, int(p), a.new, a.reps, vocab, concurrent=8) for p in a.prefix.split(",")}
     print("turn", json.dumps(res["turn"]), flush=True)
     # the last prompt alone, as the rollout benchmark prefills it (fresh, one step)
     g = torch.Generator().manual_seed(1)

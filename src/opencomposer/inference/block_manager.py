@@ -21,7 +21,8 @@ Test: ``pytest tests/unit/inference/test_block_manager.py``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import repeat
 
 from opencomposer.inference.sequence import Sequence
 
@@ -71,33 +72,41 @@ class BlockManager:
         bs = self.block_size
         # leave at least one token to compute: its logits are what the step samples from
         full = (len(seq) - 1) // bs
+        # an agent turn resends its whole history: this loop runs for every cached block of
+        # every turn, so it is kept lean (blocks cut by zip, lookups bound to locals)
         hits: list[int] = []
         hashes: list[int] = []
         parent = None
-        for i in range(full):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = self.chain_hash(parent, tokens)
-            block = self.cached.get(h)
-            if block is None or self.block_tokens[block] != tokens:
+        ref = self.ref
+        reclaimed = 0  # hit blocks in the free list (cached, unowned)
+        lookup, owner_tokens, chain_hash = self.cached.get, self.block_tokens, self.chain_hash
+        for tokens in _full_blocks(seq.token_ids, bs, 0, full):
+            h = chain_hash(parent, tokens)
+            block = lookup(h)
+            if block is None or owner_tokens[block] != tokens:
                 break
             hits.append(block)
             hashes.append(h)
             parent = h
+            if not ref[block]:
+                reclaimed += 1
         total = self.blocks_for(len(seq))
-        reclaimed = sum(1 for b in hits if self.ref[b] == 0)
         if total - len(hits) + reclaimed > self.num_free:
             return False
-        table = []
-        for b in hits:
-            if self.ref[b] == 0:
-                del self.free[b]
-            self.ref[b] += 1
-            table.append(b)
-        for _ in range(total - len(hits)):
-            table.append(self._take())
-        seq.block_table = table
+        free = self.free
+        if reclaimed == len(hits):  # all in the free list (a finished turn's blocks): loops in C
+            deque(map(free.pop, hits), maxlen=0)
+            deque(map(ref.__setitem__, hits, repeat(1)), maxlen=0)
+        else:
+            for b in hits:
+                if not ref[b]:
+                    del free[b]
+                ref[b] += 1
+        found = len(hits)
+        hits.extend(self._take() for _ in range(total - found))
+        seq.block_table = hits
         seq.block_hashes = hashes
-        seq.num_computed = len(hits) * bs
+        seq.num_computed = found * bs
         seq.cache_epoch = self.epoch
         self.hit_tokens += seq.num_computed
         return True
@@ -128,12 +137,13 @@ class BlockManager:
         """Hash and publish ``seq``'s newly completed, computed full blocks for reuse."""
         if seq.cache_epoch != self.epoch:
             return  # computed (partly) under older weights
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = self.chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
-            seq.block_hashes.append(h)
-            b = seq.block_table[i]
+        bs, hashes = self.block_size, seq.block_hashes
+        done, stop = len(hashes), seq.num_computed // bs
+        if done >= stop:
+            return  # no block completed since (most decode steps)
+        for b, tokens in zip(seq.block_table[done:stop], _full_blocks(seq.token_ids, bs, done, stop)):
+            h = self.chain_hash(hashes[-1] if hashes else None, tokens)
+            hashes.append(h)
             if h not in self.cached and self.block_hash[b] is None:
                 self.cached[h] = b
                 self.block_hash[b] = h
@@ -156,3 +166,8 @@ class BlockManager:
             self.block_tokens[b] = None
         self.ref[b] = 1
         return b
+
+
+def _full_blocks(token_ids: list[int], block_size: int, first: int, stop: int):
+    """Token-id tuples of blocks ``first`` .. ``stop - 1`` (all full), cut in C by ``zip``."""
+    return zip(*[iter(token_ids[first * block_size:stop * block_size])] * block_size)

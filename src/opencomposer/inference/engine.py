@@ -162,7 +162,8 @@ class Engine:
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
         self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
-                                  cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv, pdl=pdl)
+                                  cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv, pdl=pdl,
+                                  max_num_batched_tokens=budget)
         self.run_ahead = bool(self.runner.graphs) if run_ahead is None else bool(run_ahead)
         if self.run_ahead and not self.runner.graphs:
             raise ValueError("run_ahead=True needs decode graphs: cuda_graphs=True on a CUDA device, "

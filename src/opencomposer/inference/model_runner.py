@@ -22,8 +22,8 @@ timed over a few replays, and the fastest is kept (``gemv=None``; True/False for
 one, see ``batch1_plan.py``); ``capture_ms`` holds every time.
 
 Small prefill steps (an agent turn's new tokens on top of a cached prefix) are graphs too
-on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS``, for up to
-``PREFILL_GRAPH_SEQS`` sequences, padded (padding tokens write the scratch block; the
+on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS`` (up to the step
+budget), for up to ``PREFILL_GRAPH_SEQS`` sequences, padded (padding tokens write the scratch block; the
 paged-prefill kernel gives padding rows no work). All host inputs travel in one copy.
 Longer prefill steps run eagerly.
 
@@ -61,17 +61,19 @@ from opencomposer.inference.models.transformer import DecoderLM
 from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
 from opencomposer.inference.scheduler import ScheduledBatch
 
-# prefill steps of at most this many tokens (and sequences) replay a CUDA graph (Triton path)
-# (steps of 32 tokens up to 256, then 64, then 128: padding costs at most ~15% of a step's
-# work; eager prefill of ~1,000 tokens was host-bound on an H100 box, ~12 ms for ~6 ms of GPU work)
-PREFILL_GRAPH_TOKENS = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
-PREFILL_GRAPH_SEQS = 4
+# prefill steps of at most this many tokens (and sequences) replay a CUDA graph (Triton path):
+# 32-token buckets up to 256, then 64, 128 and 256 (padding costs at most ~15% of a step's work).
+# Eager prefill is host-bound while a step's GPU work is short: ~1,000 tokens took ~12 ms for ~6 ms of
+# GPU work (1.5B on an H100 box); a lockstep group of 8 agent turns (~1,700 tokens) ran eagerly too
+PREFILL_GRAPH_TOKENS = (tuple(range(32, 257, 32)) + tuple(range(320, 513, 64)) + tuple(range(640, 1025, 128))
+                        + tuple(range(1280, 4097, 256)))
+PREFILL_GRAPH_SEQS = 16
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
-                 pdl: bool | None = None):
+                 pdl: bool | None = None, max_num_batched_tokens: int | None = None):
         self.model = model
         cfg = model.cfg
         p = next(model.parameters())
@@ -90,6 +92,11 @@ class ModelRunner:
         self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
+        # prefill graph buckets: none larger than the first that holds a whole step's token budget
+        budget = max_num_batched_tokens or PREFILL_GRAPH_TOKENS[-1]
+        self.prefill_buckets = tuple(t for i, t in enumerate(PREFILL_GRAPH_TOKENS)
+                                     if i == 0 or PREFILL_GRAPH_TOKENS[i - 1] < budget)
+        self.prefill_seqs = min(PREFILL_GRAPH_SEQS, max_num_seqs)
         # one extra block at the end: the scratch block that graph padding rows write to
         self.scratch_block = num_blocks
         shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -130,33 +137,39 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward ``batch``; returns (logits [n_sampling_rows, V] in the model dtype, and
         [2, n] sampled token ids and logprobs when a graph already sampled every row, else None)."""
+        if not batch.decode and self.triton:
+            # Triton attention only: no SDPA backend to pick (entering that context costs ~12 us
+            # of host time on an H100 box; a prefill graph step's host work is ~0.2 ms)
+            return self._prefill_triton(batch)
         with attention_backends(), _pdl(self.pdl):
             if batch.decode:
                 return self._decode(batch)
-            if self.triton:
-                return self._prefill_triton(batch)
             return self._prefill(batch), None
 
     # ------------------------------------------------------------------ prefill
 
-    def _prefill_inputs(self, batch: ScheduledBatch) -> tuple[list[int], list[int], list[int], list[int], list[tuple]]:
-        """The step's token ids, positions and KV slots, the row of each sampling sequence's
-        last token, and per sequence ``(start row, new tokens, cached tokens, block table up to
-        its last token)``: what both prefill paths feed the model."""
+    def _prefill_inputs(self, batch: ScheduledBatch
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[tuple]]:
+        """The step's token ids, positions and KV slots (int64 arrays), the row of each sampling
+        sequence's last token, and per sequence ``(start row, new tokens, cached tokens, block
+        table up to its last token as an int64 array)``: what both prefill paths feed the model.
+        Built with numpy per sequence, not per token (a turn's ~200 new tokens cost ~30 us as
+        Python lists)."""
         ids, pos, slots, last, spans = [], [], [], [], []
         bs = self.block_size
         start = 0
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.chunks)):
             c = seq.num_computed
-            ids += seq.token_ids[c:c + n]
-            pos += range(c, c + n)
-            table = seq.block_table
-            slots += [table[t // bs] * bs + t % bs for t in range(c, c + n)]
-            spans.append((start, n, c, table[:-(-(c + n) // bs)]))
+            table = np.fromiter(seq.block_table, np.int64, -(-(c + n) // bs))  # its first blocks, up to token c + n
+            p = np.arange(c, c + n, dtype=np.int64)
+            ids.append(np.fromiter(seq.token_ids[c:c + n], np.int64, n))
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            spans.append((start, n, c, table))
             start += n
             if batch.samples(i):
                 last.append(start - 1)
-        return ids, pos, slots, last, spans
+        return _cat(ids), _cat(pos), _cat(slots), last, spans
 
     def _prefill(self, batch: ScheduledBatch) -> torch.Tensor:
         ids, pos, slots, last, spans = self._prefill_inputs(batch)
@@ -178,81 +191,67 @@ class ModelRunner:
 
     def _prefill_triton(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One paged-prefill kernel per layer for every sequence of the step (cached prefix or
-        not); a step of at most ``PREFILL_GRAPH_TOKENS[-1]`` tokens and ``PREFILL_GRAPH_SEQS``
-        sequences replays the graph of the next token bucket instead."""
+        not); a step that a graph holds (at most the largest of ``prefill_buckets`` tokens and
+        ``prefill_seqs`` sequences) replays the graph of the next token bucket instead."""
         from opencomposer.inference.triton_prefill import block_m, plan, splits_for
 
-        ids, pos, slots, last, spans = self._prefill_inputs(batch)
+        inputs = self._prefill_inputs(batch)
+        ids, pos, slots, last, spans = inputs
         start = len(ids)
-        starts = [sp[0] for sp in spans]
-        tables = [sp[3] for sp in spans]
-        ctx = [c + n for _, n, c, _ in spans]
         bucket = next((t for t in sorted(self.prefill_graphs) if t >= start), None)
-        if bucket is not None and len(batch.seqs) <= PREFILL_GRAPH_SEQS:
-            return self._prefill_replay(bucket, batch, (ids, pos, slots, last, starts, tables, ctx))
-        width = max(len(t) for t in tables)
+        if bucket is not None and len(batch.seqs) <= self.prefill_seqs:
+            return self._prefill_replay(bucket, batch, inputs)
+        tables = [sp[3] for sp in spans]
+        padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
+        for row, table in zip(padded, tables):
+            row[:len(table)] = table
         rows = block_m(start, self.group)
-        tiles, seqs = plan(starts, list(batch.chunks), ctx, rows, self.group)
+        tiles, seqs = plan([sp[0] for sp in spans], list(batch.chunks), [c + n for _, n, c, _ in spans], rows,
+                           self.group)
         dev = self.device
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
-                              prefill_tables=_to([t + [0] * (width - len(t)) for t in tables], dev),
+                              prefill_tables=_to(padded, dev),
                               prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_rows=rows,
                               prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_kv_heads))
-        hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
-        return self.model.logits(hidden[_to(last, dev)]), None
+        with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
+            hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
+            return self.model.logits(hidden[_to(last, dev)]), None
 
-    def _prefill_replay(self, t: int, batch: ScheduledBatch, lists: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _prefill_replay(self, t: int, batch: ScheduledBatch, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
         from opencomposer.inference.triton_prefill import block_m, plan
 
-        ids, pos, slots, last, starts, tables, ctx = lists
-        lay = self._prefill_layout
-        s_max, w = PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
-        scratch = self.scratch_block
-        n = len(batch.seqs)
-        tiles, seqs = plan(starts, list(batch.chunks), ctx, block_m(t, self.group), self.group)
-        # one host array in the layout of the graph's input buffer (numpy slices: building
-        # Python lists of its ~5,000 entries cost ~0.6 ms a turn); padding tokens write the
-        # scratch block, unused sequence rows are the padding sequence (no tokens, no work)
-        buf = np.zeros(lay["total"], dtype=np.int64)
-        v = {name: buf[o:o + size] for name, (o, size) in lay["offsets"].items()}
-        v["ids"][:len(ids)], v["pos"][:len(pos)], v["slots"][:len(slots)] = ids, pos, slots
-        v["slots"][len(slots):] = scratch * self.block_size
-        tab = v["tables"].reshape(s_max + 1, w)
-        tab[:] = scratch
-        for i, tb in enumerate(tables):
-            tab[i, :len(tb)] = tb
-        v["seqs"].reshape(3, s_max + 1)[:, :n] = seqs
-        til = v["tiles"].reshape(2, -1)
-        til[0, :] = s_max
-        til[:, :len(tiles[0])] = tiles
-        v["last"][:len(last)] = last
+        ids, pos, slots, last, spans = inputs
+        tiles, seqs = plan([sp[0] for sp in spans], list(batch.chunks), [c + n for _, n, c, _ in spans],
+                           block_m(t, self.group), self.group)
+        # one host array in the layout of the graph's input buffer, one copy. The array is kept
+        # (pageable): a copy from pageable memory has staged its source when copy_ returns
+        # (the array used to be freed right after it), so the next step may refill it. Pinned
+        # memory would need an event per step to know that, which costs more than it saves.
+        host, buf, views = self._prefill_host
+        self._prefill_layout.fill(buf, views, ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
         st = self._pstatic
-        st["flat"].copy_(torch.from_numpy(buf), non_blocking=True)
+        st["flat"].copy_(host, non_blocking=True)
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         plain = all(is_plain(s) for s in sampling)
         if plain and sampling:
-            st["sample_in"][:, :len(sampling)].copy_(torch.tensor(plain_inputs(sampling), dtype=torch.float32),
-                                                     non_blocking=True)
+            how = plain_inputs(sampling)
+            key = (len(sampling), *map(tuple, how))
+            if key != self._prefill_plain_key:  # most turns sample like the one before: no copy
+                st["sample_in"][:, :len(sampling)].copy_(torch.tensor(how, dtype=torch.float32), non_blocking=True)
+                self._prefill_plain_key = key
         self.prefill_graphs[t].replay()
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
 
     def _capture_prefill(self) -> None:
-        """Graphs of the prefill forward for ``PREFILL_GRAPH_TOKENS`` buckets (after decode's)."""
-        from opencomposer.inference.triton_prefill import num_tiles
-
-        dev, s_max, w = self.device, PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
-        t_max = max(PREFILL_GRAPH_TOKENS)
-        # a bucket's tiles: its tokens in one sequence, plus one partial tile per other sequence
-        per_bucket = {t: num_tiles(t, self.group) + s_max for t in PREFILL_GRAPH_TOKENS}
-        p_max = max(per_bucket.values())
-        sizes = [("ids", t_max), ("pos", t_max), ("slots", t_max), ("tables", (s_max + 1) * w),
-                 ("seqs", 3 * (s_max + 1)), ("tiles", 2 * p_max), ("last", s_max)]
-        offsets, o = {}, 0
-        for name, size in sizes:
-            offsets[name] = (o, size)
-            o += size
-        self._prefill_layout = {"offsets": offsets, "total": o, "tiles_per_bucket": per_bucket}
+        """Graphs of the prefill forward for the ``prefill_buckets`` (after decode's)."""
+        dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
+        lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
+                                                   self.prefill_buckets, s_max)
+        offsets, o = lay.offsets, lay.total
+        buf = lay.background.copy()
+        self._prefill_host = (torch.from_numpy(buf), buf, lay.views(buf))
+        self._prefill_plain_key: tuple | None = None
         flat = torch.zeros(o, dtype=torch.long, device=dev)
         views = {name: flat[start:start + size] for name, (start, size) in offsets.items()}
         views["slots"].fill_(self.scratch_block * self.block_size)
@@ -261,7 +260,7 @@ class ModelRunner:
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
-        for t in sorted(PREFILL_GRAPH_TOKENS, reverse=True):
+        for t in sorted(self.prefill_buckets, reverse=True):
             st = self._pstatic
             for _ in range(2):
                 self._prefill_graph_forward(t)
@@ -276,8 +275,8 @@ class ModelRunner:
     def _prefill_graph_forward(self, t: int) -> torch.Tensor:
         from opencomposer.inference.triton_prefill import block_m, num_tiles, splits_for
 
-        v, s_max, w = self._pstatic["views"], PREFILL_GRAPH_SEQS, self.max_blocks_per_seq
-        p = self._prefill_layout["tiles_per_bucket"][t]
+        v, s_max, w = self._pstatic["views"], self.prefill_seqs, self.max_blocks_per_seq
+        p = self._prefill_layout.tiles_per_bucket[t]
         p_max = v["tiles"].shape[0] // 2
         tiles = v["tiles"].view(2, p_max)[:, :p]
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
@@ -453,6 +452,59 @@ class ModelRunner:
         return sample_plain(logits, inputs)
 
 
+class PrefillLayout:
+    """Where each input of the prefill graphs sits in their one int64 buffer (``offsets``:
+    name -> (start, size)), and the host side of a step: ``fill`` writes a step's inputs into
+    views of a host array in that layout, which one copy then moves to the graph's buffer.
+
+    Entries a step does not set keep the ``background``: padding tokens write the scratch
+    block (and are token 0 at position 0), unused block-table rows are the scratch block,
+    unused sequence rows are the padding sequence (no tokens, no work), and tiles past the
+    step's are the padding sequence's (index ``seqs``): for graphs of the token buckets
+    ``tokens`` and up to ``seqs`` sequences."""
+
+    def __init__(self, max_blocks_per_seq: int, group: int, scratch_block: int, block_size: int,
+                 tokens: tuple[int, ...] = PREFILL_GRAPH_TOKENS, seqs: int = PREFILL_GRAPH_SEQS):
+        from opencomposer.inference.triton_prefill import num_tiles
+
+        s_max, w = seqs, max_blocks_per_seq
+        t_max = max(tokens)
+        # a bucket's tiles: its tokens in one sequence, plus one partial tile per other sequence
+        self.tiles_per_bucket = {t: num_tiles(t, group) + s_max for t in tokens}
+        self.max_tiles = max(self.tiles_per_bucket.values())
+        self.shapes = {"ids": (t_max,), "pos": (t_max,), "slots": (t_max,), "tables": (s_max + 1, w),
+                       "seqs": (3, s_max + 1), "tiles": (2, self.max_tiles), "last": (s_max,)}
+        self.offsets, o = {}, 0
+        for name, shape in self.shapes.items():
+            size = int(np.prod(shape))
+            self.offsets[name] = (o, size)
+            o += size
+        self.total = o
+        self.background = np.zeros(o, dtype=np.int64)
+        v = self.views(self.background)
+        v["slots"][:] = scratch_block * block_size
+        v["tables"][:] = scratch_block
+        v["tiles"][0] = s_max
+
+    def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
+        """Each input's view of ``buf`` (a host array of ``total`` entries), in its shape."""
+        return {name: buf[o:o + size].reshape(self.shapes[name]) for name, (o, size) in self.offsets.items()}
+
+    def fill(self, buf: np.ndarray, v: dict[str, np.ndarray], ids: np.ndarray, pos: np.ndarray, slots: np.ndarray,
+             last: list[int], tables: list[np.ndarray], seqs: list[list[int]], tiles: list[list[int]]) -> None:
+        """Write a step into the host array ``buf`` (``v``: its ``views``): the background,
+        then the step's tokens, block tables, ``triton_prefill.plan``'s seqs and tiles, and
+        the rows whose logits are kept."""
+        n = len(ids)
+        np.copyto(buf, self.background)
+        v["ids"][:n], v["pos"][:n], v["slots"][:n] = ids, pos, slots
+        for row, table in zip(v["tables"], tables):
+            row[:len(table)] = table
+        v["seqs"][:, :len(seqs[0])] = seqs
+        v["tiles"][:, :len(tiles[0])] = tiles
+        v["last"][:len(last)] = last
+
+
 @dataclass
 class Launch:
     """A decode step queued on the device (``launch_decode`` / ``launch_next``)."""
@@ -490,6 +542,10 @@ def _pdl(on: bool):
     from opencomposer.inference.triton_kernels import pdl_launches
 
     return pdl_launches()
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _to(values: list, device: torch.device) -> torch.Tensor:

@@ -58,7 +58,9 @@ class Scheduler:
     def _prefill(self) -> ScheduledBatch:
         batch = ScheduledBatch(decode=False)
         budget = self.max_num_batched_tokens
-        while self.waiting and budget > 0 and len(self.running) + len(batch.seqs) < self.max_num_seqs:
+        # an admitted sequence joins ``running`` as it joins the batch (counting both admitted at
+        # most half of max_num_seqs per step); a partly prefilled one ends the loop below
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
                 if not self.blocks.allocate(seq):

@@ -1,0 +1,44 @@
+"""``Scheduler``: how many waiting prompts one prefill step admits, and chunked prefill."""
+
+from __future__ import annotations
+
+from opencomposer.inference.block_manager import BlockManager
+from opencomposer.inference.scheduler import Scheduler
+from opencomposer.inference.sequence import SamplingParams, Sequence, Status
+
+
+def _scheduler(max_num_seqs: int, budget: int) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks=256, block_size=16), max_num_seqs, budget)
+
+
+def test_one_prefill_step_admits_up_to_max_num_seqs_prompts():
+    """Eight agent turns arriving together are one prefill step (an admitted sequence used to
+    count twice, so a step took at most half of max_num_seqs)."""
+    s = _scheduler(max_num_seqs=8, budget=8192)
+    seqs = [Sequence(str(i), list(range(1, 101)), SamplingParams()) for i in range(10)]
+    for seq in seqs:
+        s.add(seq)
+    batch = s.schedule()
+    assert not batch.decode and batch.seqs == seqs[:8] and batch.chunks == [100] * 8
+    assert all(q.status is Status.RUNNING for q in seqs[:8]) and list(s.waiting) == seqs[8:]
+    for q in seqs[:8]:
+        q.num_computed = len(q)
+    assert s.schedule().decode  # no slot left: the other two wait for one
+    s.finish(seqs[0])
+    batch = s.schedule()
+    assert not batch.decode and batch.seqs == [seqs[8]]
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks():
+    s = _scheduler(max_num_seqs=4, budget=64)
+    long, short = Sequence("a", list(range(1, 151)), SamplingParams()), Sequence("b", [5] * 10, SamplingParams())
+    s.add(long)
+    s.add(short)
+    for _ in range(2):
+        batch = s.schedule()
+        assert batch.seqs == [long] and batch.chunks == [64]  # the budget is spent: the short one waits
+        long.num_computed += 64
+        assert long.status is Status.WAITING
+    batch = s.schedule()  # the long prompt's last 22 tokens, and the short prompt in the budget left
+    assert batch.seqs == [long, short] and batch.chunks == [22, 10]
+    assert long.status is Status.RUNNING and short.status is Status.RUNNING
