@@ -30,7 +30,9 @@ from opencomposer.inference.batch1_plan import graph_ms
 from opencomposer.inference.bench import (
     agent_rollout,
     bandwidth,
+    emit,
     engine_decode,
+    prefill_alone,
     random_qwen2,
     roofline,
 )
@@ -120,15 +122,7 @@ def fresh_prefill(engine: Engine, lengths=(300, 600, 1000, 2000, 3376)) -> dict:
     g = torch.Generator().manual_seed(9)
     for n in lengths:
         prompt = torch.randint(0, engine.model.cfg.vocab_size, (n,), generator=g).tolist()
-        best = None
-        for _ in range(3):
-            engine.blocks.invalidate()
-            a = engine.stats()["prefill_seconds"]
-            engine.generate([prompt], SamplingParams(max_tokens=1))
-            t = 1000 * (engine.stats()["prefill_seconds"] - a)
-            best = t if best is None else min(best, t)
-        out[n] = round(best, 3)
-    engine.blocks.invalidate()
+        out[n] = round(1000 * min(prefill_alone(engine, [prompt])), 3)
     return out
 
 
@@ -214,12 +208,7 @@ def main() -> None:
         print(f"{key}: {json.dumps(res[key])[:4000]}", flush=True)
     if "pdl_on" in res and "pdl_off" in res:
         res["same_greedy_tokens"] = res["pdl_on"].pop("greedy") == res["pdl_off"].pop("greedy")
-    line = json.dumps(res)
-    if a.out:
-        from pathlib import Path
-
-        Path(a.out).write_text(line + "\n")
-    print(line)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from opencomposer.inference.bench import bandwidth, random_qwen2
+from opencomposer.inference.bench import bandwidth, emit, prefill_alone, random_qwen2
 from opencomposer.inference.engine import Engine, SamplingParams
 
 GEMM_MARKS = ("gemm", "sm90", "cutlass", "nvjet", "cublas", "splitk")
@@ -197,7 +197,7 @@ def main() -> None:
                                             "prefill": len(engine.runner.prefill_graphs)}
     print("startup", json.dumps(res), flush=True)
     if a.startup_only:
-        print(json.dumps(res))
+        emit(res, a.out)
         return
     res["turn"] = {p: turn_phases(engine, int(p), a.new, a.reps, vocab) for p in a.prefix.split(",")}
     print("turn", json.dumps(res["turn"]), flush=True)
@@ -212,21 +212,11 @@ def main() -> None:
     print("turn_x8", json.dumps(res["turn_x8"]), flush=True)
     # the last prompt alone, as the rollout benchmark prefills it (fresh, one step)
     g = torch.Generator().manual_seed(1)
-    alone = []
-    for _ in range(3):
-        engine.blocks.invalidate()
-        s0 = engine.stats()["prefill_seconds"]
-        engine.generate([torch.randint(0, vocab, (3376,), generator=g).tolist()], SamplingParams(max_tokens=1))
-        alone.append(1e3 * (engine.stats()["prefill_seconds"] - s0))
-    res["last_alone_3376_ms"] = round(statistics.median(alone), 3)
+    alone = prefill_alone(engine, [torch.randint(0, vocab, (3376,), generator=g).tolist()])
+    res["last_alone_3376_ms"] = round(1e3 * statistics.median(alone), 3)
     res["gemms"] = {str(m): projection_gemms(engine, m, bw) for m in (bucket, 3376)}
     print("gemms", json.dumps(res["gemms"]), flush=True)
-    line = json.dumps(res)
-    if a.out:
-        from pathlib import Path
-
-        Path(a.out).write_text(line + "\n")
-    print(line)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

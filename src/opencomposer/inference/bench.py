@@ -195,13 +195,7 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
         totals.append(s1["prefill_seconds"] - s0["prefill_seconds"])
         tokens.append(s1["prefill_tokens_computed"] - s0["prefill_tokens_computed"])
         hits.append(s1["prefix_cache_hit_tokens"] - s0["prefix_cache_hit_tokens"])
-    alone_s = []
-    for _ in range(repeats):
-        engine.blocks.invalidate()
-        a = engine.stats()
-        engine.generate(last_prompts, SamplingParams(max_tokens=1))
-        alone_s.append(engine.stats()["prefill_seconds"] - a["prefill_seconds"])
-    engine.blocks.invalidate()
+    alone_s = prefill_alone(engine, last_prompts, repeats)
     total_s, alone = statistics.median(totals), statistics.median(alone_s)
     last_tokens = sum(map(len, last_prompts))
     return {"turns": turns, "concurrent": concurrent, "repeats": repeats, "last_prompt_tokens": last_tokens,
@@ -209,6 +203,31 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
             "total_prefill_s": total_s, "last_alone_prefill_s": alone, "ratio_seconds": total_s / alone,
             "ratio_seconds_min": min(totals) / max(alone_s), "ratio_seconds_max": max(totals) / min(alone_s),
             "cache_hit_tokens": hits[-1]}
+
+
+def prefill_alone(engine: Engine, prompts: list[list[int]], repeats: int = 3) -> list[float]:
+    """Prefill seconds of ``prompts`` submitted together on an empty prefix cache (the
+    engine's own counter: steps' wall time up to their sampled tokens), ``repeats`` times."""
+    out = []
+    for _ in range(repeats):
+        engine.blocks.invalidate()
+        before = engine.stats()["prefill_seconds"]
+        engine.generate(prompts, SamplingParams(max_tokens=1))
+        out.append(engine.stats()["prefill_seconds"] - before)
+    engine.blocks.invalidate()
+    return out
+
+
+def emit(result: dict[str, Any], out: str | None) -> None:
+    """A benchmark's last line: ``result`` as one JSON line, also written atomically to ``out``."""
+    line = json.dumps(result)
+    if out:
+        from pathlib import Path
+
+        from opencomposer.paths import atomic_write_text
+
+        atomic_write_text(Path(out), line + "\n")
+    print(line)
 
 
 def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, tokens: int = 32,
@@ -323,14 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     res = run(a.shapes.split(","), a.device, a.dtype, tuple(int(b) for b in a.batches.split(",")),
               decode_steps=a.decode_steps, kernels=a.kernels)
-    line = json.dumps(res)
-    if a.out:
-        from pathlib import Path
-
-        from opencomposer.paths import atomic_write_text
-
-        atomic_write_text(Path(a.out), line + "\n")
-    print(line)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":
