@@ -21,10 +21,11 @@ tuned per projection; that plan with each GEMV role moved back to cuBLAS in turn
 timed over a few replays, and the fastest is kept (``gemv=None``; True/False forces
 one, see ``batch1_plan.py``); ``capture_ms`` holds every time.
 
-Small prefill steps (an agent turn's new tokens on top of a cached prefix) are graphs too
-on the Triton path: one per token bucket in ``PREFILL_GRAPH_TOKENS`` (up to the step
-budget), for up to ``PREFILL_GRAPH_SEQS`` sequences, padded (padding tokens write the scratch block; the
-paged-prefill kernel gives padding rows no work). All host inputs travel in one copy.
+Prefill steps of up to 4,096 tokens (an agent turn's new tokens on top of a cached prefix,
+a group of turns, a prompt) are graphs too on the Triton path: one per token bucket in
+``PREFILL_GRAPH_TOKENS`` (up to the step budget), for up to ``PREFILL_GRAPH_SEQS``
+sequences, padded (padding tokens write the scratch block; the paged-prefill kernel gives
+padding rows no work). All host inputs travel in one copy, laid out by ``PrefillLayout``.
 Longer prefill steps run eagerly.
 
 Run-ahead decode (used by ``Engine``): ``launch_decode`` replays a decode graph of plain
