@@ -35,7 +35,7 @@ from opencomposer.inference.engine import Engine, SamplingParams
 from opencomposer.inference.model_runner import PREFILL_GRAPH_TOKENS, PrefillLayout
 from opencomposer.inference.sampler import plain_inputs
 from opencomposer.inference.sequence import Sequence
-from opencomposer.inference.triton_prefill import block_m, plan
+from opencomposer.inference.triton_prefill import block_m
 
 
 def small_qwen2(max_len: int):
@@ -91,25 +91,23 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
     spans = inputs[4]
     bucket = next(t for t in PREFILL_GRAPH_TOKENS if t >= len(inputs[0]))
     lay = PrefillLayout(runner.max_blocks_per_seq, runner.group, runner.scratch_block, runner.block_size)
-    buf = lay.background.copy()
-    views = lay.views(buf)
+    rows = block_m(bucket, runner.group)
 
     def planned():
-        return plan([sp[0] for sp in spans], list(batch.chunks), [c + n for _, n, c, _ in spans],
-                    block_m(bucket, runner.group), runner.group)
+        return runner._tiles(spans, rows)
 
     tiles, seqs = planned()
 
     def host():
         ids, pos, slots, last, spans = runner._prefill_inputs(batch)
-        tiles, seqs = planned()
-        lay.fill(buf, views, ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
+        tiles, seqs = runner._tiles(spans, rows)
+        lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         return (len(sampling), *map(tuple, plain_inputs(sampling)))
 
     out["prefill_inputs"] = median_ms(lambda: runner._prefill_inputs(batch), reps)
     out["plan"] = median_ms(planned, reps)
-    out["fill"] = median_ms(lambda: lay.fill(buf, views, *inputs[:4], [sp[3] for sp in spans], seqs, tiles), reps)
+    out["fill"] = median_ms(lambda: lay.fill(*inputs[:4], [sp[3] for sp in spans], seqs, tiles), reps)
     out["host_total"] = median_ms(host, reps)
     sched.finish(seq)
     return out

@@ -21,8 +21,7 @@ Test: ``pytest tests/unit/inference/test_block_manager.py``.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from itertools import repeat
+from collections import OrderedDict
 
 from opencomposer.inference.sequence import Sequence
 
@@ -94,14 +93,10 @@ class BlockManager:
         if total - len(hits) + reclaimed > self.num_free:
             return False
         free = self.free
-        if reclaimed == len(hits):  # all in the free list (a finished turn's blocks): loops in C
-            deque(map(free.pop, hits), maxlen=0)
-            deque(map(ref.__setitem__, hits, repeat(1)), maxlen=0)
-        else:
-            for b in hits:
-                if not ref[b]:
-                    del free[b]
-                ref[b] += 1
+        for b in hits:
+            if not ref[b]:
+                del free[b]  # cached, unowned: out of the free list
+            ref[b] += 1
         found = len(hits)
         hits.extend(self._take() for _ in range(total - found))
         seq.block_table = hits

@@ -107,7 +107,6 @@ class ModelRunner:
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.gemv = gemv if self.triton else False
         self.capture_ms: dict[str, float] = {}
-        self._plain_key: tuple | None = None
         self.gemv_timings: dict[str, dict[str, float]] = {}
         # graphs sample in two fused Triton kernels (one read of the logits) on the Triton path;
         # the device-side seed advances on every replay, so each replay draws new numbers
@@ -194,7 +193,7 @@ class ModelRunner:
         """One paged-prefill kernel per layer for every sequence of the step (cached prefix or
         not); a step that a graph holds (at most the largest of ``prefill_buckets`` tokens and
         ``prefill_seqs`` sequences) replays the graph of the next token bucket instead."""
-        from opencomposer.inference.triton_prefill import block_m, plan, splits_for
+        from opencomposer.inference.triton_prefill import block_m, splits_for
 
         inputs = self._prefill_inputs(batch)
         ids, pos, slots, last, spans = inputs
@@ -207,8 +206,7 @@ class ModelRunner:
         for row, table in zip(padded, tables):
             row[:len(table)] = table
         rows = block_m(start, self.group)
-        tiles, seqs = plan([sp[0] for sp in spans], list(batch.chunks), [c + n for _, n, c, _ in spans], rows,
-                           self.group)
+        tiles, seqs = self._tiles(spans, rows)
         dev = self.device
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
                               prefill_tables=_to(padded, dev),
@@ -218,28 +216,25 @@ class ModelRunner:
             hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
             return self.model.logits(hidden[_to(last, dev)]), None
 
+    def _tiles(self, spans: list[tuple], rows: int) -> tuple[list[list[int]], list[list[int]]]:
+        """``triton_prefill.plan`` for the sequences of ``_prefill_inputs``' spans."""
+        from opencomposer.inference.triton_prefill import plan
+
+        return plan([s for s, _, _, _ in spans], [n for _, n, _, _ in spans], [c + n for _, n, c, _ in spans], rows,
+                    self.group)
+
     def _prefill_replay(self, t: int, batch: ScheduledBatch, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from opencomposer.inference.triton_prefill import block_m, plan
+        from opencomposer.inference.triton_prefill import block_m
 
         ids, pos, slots, last, spans = inputs
-        tiles, seqs = plan([sp[0] for sp in spans], list(batch.chunks), [c + n for _, n, c, _ in spans],
-                           block_m(t, self.group), self.group)
-        # one host array in the layout of the graph's input buffer, one copy. The array is kept
-        # (pageable): a copy from pageable memory has staged its source when copy_ returns
-        # (the array used to be freed right after it), so the next step may refill it. Pinned
-        # memory would need an event per step to know that, which costs more than it saves.
-        host, buf, views = self._prefill_host
-        self._prefill_layout.fill(buf, views, ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
-        st = self._pstatic
-        st["flat"].copy_(host, non_blocking=True)
+        tiles, seqs = self._tiles(spans, block_m(t, self.group))
+        lay, st = self._prefill_layout, self._pstatic
+        lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
+        st["flat"].copy_(lay.host_tensor, non_blocking=True)  # the graph's inputs, one copy
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         plain = all(is_plain(s) for s in sampling)
         if plain and sampling:
-            how = plain_inputs(sampling)
-            key = (len(sampling), *map(tuple, how))
-            if key != self._prefill_plain_key:  # most turns sample like the one before: no copy
-                st["sample_in"][:, :len(sampling)].copy_(torch.tensor(how, dtype=torch.float32), non_blocking=True)
-                self._prefill_plain_key = key
+            _set_sample_in(st, sampling)
         self.prefill_graphs[t].replay()
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
@@ -249,15 +244,8 @@ class ModelRunner:
         dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
         lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
                                                    self.prefill_buckets, s_max)
-        offsets, o = lay.offsets, lay.total
-        buf = lay.background.copy()
-        self._prefill_host = (torch.from_numpy(buf), buf, lay.views(buf))
-        self._prefill_plain_key: tuple | None = None
-        flat = torch.zeros(o, dtype=torch.long, device=dev)
-        views = {name: flat[start:start + size] for name, (start, size) in offsets.items()}
-        views["slots"].fill_(self.scratch_block * self.block_size)
-        views["tables"].fill_(self.scratch_block)
-        self._pstatic = {"flat": flat, "views": views,
+        flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
+        self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
@@ -276,12 +264,10 @@ class ModelRunner:
     def _prefill_graph_forward(self, t: int) -> torch.Tensor:
         from opencomposer.inference.triton_prefill import block_m, num_tiles, splits_for
 
-        v, s_max, w = self._pstatic["views"], self.prefill_seqs, self.max_blocks_per_seq
-        p = self._prefill_layout.tiles_per_bucket[t]
-        p_max = v["tiles"].shape[0] // 2
-        tiles = v["tiles"].view(2, p_max)[:, :p]
+        v = self._pstatic["views"]
+        tiles = v["tiles"][:, :self._prefill_layout.tiles_per_bucket[t]]
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
-                              prefill_tables=v["tables"].view(s_max + 1, w), prefill_seqs=v["seqs"].view(3, s_max + 1),
+                              prefill_tables=v["tables"], prefill_seqs=v["seqs"],
                               prefill_tiles=tiles, prefill_rows=block_m(t, self.group),
                               prefill_splits=splits_for(num_tiles(t, self.group), self.model.cfg.num_kv_heads))
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
@@ -317,11 +303,7 @@ class ModelRunner:
             st["tables"][:bucket].copy_(torch.tensor(tables, dtype=torch.long), non_blocking=True)
             plain = all(is_plain(s) for s in batch.seqs)
             if plain:
-                inputs = plain_inputs(batch.seqs)
-                key = (n, *map(tuple, inputs))
-                if key != self._plain_key:  # most steps sample like the one before
-                    st["sample_in"][:, :n].copy_(torch.tensor(inputs, dtype=torch.float32), non_blocking=True)
-                    self._plain_key = key
+                _set_sample_in(st, batch.seqs)
             self.graphs[bucket].replay()
             return st["logits"][:n], (st["sampled"][:, :n] if plain else None)
         width = max(len(s.block_table) for s in batch.seqs)
@@ -466,6 +448,10 @@ class PrefillLayout:
 
     def __init__(self, max_blocks_per_seq: int, group: int, scratch_block: int, block_size: int,
                  tokens: tuple[int, ...] = PREFILL_GRAPH_TOKENS, seqs: int = PREFILL_GRAPH_SEQS):
+        """Also makes ``host``: the host array ``fill`` writes (``host_tensor``: the same
+        memory as a tensor, to copy from). It is kept (pageable): a copy from pageable memory
+        has staged its source when ``copy_`` returns, so the next step may refill it; pinned
+        memory would need an event per step to know that, which cost more than it saved."""
         from opencomposer.inference.triton_prefill import num_tiles
 
         s_max, w = seqs, max_blocks_per_seq
@@ -486,18 +472,20 @@ class PrefillLayout:
         v["slots"][:] = scratch_block * block_size
         v["tables"][:] = scratch_block
         v["tiles"][0] = s_max
+        self.host = self.background.copy()
+        self.host_tensor = torch.from_numpy(self.host)
+        self._host_views = self.views(self.host)
 
-    def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
-        """Each input's view of ``buf`` (a host array of ``total`` entries), in its shape."""
+    def views(self, buf):
+        """Each input's view of ``buf`` (a host array or device tensor of ``total`` entries), in its shape."""
         return {name: buf[o:o + size].reshape(self.shapes[name]) for name, (o, size) in self.offsets.items()}
 
-    def fill(self, buf: np.ndarray, v: dict[str, np.ndarray], ids: np.ndarray, pos: np.ndarray, slots: np.ndarray,
-             last: list[int], tables: list[np.ndarray], seqs: list[list[int]], tiles: list[list[int]]) -> None:
-        """Write a step into the host array ``buf`` (``v``: its ``views``): the background,
-        then the step's tokens, block tables, ``triton_prefill.plan``'s seqs and tiles, and
-        the rows whose logits are kept."""
-        n = len(ids)
-        np.copyto(buf, self.background)
+    def fill(self, ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, last: list[int], tables: list[np.ndarray],
+             seqs: list[list[int]], tiles: list[list[int]]) -> None:
+        """Write a step into ``host``: the background, then the step's tokens, block tables,
+        ``triton_prefill.plan``'s seqs and tiles, and the rows whose logits are kept."""
+        n, v = len(ids), self._host_views
+        np.copyto(self.host, self.background)
         v["ids"][:n], v["pos"][:n], v["slots"][:n] = ids, pos, slots
         for row, table in zip(v["tables"], tables):
             row[:len(table)] = table
@@ -543,6 +531,17 @@ def _pdl(on: bool):
     from opencomposer.inference.triton_kernels import pdl_launches
 
     return pdl_launches()
+
+
+def _set_sample_in(static: dict, seqs: list) -> None:
+    """Copy plain rows' sampling inputs (``sampler.plain_inputs``) into a graph's
+    ``static["sample_in"]``, unless it already holds them: most steps sample like the one
+    before (the key of what it holds is kept beside it)."""
+    how = plain_inputs(seqs)
+    key = (len(seqs), *map(tuple, how))
+    if key != static.get("sample_key"):
+        static["sample_in"][:, :len(seqs)].copy_(torch.tensor(how, dtype=torch.float32), non_blocking=True)
+        static["sample_key"] = key
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:

@@ -84,23 +84,24 @@ def _reference_buffer(lay, w: int, scratch: int, inputs, seqs, tiles) -> list[in
 def test_layout_fill_matches_the_definition_and_leaves_nothing_of_the_step_before(runner):
     pytest.importorskip("triton")
     from opencomposer.inference.model_runner import PrefillLayout
-    from opencomposer.inference.triton_prefill import block_m, plan
+    from opencomposer.inference.triton_prefill import block_m
 
     group, scratch, w = runner.group, runner.scratch_block, runner.max_blocks_per_seq
     lay = PrefillLayout(w, group, scratch, BS)
     assert lay.total == sum(size for _, size in lay.offsets.values())
-    buf = np.full(lay.total, -7, dtype=np.int64)  # garbage: fill must not depend on what was there
-    views = lay.views(buf)
+    lay.host[:] = -7  # garbage: fill must not depend on what was there
     big = _batch(random.Random(1))
     small = ScheduledBatch(decode=False, seqs=[_seq("e", 11, 4, random.Random(2))], chunks=[7])
     for batch in (big, small, big):  # refilled in place, as the runner does every step
         inputs = runner._prefill_inputs(batch)
         ids, pos, slots, last, spans = inputs
         bucket = next(t for t in PREFILL_GRAPH_TOKENS if t >= len(ids))
-        tiles, seqs = plan([sp[0] for sp in spans], list(batch.chunks), [c + n for _, n, c, _ in spans],
-                           block_m(bucket, group), group)
-        lay.fill(buf, views, ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
-        assert buf.tolist() == _reference_buffer(lay, w, scratch, _reference_inputs(batch), seqs, tiles)
+        rows = block_m(bucket, group)
+        tiles, seqs = runner._tiles(spans, rows)
+        assert tiles[0] == [i for i, (_, n, _, _) in enumerate(spans) for _ in range(-(-n * group // rows))]
+        lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
+        assert lay.host.tolist() == _reference_buffer(lay, w, scratch, _reference_inputs(batch), seqs, tiles)
+        assert lay.host_tensor.tolist() == lay.host.tolist()  # the tensor the runner copies is the same memory
 
 
 def test_a_long_history_hits_every_full_block_with_the_chained_hashes():
