@@ -74,7 +74,7 @@ def kernel_table(fn, reps: int = 3, top: int = 14) -> dict:
             "kernel_sum_us": round(sum(r[2] for r in rows), 1), "busy_us": round(busy / reps, 1), "top": rows[:top]}
 
 
-def attention_grid(shape: str) -> dict:
+def attention_grid(shape: str, turn_only: bool = False) -> dict:
     """``paged_prefill`` alone (one layer, CUDA-graph timed, microseconds) for a turn on a
     cached prefix and for fresh prompts: the (rows, splits) the engine picks
     (``block_m``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages)."""
@@ -90,7 +90,8 @@ def attention_grid(shape: str) -> dict:
     h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
     d, bs, group = c["hidden_size"] // h, 16, h // kvh
     out = {}
-    for q_len, ctx in ((208, 3000), (1000, 1000), (3376, 3376)):
+    cases = ((208, 3000),) if turn_only else ((208, 3000), (1000, 1000), (3376, 3376))
+    for q_len, ctx in cases:
         nblk = -(-ctx // bs)
         kc = torch.randn(nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn_like(kc)
@@ -102,6 +103,9 @@ def attention_grid(shape: str) -> dict:
         # (rows, splits, key tile, warps, pipeline stages)
         configs = [(r, sp, 64, 4, st) for r in (32, 64) for sp in (1, 2, 4, 8) for st in (2, 3)]
         configs += [(rows0, sp0, bn, w, 3) for bn in (32, 64, 128) for w in (4, 8)]
+        if turn_only:  # wider: 128-row tiles (half the K/V reads), 8 warps, longer key tiles
+            configs = [(r, sp, bn, w, st) for r in (64, 128) for w in (4, 8) for sp in (2, 4, 8) for bn in (64, 128)
+                       for st in (2, 3)]
         for rows, splits, bn, w, st in configs:
             tiles, seqs = plan([0], [q_len], [ctx], rows, group)
             tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
@@ -193,11 +197,12 @@ def main() -> None:
     ap.add_argument("--pdl", default="off,on", help="settings to run: off,on")
     ap.add_argument("--attention-only", action="store_true", help="only the paged-prefill kernel grid")
     ap.add_argument("--no-attention", action="store_true", help="skip the paged-prefill kernel grid")
+    ap.add_argument("--turn-only", action="store_true", help="attention grid: only the agent-turn case, more knobs")
     a = ap.parse_args()
     bw = bandwidth("cuda")
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
     if not a.no_attention:
-        res["attention_us"] = attention_grid(a.shape)
+        res["attention_us"] = attention_grid(a.shape, a.turn_only)
         print("attention", json.dumps(res["attention_us"]), flush=True)
     if a.attention_only:
         print(json.dumps(res))
