@@ -38,14 +38,13 @@ _interp._patch_lang_tensor = _patched
 @pytest.fixture
 def interpreted():
     from opencomposer.inference import (
-        triton_gemm,
         triton_gemv,
         triton_kernels,
         triton_prefill,
         triton_sample,
     )
 
-    return {"triton_gemm": triton_gemm, "triton_gemv": triton_gemv, "triton_kernels": triton_kernels, "triton_prefill": triton_prefill,
+    return {"triton_gemv": triton_gemv, "triton_kernels": triton_kernels, "triton_prefill": triton_prefill,
             "triton_sample": triton_sample}
 
 
@@ -68,22 +67,6 @@ def test_gemv_prologues_match_torch(interpreted):
         gemv(torch.randn(9, k), w)
     with pytest.raises(ValueError, match="columns"):
         gemv(torch.randn(1, k + 1), w)
-
-
-def test_split_k_gemm_matches_torch(interpreted):
-    gemm = interpreted["triton_gemm"].gemm
-    torch.manual_seed(0)
-    k, n = 64, 40  # N not a multiple of the tile: masked columns
-    w, b = torch.randn(n, k), torch.randn(n)
-    for m, split in ((5, 1), (21, 2), (21, 4)):  # rows not a multiple of the tile either
-        x = torch.randn(m, k)
-        for bias in (b, None):
-            y = gemm(x, w, bias, config=(16, 32, 16, split, 4, 2))
-            assert torch.allclose(y, F.linear(x, w, bias), atol=1e-4), (m, split)
-    with pytest.raises(ValueError, match="multiple of BLOCK_K"):
-        gemm(torch.randn(4, 48), torch.randn(8, 48), config=(16, 32, 32, 1, 4, 2))
-    with pytest.raises(ValueError, match="columns"):
-        gemm(torch.randn(4, 64), torch.randn(8, 32), config=(16, 32, 16, 1, 4, 2))
 
 
 def _decode_logits(model, prompt, fused: bool, plan: dict | None):
