@@ -284,3 +284,34 @@ def test_run_ahead_decode_gives_the_same_outputs(kernels):
     assert stats[True]["run_ahead"] and stats[True]["run_ahead_steps"] > 50
     assert stats[True]["run_ahead_discarded_rows"] >= 1 + 3  # the stopped row, the update's in-flight step
     assert stats[True]["generated_tokens"] == stats[False]["generated_tokens"]
+
+
+OOM_SCRIPT = r"""
+import gc, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from opencomposer.inference.engine import Engine, SamplingParams
+cfg = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                  num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=32768, tie_word_embeddings=True)
+hf = Qwen2ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+try:  # the KV cache takes all free memory: the graphs captured after it cannot fit
+    Engine(hf, None, max_num_seqs=256, max_model_len=32768, device="cuda", dtype=torch.bfloat16, kv_memory_fraction=1.0)
+    print("NO ERROR")
+except RuntimeError as e:
+    print("ERROR:", e)
+gc.collect()
+torch.cuda.empty_cache()
+engine = Engine(hf, None, max_num_seqs=8, max_model_len=512, device="cuda", dtype=torch.bfloat16)
+out = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+print("RECOVERED", len(out[0].token_ids), engine.stats()["kv_blocks_used"])
+"""
+
+
+def test_out_of_memory_at_start_up_is_a_clear_error_and_recoverable():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", OOM_SCRIPT], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = next(line for line in proc.stdout.splitlines() if line.startswith(("ERROR", "NO ERROR")))
+    assert err.startswith("ERROR: out of GPU memory building the engine") and "kv_memory_fraction=1.0" in err, err
+    assert "RECOVERED 4 0" in proc.stdout, proc.stdout[-2000:]

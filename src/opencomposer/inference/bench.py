@@ -85,7 +85,14 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(0, vocab, (n, length), generator=g).tolist()
 
 
-def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed: int = 0) -> dict[str, float]:
+def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed: int = 0,
+                  windows: int = 4) -> dict[str, float]:
+    """Decode tokens/s of ``batch`` sequences over ``steps`` steps, timed in ``windows`` equal
+    windows: the median window's rate, with the slowest and fastest (at batch 256 on the
+    0.5B shape a step is host-bound, and one run's rate moved by 40% between runs that
+    timed all steps as one window)."""
+    import statistics
+
     vocab = engine.model.cfg.vocab_size
     warm = 3
     rids = [engine.add_request(p, SamplingParams(max_tokens=steps + warm + 1, temperature=1.0))
@@ -94,12 +101,19 @@ def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed:
         engine.step()
     for _ in range(warm):
         engine.step()
-    _sync(str(engine.device))
-    t = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    dt = time.perf_counter() - t
-    out = {"tokens_per_s": batch * steps / dt, "step_ms": 1000 * dt / steps, "mean_context": prompt_len + warm + steps / 2}
+    per = max(1, steps // windows)
+    times = []
+    for _ in range(steps // per):
+        _sync(str(engine.device))
+        t = time.perf_counter()
+        for _ in range(per):
+            engine.step()
+        _sync(str(engine.device))
+        times.append(time.perf_counter() - t)
+    dt = statistics.median(times)
+    out = {"tokens_per_s": batch * per / dt, "tokens_per_s_min": batch * per / max(times),
+           "tokens_per_s_max": batch * per / min(times), "step_ms": 1000 * dt / per,
+           "mean_context": prompt_len + warm + per * len(times) / 2}
     graph = engine.runner.graphs.get(batch)
     if graph is not None:  # the GPU part of a step alone (replays the last step: same slots, same values)
         _sync(str(engine.device))
@@ -185,10 +199,13 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
         engine.blocks.invalidate()
         s0 = engine.stats()
         histories = [rand(system) for _ in range(concurrent)]
+        turn_tokens = []  # tokens each turn prefilled (the last repeat's are kept)
         for _turn in range(turns):
             # plain sampling (no per-request seed), as the last-prompt-alone run: a seeded row is
             # sampled outside the graph, a cost of sampling, not of prefill
+            before = engine.stats()["prefill_tokens_computed"]
             outs = engine.generate(histories, SamplingParams(max_tokens=reply, temperature=1.0))
+            turn_tokens.append(engine.stats()["prefill_tokens_computed"] - before)
             last_prompts = [list(h) for h in histories]
             histories = [h + c.token_ids + rand(tool) for h, c in zip(histories, outs)]
         s1 = engine.stats()
@@ -198,11 +215,90 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
     alone_s = prefill_alone(engine, last_prompts, repeats)
     total_s, alone = statistics.median(totals), statistics.median(alone_s)
     last_tokens = sum(map(len, last_prompts))
-    return {"turns": turns, "concurrent": concurrent, "repeats": repeats, "last_prompt_tokens": last_tokens,
-            "total_prefill_tokens": tokens[-1], "ratio_tokens": tokens[-1] / last_tokens,
-            "total_prefill_s": total_s, "last_alone_prefill_s": alone, "ratio_seconds": total_s / alone,
-            "ratio_seconds_min": min(totals) / max(alone_s), "ratio_seconds_max": max(totals) / min(alone_s),
-            "cache_hit_tokens": hits[-1]}
+    out = {"turns": turns, "concurrent": concurrent, "repeats": repeats, "last_prompt_tokens": last_tokens,
+           "total_prefill_tokens": tokens[-1], "ratio_tokens": tokens[-1] / last_tokens,
+           "total_prefill_s": total_s, "last_alone_prefill_s": alone, "ratio_seconds": total_s / alone,
+           "ratio_seconds_min": min(totals) / max(alone_s), "ratio_seconds_max": max(totals) / min(alone_s),
+           "cache_hit_tokens": hits[-1]}
+    if concurrent == 1:  # one step per turn: what its matrix multiplies alone would give
+        out.update(gemm_bound(engine, turn_tokens, last_tokens))
+    return out
+
+
+def gemm_bound(engine: Engine, steps: list[int], alone: int) -> dict[str, float]:
+    """The rollout's ratio if only its matrix multiplies took time, and its floor.
+
+    For a single rollout (one prefill step per turn, ``steps`` new tokens each) and its last
+    prompt alone (one step of ``alone`` tokens): every layer's projections and the lm_head,
+    timed alone at the rows each step runs them at (``projection_ms``). With attention, the
+    element-wise kernels and the host free, the ratio would be ``ratio_gemm_only``: a bound
+    set by the GEMM library. ``ratio_floor`` is the same where each step's multiplies take
+    the larger of reading the weights at the copy bandwidth and their FLOPs at the rate the
+    largest step's GEMMs reached -- a bound set by the GPU."""
+    rows = {n: _prefill_rows(engine, n) for n in set(steps) | {alone}}
+    times = {m: projection_ms(engine, *m) for m in set(rows.values())}
+    total = lambda f: sum(f(rows[n]) for n in steps)
+    gemm_ms = lambda m: sum(times[m].values())
+    cfg = engine.model.cfg
+    weights = _projection_weights(cfg)
+    flops = lambda m: 2 * (m[0] * cfg.num_layers * weights + m[1] * cfg.vocab_size * cfg.hidden_size)
+    peak = flops(rows[alone]) / (gemm_ms(rows[alone]) / 1e3)  # FLOP/s the last-alone step's GEMMs reached
+    bw = bandwidth(str(engine.device))
+    elem = next(engine.model.parameters()).element_size()
+    read_s = (cfg.num_layers * weights + cfg.vocab_size * cfg.hidden_size) * elem / bw
+    floor = lambda m: max(read_s, flops(m) / peak)
+    return {"gemm_only_total_ms": total(gemm_ms), "gemm_only_alone_ms": gemm_ms(rows[alone]),
+            "ratio_gemm_only": total(gemm_ms) / gemm_ms(rows[alone]),
+            "gemm_alone_tflops": peak / 1e12, "weights_read_ms": 1e3 * read_s,
+            "ratio_floor": total(floor) / floor(rows[alone])}
+
+
+def _projection_weights(cfg) -> int:
+    """Weights of one layer's projections (qkv, o, gate_up, down)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    return h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 3 * h * cfg.intermediate_size
+
+
+def _prefill_rows(engine: Engine, n: int) -> tuple[int, int]:
+    """(token rows, lm_head rows) a one-sequence prefill step of ``n`` tokens multiplies:
+    the graph bucket's and its sequence slots, or ``n`` and 1 when it runs eagerly."""
+    runner = engine.runner
+    bucket = next((t for t in sorted(runner.prefill_graphs) if t >= n), None)
+    return (bucket, runner.prefill_seqs) if bucket is not None else (n, 1)
+
+
+def projection_ms(engine: Engine, m: int, head_rows: int = 1) -> dict[str, float]:
+    """Milliseconds of each projection over all layers at ``m`` rows, each layer on its own
+    weights (as a forward pass runs them: from HBM, not L2), and of the lm_head at
+    ``head_rows``; CUDA-graph timed on CUDA, wall-clock medians elsewhere."""
+    model = engine.model
+    cfg, p = model.cfg, next(model.parameters())
+    layers = list(model.model.layers)
+    new = lambda r, c: torch.randn(r, c, device=p.device, dtype=p.dtype)
+    x, a, i = new(m, cfg.hidden_size), new(m, cfg.num_heads * cfg.head_dim), new(m, cfg.intermediate_size)
+    ops = {"qkv": lambda: [li.self_attn.qkv_proj(x) for li in layers],
+           "o": lambda: [li.self_attn.o_proj(a) for li in layers],
+           "gate_up": lambda: [li.mlp.gate_up_proj(x) for li in layers],
+           "down": lambda: [li.mlp.down_proj(i) for li in layers],
+           "lm_head": lambda: model.lm_head(x[:head_rows])}
+    with torch.inference_mode():
+        return {role: _op_ms(op, p.device) for role, op in ops.items()}
+
+
+def _op_ms(fn, device: torch.device, reps: int = 5) -> float:
+    if device.type == "cuda":
+        from opencomposer.inference.batch1_plan import graph_ms
+
+        return graph_ms(fn)
+    import statistics
+
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
 
 
 def prefill_alone(engine: Engine, prompts: list[list[int]], repeats: int = 3) -> list[float]:

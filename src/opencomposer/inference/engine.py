@@ -79,7 +79,11 @@ from typing import Any
 import torch
 
 from opencomposer.inference.block_manager import BlockManager
-from opencomposer.inference.model_runner import Launch, ModelRunner
+from opencomposer.inference.model_runner import (
+    PREFILL_GRAPH_TOKENS,
+    Launch,
+    ModelRunner,
+)
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
@@ -132,6 +136,8 @@ class Engine:
                  pdl: bool | None = None, run_ahead: bool | None = None):
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
+        if not 0 < kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction={kv_memory_fraction}: expected a fraction of free GPU memory in (0, 1]")
         if isinstance(model, DecoderLM):
             self.model = model if device is None and dtype is None else model.to(device=device, dtype=dtype)
             eos_source = SimpleNamespace(generation_config=None)
@@ -149,6 +155,7 @@ class Engine:
                              f"({cfg.max_position_embeddings})")
         self.max_num_seqs = max_num_seqs
         blocks_per_seq = -(-self.max_model_len // block_size)
+        given_blocks = kv_blocks is not None
         if kv_blocks is None:
             kv_blocks = self._default_kv_blocks(blocks_per_seq, block_size, kv_memory_fraction)
         if kv_blocks < blocks_per_seq:
@@ -161,9 +168,23 @@ class Engine:
         kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
-        self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
-                                  cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv, pdl=pdl,
-                                  max_num_batched_tokens=budget)
+        try:
+            self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
+                                      cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv, pdl=pdl,
+                                      max_num_batched_tokens=budget)
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            per_block = 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * \
+                next(self.model.parameters()).element_size()
+            source = "kv_blocks as given" if given_blocks else f"kv_memory_fraction={kv_memory_fraction} of free memory"
+            raise RuntimeError(
+                f"out of GPU memory building the engine: a KV cache of {kv_blocks} blocks "
+                f"({kv_blocks * per_block / 2**30:.2f} GiB, {source}) and the CUDA graphs (decode up to "
+                f"max_num_seqs={max_num_seqs} rows, prefill steps up to {min(budget, PREFILL_GRAPH_TOKENS[-1])} "
+                f"tokens) do not fit. Lower kv_memory_fraction or kv_blocks, max_num_batched_tokens or "
+                f"max_num_seqs, or pass cuda_graphs=False"
+            ) from e
         self.run_ahead = bool(self.runner.graphs) if run_ahead is None else bool(run_ahead)
         if self.run_ahead and not self.runner.graphs:
             raise ValueError("run_ahead=True needs decode graphs: cuda_graphs=True on a CUDA device, "
@@ -457,6 +478,17 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     )
 
     return frozenset(stop_token_ids(model, tokenizer))
+
+
+def _out_of_memory(e: BaseException | None) -> bool:
+    """Is ``e``, or an exception it was raised from or during, a CUDA out-of-memory error (a
+    graph capture that ran out of memory can surface as a failed capture, the OOM as its cause)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower():
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 def _has_triton() -> bool:

@@ -156,6 +156,9 @@ def test_bad_input_is_a_clear_error(hf):
         Engine(hf, None, max_model_len=10_000)
     with pytest.raises(ValueError, match="kv_blocks=2 cannot hold one sequence"):
         Engine(hf, None, max_model_len=64, kv_blocks=2)
+    for fraction in (0, 1.5):
+        with pytest.raises(ValueError, match=rf"kv_memory_fraction={fraction}: expected .* in \(0, 1\]"):
+            Engine(hf, None, max_model_len=64, kv_memory_fraction=fraction)
     rid = engine.add_request([3, 4], GREEDY, request_id="x")
     with pytest.raises(ValueError, match="'x' is already in use"):
         engine.add_request([3, 4], GREEDY, request_id="x")

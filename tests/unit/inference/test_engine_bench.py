@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from opencomposer.inference.bench import run
 
 
@@ -16,11 +18,16 @@ def test_bench_engine_tiny_cpu():
     for b in (1, 4):
         d = tiny[f"decode_b{b}"]
         assert d["tokens_per_s"] > 0 and 0 < d["fraction_of_roofline"]
+        assert d["tokens_per_s_min"] <= d["tokens_per_s"] <= d["tokens_per_s_max"]  # median of the step windows
     assert tiny["hf_decode_b1"]["tokens_per_s"] > 0 and tiny["speedup_vs_hf_b1"] > 0
     pc = tiny["prefix_cache_10_turns"]
     # each turn recomputes only what is new: the whole rollout costs about its last prompt
     assert pc["last_prompt_tokens"] == 40 + 9 * (4 + 8)
     assert pc["ratio_tokens"] <= 1.5 and pc["cache_hit_tokens"] > 0
+    # the same rollout's GEMMs alone, and the floor: positive times, ratios of 10 steps to 1
+    assert pc["gemm_only_total_ms"] > 0 and pc["gemm_only_alone_ms"] > 0 and pc["weights_read_ms"] > 0
+    assert pc["ratio_gemm_only"] == pytest.approx(pc["gemm_only_total_ms"] / pc["gemm_only_alone_ms"], rel=0.02)
+    assert 0 < pc["ratio_floor"] <= 10
     group = tiny["prefix_cache_10_turns_x2"]  # two rollouts in lockstep: each turn's prompts in one step
     assert group["concurrent"] == 2 and group["last_prompt_tokens"] == 2 * (40 + 9 * (4 + 8))
     assert group["ratio_tokens"] <= 1.5 and group["cache_hit_tokens"] > 0
