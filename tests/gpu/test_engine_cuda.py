@@ -296,7 +296,7 @@ hf = Qwen2ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
 try:  # the KV cache takes all free memory: the graphs captured after it cannot fit
     Engine(hf, None, max_num_seqs=256, max_model_len=32768, device="cuda", dtype=torch.bfloat16, kv_memory_fraction=1.0)
     print("NO ERROR")
-except RuntimeError as e:
+except ValueError as e:
     print("ERROR:", e)
 gc.collect()
 torch.cuda.empty_cache()

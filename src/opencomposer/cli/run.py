@@ -126,6 +126,9 @@ def serve(
     max_model_len: Optional[int] = typer.Option(None, min=2, help="context length (default: the model's)"),
     default_max_tokens: Optional[int] = typer.Option(None, min=1, help="chat max_tokens when a request gives none"),
     kv_blocks: Optional[int] = typer.Option(None, min=1, help="KV-cache blocks (default: the engine's)"),
+    kv_memory_fraction: float = typer.Option(0.8, min=0.01, max=1.0,
+                                             help="share of free GPU memory for the KV cache (without --kv-blocks)"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, min=1, help="new tokens per prefill step"),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the engine's)"),
     log_dir: Optional[str] = typer.Option(None, help="log every session (completions + feedback) as JSONL here"),
@@ -144,7 +147,9 @@ def serve(
     try:
         cfg = ServeConfig(model=model, served_model_name=served_model_name, host=host, port=port,
                           max_num_seqs=max_num_seqs, max_pending=max_pending, max_model_len=max_model_len,
-                          default_max_tokens=default_max_tokens, kv_blocks=kv_blocks, dtype=dtype, device=device,
+                          default_max_tokens=default_max_tokens, kv_blocks=kv_blocks,
+                          kv_memory_fraction=kv_memory_fraction, max_num_batched_tokens=max_num_batched_tokens,
+                          dtype=dtype, device=device,
                           log_dir=log_dir, log_window_s=parse_duration(log_window, "--log-window"),
                           ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token)
         run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model,

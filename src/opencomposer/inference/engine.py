@@ -178,7 +178,7 @@ class Engine:
             per_block = 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * \
                 next(self.model.parameters()).element_size()
             source = "kv_blocks as given" if given_blocks else f"kv_memory_fraction={kv_memory_fraction} of free memory"
-            raise RuntimeError(
+            raise ValueError(  # settings the GPU cannot hold, as the other limits checked here
                 f"out of GPU memory building the engine: a KV cache of {kv_blocks} blocks "
                 f"({kv_blocks * per_block / 2**30:.2f} GiB, {source}) and the CUDA graphs (decode up to "
                 f"max_num_seqs={max_num_seqs} rows, prefill steps up to {min(budget, PREFILL_GRAPH_TOKENS[-1])} "

@@ -77,6 +77,8 @@ class ServeConfig:
     dtype: str = "float32"
     device: str | None = None
     kv_blocks: int | None = None
+    kv_memory_fraction: float = 0.8  # of free GPU memory for the KV cache, when kv_blocks is not given
+    max_num_batched_tokens: int | None = None  # new tokens per prefill step (default: the engine's)
     # real-time loop (``inference/front.py``): session logs, A/B arm, admin hot-swap
     log_dir: str | None = None  # every chat completion and feedback event, JSONL (``session_log.py``)
     log_window_s: float = 3600.0  # one log file per window
@@ -450,7 +452,8 @@ def build_server(cfg: ServeConfig) -> OpenAIServer:
         raise ConfigError(f"--dtype {cfg.dtype!r}: expected float32, bfloat16 or float16")
     try:
         engine = Engine.from_name(cfg.model, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-                                  kv_blocks=cfg.kv_blocks, device=cfg.device, dtype=dtype)
+                                  kv_blocks=cfg.kv_blocks, kv_memory_fraction=cfg.kv_memory_fraction,
+                                  max_num_batched_tokens=cfg.max_num_batched_tokens, device=cfg.device, dtype=dtype)
     except ValueError as e:  # limits the engine cannot meet, e.g. a context longer than the model's
         raise ConfigError(f"serve --model {cfg.model}: {e}") from None
     loop = EngineLoop(engine, max_pending=cfg.max_pending).start()

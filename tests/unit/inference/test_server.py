@@ -334,3 +334,16 @@ def test_an_engine_failure_fails_the_requests_but_not_the_loop():
 
 async def _call(loop, fn):
     return await loop.call(fn)
+
+
+def test_engine_settings_reach_the_engine_and_bad_ones_are_config_errors():
+    from opencomposer.config import ConfigError
+
+    server = build_server(ServeConfig(model="tiny-random", max_num_seqs=2, max_model_len=64,
+                                      max_num_batched_tokens=48, kv_memory_fraction=0.5))
+    try:
+        assert server.loop.engine.scheduler.max_num_batched_tokens == 48
+    finally:
+        server.loop.stop()
+    with pytest.raises(ConfigError, match=r"serve --model tiny-random: kv_blocks=1 cannot hold one sequence"):
+        build_server(ServeConfig(model="tiny-random", max_model_len=64, kv_blocks=1))
