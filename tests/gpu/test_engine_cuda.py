@@ -178,6 +178,26 @@ def test_triton_prefill_with_cached_prefix_matches_torch():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+def test_group_sharing_a_prompt_in_one_prefill_step_matches_each_alone():
+    """Samples of one prompt submitted together reuse its blocks within the step (the Triton
+    prefill graph reads K/V other rows of the same step wrote): same tokens and logprobs as
+    each prompt alone, for two prompt lengths (two prefill graph buckets)."""
+    hf = _tiny()
+    base = _prompts(1, seed=8)[0] * 60
+    for shared in (base[:200], base[:600]):
+        group = [shared, shared + [3, 4, 5], shared, shared[:33] + [9] * 12]
+        engine = Engine(hf, None, max_num_seqs=4, max_model_len=1024)
+        outs = engine.generate(group, SamplingParams(max_tokens=6, temperature=0))
+        full = (len(shared) - 1) // 16 * 16
+        assert [c.cached_prompt_tokens for c in outs] == [0, (len(shared) + 2) // 16 * 16, full, 32]
+        for p, c in zip(group, outs):
+            alone = Engine(hf, None, max_num_seqs=4, max_model_len=1024).generate(
+                [p], SamplingParams(max_tokens=6, temperature=0))[0]
+            assert c.token_ids == alone.token_ids
+            assert max(abs(x - y) for x, y in zip(c.logprobs, alone.logprobs)) < 1e-4
+        assert engine.stats()["kv_blocks_used"] == 0
+
+
 def test_in_graph_sampling_logprobs_match_hf_fp32():
     """Unseeded temperature sampling runs inside the decode graph; its logprobs are HF's."""
     hf = _tiny()

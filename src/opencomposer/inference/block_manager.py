@@ -128,12 +128,19 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed = 0
 
-    def publish(self, seq: Sequence) -> None:
-        """Hash and publish ``seq``'s newly completed, computed full blocks for reuse."""
+    def publish(self, seq: Sequence, computed: int | None = None) -> None:
+        """Hash and publish ``seq``'s newly completed, computed full blocks for reuse.
+
+        ``computed``: publish up to this many tokens instead of ``seq.num_computed`` -- the
+        scheduler passes what the step being scheduled will have computed, so that a later
+        sequence of the same step reuses those blocks (several rollouts of one prompt
+        submitted together compute the prompt once). That is safe because every step writes
+        all its tokens' K/V into the cache before any sequence's attention reads it, layer
+        by layer; ``Engine`` invalidates the cache if a step fails."""
         if seq.cache_epoch != self.epoch:
             return  # computed (partly) under older weights
         bs, hashes = self.block_size, seq.block_hashes
-        done, stop = len(hashes), seq.num_computed // bs
+        done, stop = len(hashes), (seq.num_computed if computed is None else computed) // bs
         if done >= stop:
             return  # no block completed since (most decode steps)
         for b, tokens in zip(seq.block_table[done:stop], _full_blocks(seq.token_ids, bs, done, stop)):

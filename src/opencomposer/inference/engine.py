@@ -284,7 +284,12 @@ class Engine:
 
     def _step_now(self, batch, t0: float, outputs: list[StepOutput]) -> None:
         """One step run to its results: prefill, and decode steps that cannot run ahead."""
-        logits, sampled = self.runner.run(batch)
+        try:
+            logits, sampled = self.runner.run(batch)
+        except BaseException:
+            # the scheduler published this step's blocks before computing them (scheduler.py)
+            self.blocks.invalidate()
+            raise
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         if sampled is not None:  # sampled inside the decode graph (plain rows only)
             both = sampled.tolist()

@@ -5,7 +5,8 @@ Each step is either a prefill step or a decode step:
 * prefill: admit waiting sequences in arrival order while there are sequence slots and
   KV blocks, up to ``max_num_batched_tokens`` new tokens per step; a prompt longer than
   that budget is prefilled in chunks over several steps (chunked prefill). Prompt blocks
-  already in the prefix cache are not computed again.
+  already in the prefix cache are not computed again, nor are those an earlier sequence
+  of the same step computes (n samples of one prompt submitted together).
 * decode: every running sequence gets one token. When the cache is full, the most
   recently admitted sequence is preempted: its blocks are freed and it goes back to the
   front of the queue, to be recomputed (prompt + what it generated so far) later.
@@ -71,6 +72,9 @@ class Scheduler:
             budget -= chunk
             batch.seqs.append(seq)
             batch.chunks.append(chunk)
+            # the blocks this step fills are reusable by the sequences admitted after it in this
+            # same step (a group of rollouts of one prompt computes the prompt once)
+            self.blocks.publish(seq, seq.num_computed + chunk)
             if seq.num_computed + chunk < len(seq):
                 break  # the rest of this prompt goes in the next steps
             self.waiting.popleft()

@@ -52,6 +52,22 @@ def test_prefix_cache_reuses_the_shared_history(hf, prompts):
     assert engine.stats()["kv_blocks_used"] == 0
 
 
+def test_a_group_sharing_a_prompt_computes_it_once_with_the_same_outputs(hf, prompts):
+    """Rollouts of one task submitted together (a GRPO group, or n > 1): the shared prompt's
+    blocks are computed by the first and reused within the same step by the others."""
+    engine = Engine(hf, None, max_model_len=256, block_size=8)
+    shared = prompts(1, lo=61, hi=62, seed=9)[0]  # 7 full blocks and 5 tokens
+    group = [shared, shared + [3, 4], shared, shared[:40] + [7] * 9]
+    outs = engine.generate(group, GREEDY)
+    assert [c.cached_prompt_tokens for c in outs] == [0, 56, 56, 40]
+    assert engine.stats()["prefill_tokens_computed"] == 61 + 7 + 5 + 9
+    for p, c in zip(group, outs):
+        alone = _alone(hf, p)
+        assert c.token_ids == alone.token_ids
+        assert max(abs(a - b) for a, b in zip(c.logprobs, alone.logprobs)) < 1e-4
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
 def test_preemption_when_the_cache_is_full_keeps_outputs_exact(hf, prompts):
     ps = prompts(4, lo=20, hi=30, seed=7)
     params = SamplingParams(max_tokens=24, temperature=0)

@@ -31,3 +31,6 @@ def test_bench_engine_tiny_cpu():
     group = tiny["prefix_cache_10_turns_x2"]  # two rollouts in lockstep: each turn's prompts in one step
     assert group["concurrent"] == 2 and group["last_prompt_tokens"] == 2 * (40 + 9 * (4 + 8))
     assert group["ratio_tokens"] <= 1.5 and group["cache_hit_tokens"] > 0
+    same = tiny["prefix_cache_10_turns_x2_same_task"]  # a GRPO group: one first prompt, computed once
+    # the second rollout reuses the first's full blocks of the 40-token first prompt
+    assert same["same_task"] and same["total_prefill_tokens"] <= group["total_prefill_tokens"] - 40 // 16 * 16
