@@ -355,6 +355,10 @@ def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, toke
 
 
 
+def _r4(v):
+    return v if isinstance(v, bool) else round(v, 4)
+
+
 def _figures(d: dict[str, float]) -> dict[str, float]:
     """Four significant digits: rounding to decimal places turned a small fraction of the
     roofline (a CPU run: 28 tok/s against a roofline of ~10^5) into 0."""
@@ -412,14 +416,14 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
                         max_num_batched_tokens=8192)
         r["prefill"] = {k: round(v, 1) for k, v in prefill(engine, hf, prefill_batch, prefill_len, device).items()}
         log(f"{shape} prefill: {r['prefill']}")
-        r["prefix_cache_10_turns"] = {k: round(v, 4) for k, v in agent_rollout(engine, **ro).items()}
+        r["prefix_cache_10_turns"] = {k: _r4(v) for k, v in agent_rollout(engine, **ro).items()}
         log(f"{shape} 10-turn rollout: {r['prefix_cache_10_turns']}")
         # the same with a group of rollouts in lockstep (each turn's prompts prefilled in one step)
-        group = {k: round(v, 4) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch}).items()}
+        group = {k: _r4(v) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch}).items()}
         r[f"prefix_cache_10_turns_x{prefill_batch}"] = group
         log(f"{shape} 10-turn rollouts x{prefill_batch}: {group}")
         # a GRPO group: the rollouts share their first prompt (computed once, in one step)
-        same = {k: round(v, 4) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch,
+        same = {k: _r4(v) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch,
                                                                    "same_task": True}).items()}
         r[f"prefix_cache_10_turns_x{prefill_batch}_same_task"] = same
         log(f"{shape} 10-turn rollouts x{prefill_batch}, one task: {same}")
