@@ -90,24 +90,25 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
     h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
     d, bs, group = c["hidden_size"] // h, 16, h // kvh
     out = {}
-    cases = ((208, 3000),) if turn_only else ((208, 3000), (1000, 1000), (3376, 3376))
-    for q_len, ctx in cases:
+    # (new tokens, context, sequences): one turn, 8 turns in one step (bench engine's x8 group), fresh prompts
+    cases = ((208, 3000, 1), (208, 3000, 8)) if turn_only else ((208, 3000, 1), (1000, 1000, 1), (3376, 3376, 1))
+    for q_len, ctx, nseq in cases:
         nblk = -(-ctx // bs)
-        kc = torch.randn(nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(nseq * nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn_like(kc)
-        q = torch.randn(q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
-        table = torch.arange(nblk, device="cuda")[None, :]
-        rows0 = block_m(q_len, group)
-        sp0 = splits_for(-(-q_len * group // rows0), kvh)
+        q = torch.randn(nseq * q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
+        table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
+        rows0 = block_m(nseq * q_len, group)
+        sp0 = splits_for(-(-nseq * q_len * group // rows0), kvh, d)
         res = {"picked": f"{rows0}x{sp0}"}
         # (rows, splits, key tile, warps, pipeline stages)
         configs = [(r, sp, 64, 4, st) for r in (32, 64) for sp in (1, 2, 4, 8) for st in (2, 3)]
         configs += [(rows0, sp0, bn, w, 3) for bn in (32, 64, 128) for w in (4, 8)]
         if turn_only:  # wider: 128-row tiles (half the K/V reads), 8 warps, longer key tiles
-            configs = [(r, sp, bn, w, st) for r in (64, 128) for w in (4, 8) for sp in (2, 4, 8) for bn in (64, 128)
-                       for st in (2, 3)]
+            configs = [(r, sp, bn, w, st) for r in (64, 128) for w in (4, 8) for sp in ((1, 2) if nseq > 1 else (2, 4, 8))
+                       for bn in (64, 128) for st in (2, 3)]
         for rows, splits, bn, w, st in configs:
-            tiles, seqs = plan([0], [q_len], [ctx], rows, group)
+            tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
             tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
             fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
                                    num_warps=w, num_stages=st)
@@ -116,7 +117,7 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
                 res[key] = round(1000 * graph_ms(fn, reps=20), 1)
             except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
                 res[key] = type(e).__name__
-        out[f"q{q_len}_ctx{ctx}"] = res
+        out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
     return out
 
 

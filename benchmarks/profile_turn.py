@@ -31,9 +31,15 @@ import time
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 
-from opencomposer.inference.bench import bandwidth, emit, prefill_alone, random_qwen2
+from opencomposer.inference.batch1_plan import graph_ms
+from opencomposer.inference.bench import (
+    bandwidth,
+    emit,
+    prefill_alone,
+    projection_ms,
+    random_qwen2,
+)
 from opencomposer.inference.engine import Engine, SamplingParams
 
 GEMM_MARKS = ("gemm", "sm90", "cutlass", "nvjet", "cublas", "splitk")
@@ -128,42 +134,30 @@ def turn_phases(engine: Engine, prefix: int, new: int, reps: int, vocab: int, co
 
 
 def projection_gemms(engine: Engine, m: int, bw: float) -> dict:
+    """Each projection at ``m`` rows over all layers, us per layer: as the engine runs it
+    (``bench.projection_ms``: the module, weight stored [N, K]) and with the weight
+    transposed to [K, N]; TFLOP/s and the HBM-read limit."""
     layers = engine.model.model.layers
+    stored = projection_ms(engine, m)
     x = {k: torch.randn(m, w, device="cuda", dtype=torch.bfloat16)
          for k, w in (("h", engine.model.cfg.hidden_size), ("i", engine.model.cfg.intermediate_size))}
     roles = {"qkv": (lambda l: l.self_attn.qkv_proj, "h"), "o": (lambda l: l.self_attn.o_proj, "h"),
              "gate_up": (lambda l: l.mlp.gate_up_proj, "h"), "down": (lambda l: l.mlp.down_proj, "i")}
     out = {}
     for role, (get, xin) in roles.items():
-        ws = [get(l).weight for l in layers]
+        wt = [get(l).weight.t().contiguous() for l in layers]
         bs = [get(l).bias for l in layers]
-        wt = [w.t().contiguous() for w in ws]
-        n, k = ws[0].shape
-        variants = {"linear": lambda: [F.linear(x[xin], w, b) for w, b in zip(ws, bs)],
-                    "matmul_kn": lambda: [torch.addmm(b, x[xin], w) if b is not None else x[xin] @ w
-                                          for w, b in zip(wt, bs)]}
+        n, k = wt[0].shape[1], wt[0].shape[0]
+        kn = graph_ms(lambda wt=wt, bs=bs, a=x[xin]: [torch.addmm(b, a, w) if b is not None else a @ w
+                                                     for w, b in zip(wt, bs)])
         res = {}
-        for name, fn in variants.items():
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            g.replay()
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(10):
-                g.replay()
-            b.record()
-            b.synchronize()
-            us = 1e3 * a.elapsed_time(b) / 10 / len(layers)
+        for name, ms in (("linear", stored[role]), ("matmul_kn", kn)):
+            us = 1e3 * ms / len(layers)
             res[name] = {"us_per_layer": round(us, 2), "TFLOPs": round(2 * m * n * k / us / 1e6, 1)}
-            del g
         res["hbm_limit_us"] = round(n * k * 2 / bw * 1e6, 2)
         res["shape_NK"] = [n, k]
         out[role] = res
+        del wt
     return out
 
 

@@ -211,7 +211,8 @@ class ModelRunner:
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
                               prefill_tables=_to(padded, dev),
                               prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_rows=rows,
-                              prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_kv_heads))
+                              prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_kv_heads,
+                                                        self.model.cfg.head_dim))
         with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
             hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
             return self.model.logits(hidden[_to(last, dev)]), None
@@ -269,7 +270,8 @@ class ModelRunner:
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
                               prefill_tables=v["tables"], prefill_seqs=v["seqs"],
                               prefill_tiles=tiles, prefill_rows=block_m(t, self.group),
-                              prefill_splits=splits_for(num_tiles(t, self.group), self.model.cfg.num_kv_heads))
+                              prefill_splits=splits_for(num_tiles(t, self.group), self.model.cfg.num_kv_heads,
+                                                        self.model.cfg.head_dim))
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[v["last"]])
 

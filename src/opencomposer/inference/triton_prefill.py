@@ -175,18 +175,25 @@ def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
     return tiles, [list(q_starts), list(q_lens), list(ctx_lens)]
 
 
-def splits_for(tiles: int, kv_heads: int) -> int:
+def splits_for(tiles: int, kv_heads: int, head_dim: int = 128) -> int:
     """Key splits per (tile, KV head) program: few tiles (a short step on a long cached
     prefix) would leave most of the GPU idle while each program walks the whole context;
     more splits cost partial results written and merged.
 
-    Measured on an H100 (Qwen2.5-1.5B heads, ``benchmarks/profile_engine.py
-    --attention-only``, us per layer, 64-row tiles, 3 stages): 208 new tokens on a
-    3,000-token prefix 28.9 with 4 splits (36.0 with 2, 33.0 with 8, 67.8 with 1); 1,000
-    fresh tokens 31.4 with 2 (32.2 with 1); 3,376 fresh tokens 165.1 with 2 (175.1 with 1).
-    128-row tiles were slower in each case (33.6, 35.5, 186.5 at the same splits)."""
+    Measured on an H100 (``benchmarks/profile_engine.py --attention-only [--turn-only]``,
+    us per layer, 64-row tiles, 3 stages):
+
+    * head_dim 128 (Qwen2.5-1.5B): 208 new tokens on a 3,000-token prefix 28.9 with 4
+      splits (36.0 with 2, 33.0 with 8, 67.8 with 1); 8 such turns in one step 128.3 with 2
+      (165.4 with 1); 1,000 fresh tokens 31.4 with 2 (32.2 with 1); 3,376 fresh tokens
+      165.1 with 2 (175.1 with 1). 128-row tiles were slower in each case.
+    * head_dim 64 (Qwen2.5-0.5B, 4 programs fit an SM where 2 of head_dim 128 do): one split
+      wins from a few hundred programs -- 8 turns in one step 66.1 with 1 (80.3 with 2),
+      1,000 fresh tokens 20.2 (21.6), 3,376 fresh tokens 101.0 (100.4); one turn 22.4 with
+      4 (27.5 with 2, 22.6 with 8)."""
     programs = tiles * kv_heads
-    return 8 if programs < 24 else 4 if programs < 64 else 2 if programs < 1024 else 1
+    one = 1024 if head_dim >= 128 else 192
+    return 8 if programs < 24 else 4 if programs < 64 else 2 if programs < one else 1
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
