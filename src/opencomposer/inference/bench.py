@@ -184,9 +184,10 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
     ``concurrent`` rollouts run in lockstep (each turn's prompts submitted together, as an
     RL actor's group of rollouts on one engine); their last prompts are then prefilled alone,
     together. ``same_task``: they start from one first prompt (a GRPO group: k rollouts of
-    one task), else each from its own. The rollout and the last-prompt-alone prefill are each run ``repeats`` times
-    (prefix cache cleared before each) and compared by their medians: one run of each moved
-    the ratio by up to 1.8x between H100 machines for the 0.5B shape."""
+    one task), else each from its own. The rollout and the last-prompt-alone prefill are
+    each run ``repeats`` times (prefix cache cleared before each) and compared by their
+    medians: one run of each moved the ratio by up to 1.8x between H100 machines for the
+    0.5B shape. A single rollout also reports ``gemm_bound``."""
     import statistics
 
     vocab = engine.model.cfg.vocab_size
@@ -289,6 +290,7 @@ def projection_ms(engine: Engine, m: int, head_rows: int = 1) -> dict[str, float
 
 
 def _op_ms(fn, device: torch.device, reps: int = 5) -> float:
+    """Milliseconds per call of ``fn``: from a CUDA graph on CUDA, else the median of ``reps``."""
     if device.type == "cuda":
         from opencomposer.inference.batch1_plan import graph_ms
 
