@@ -198,6 +198,21 @@ def test_n_choices_and_seeded_sampling(srv, client):
     no_leaks(srv)
 
 
+def test_n_choices_compute_the_prompt_once(srv, client):
+    """n > 1 submits n sequences of one prompt: its full blocks are computed once and the
+    other sequences reuse them (the engine's count of prefilled tokens; usage counts the
+    prompt once, as OpenAI's does)."""
+    words = " ".join(f"w{i}" for i in range(60))  # not sent before: no earlier request caches it
+    before = srv.wait_idle()["engine"]["prefill_tokens_computed"]
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words}], n=4,
+                                       max_tokens=2, temperature=1.0)
+    prompt = r.usage.prompt_tokens
+    tail = prompt - (prompt - 1) // 16 * 16  # what a sequence whose full blocks are cached computes
+    computed = srv.wait_idle()["engine"]["prefill_tokens_computed"] - before
+    assert prompt > 64 and computed <= prompt + 3 * tail < 2 * prompt
+    no_leaks(srv)
+
+
 def test_stream_equals_non_stream_and_stop_strings_are_cut(srv, client):
     kw = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0}
     full = client.completions.create(**kw).choices[0].text
