@@ -31,8 +31,9 @@ import time
 
 import torch
 
+from opencomposer.inference.bench import time_ms
 from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.model_runner import PREFILL_GRAPH_TOKENS, PrefillLayout
+from opencomposer.inference.model_runner import PrefillLayout
 from opencomposer.inference.sampler import plain_inputs
 from opencomposer.inference.sequence import Sequence
 from opencomposer.inference.triton_prefill import block_m
@@ -49,13 +50,7 @@ def small_qwen2(max_len: int):
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return round(1e3 * statistics.median(times), 4)
+    return round(time_ms(fn, torch.device("cpu"), reps), 4)
 
 
 def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
@@ -89,8 +84,9 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
     out["cached_tokens"], out["new_tokens"] = seq.num_computed, batch.chunks[0]
     inputs = runner._prefill_inputs(batch)
     spans = inputs[4]
-    bucket = next(t for t in PREFILL_GRAPH_TOKENS if t >= len(inputs[0]))
-    lay = PrefillLayout(runner.max_blocks_per_seq, runner.group, runner.scratch_block, runner.block_size)
+    bucket = runner.prefill_bucket(len(inputs[0]))
+    lay = PrefillLayout(runner.max_blocks_per_seq, runner.group, runner.scratch_block, runner.block_size,
+                        runner.prefill_buckets, runner.prefill_seqs)  # the engine's own layout
     rows = block_m(bucket, runner.group)
 
     def planned():

@@ -138,7 +138,7 @@ def projection_gemms(engine: Engine, m: int, bw: float) -> dict:
     (``bench.projection_ms``: the module, weight stored [N, K]) and with the weight
     transposed to [K, N]; TFLOP/s and the HBM-read limit."""
     layers = engine.model.model.layers
-    stored = projection_ms(engine, m)
+    stored = projection_ms(engine.model, m)
     x = {k: torch.randn(m, w, device="cuda", dtype=torch.bfloat16)
          for k, w in (("h", engine.model.cfg.hidden_size), ("i", engine.model.cfg.intermediate_size))}
     roles = {"qkv": (lambda l: l.self_attn.qkv_proj, "h"), "o": (lambda l: l.self_attn.o_proj, "h"),
@@ -197,7 +197,7 @@ def main() -> None:
     print("turn", json.dumps(res["turn"]), flush=True)
     # the turn's graph replayed on the last step's inputs: a turn of ``--new`` tokens (replaying
     # it after a step of another bucket would read that step's rows)
-    bucket = next(t for t in sorted(engine.runner.prefill_graphs) if t >= a.new)
+    bucket = engine.runner.prefill_bucket(a.new)
     res["bucket"] = bucket
     res["turn_graph_kernels"] = kernel_classes(engine.runner.prefill_graphs[bucket].replay)
     print("kernels", json.dumps(res["turn_graph_kernels"]), flush=True)

@@ -75,7 +75,7 @@ def capture_batch1(runner: ModelRunner) -> torch.cuda.CUDAGraph:
 def tune_projections(runner: ModelRunner) -> dict:
     """Per projection: cuBLAS against ``triton_gemv`` in its candidate configs ->
     {role: fastest GEMV config, or None for cuBLAS}; times in ``runner.gemv_timings``."""
-    from opencomposer.inference.triton_gemv import candidates, gemv, shapes
+    from opencomposer.inference.triton_gemv import candidates, gemv
     from opencomposer.inference.triton_kernels import add_rmsnorm, silu_mul
 
     m = runner.model
@@ -107,7 +107,7 @@ def tune_projections(runner: ModelRunner) -> dict:
         "lm_head": (lambda li, c: m.lm_head(x) if c is None else gemv(x, m.lm_head.weight, config=c), [None]),
     }
     plan: dict = {}
-    for role, (n, k) in shapes(cfg).items():
+    for role, (n, k) in cfg.projection_shapes().items():
         op, over = ops[role]
         times = {}
         for c in [None, *candidates(1, n, k)]:

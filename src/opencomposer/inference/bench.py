@@ -178,7 +178,8 @@ def prefill(engine: Engine, hf, n: int, length: int, device: str) -> dict[str, f
 
 
 def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: int = 64, tool: int = 200,
-                  repeats: int = 3, concurrent: int = 1, same_task: bool = False) -> dict[str, float]:
+                  repeats: int = 3, concurrent: int = 1, same_task: bool = False,
+                  bw: float | None = None) -> dict[str, float]:
     """Total prefill over a multi-turn rollout vs prefilling its last prompt alone.
 
     ``concurrent`` rollouts run in lockstep (each turn's prompts submitted together, as an
@@ -187,7 +188,8 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
     one task), else each from its own. The rollout and the last-prompt-alone prefill are
     each run ``repeats`` times (prefix cache cleared before each) and compared by their
     medians: one run of each moved the ratio by up to 1.8x between H100 machines for the
-    0.5B shape. A single rollout also reports ``gemm_bound``."""
+    0.5B shape. A single rollout also reports ``gemm_bound`` (``bw``: the copy bandwidth,
+    measured here if not given)."""
     import statistics
 
     vocab = engine.model.cfg.vocab_size
@@ -225,11 +227,11 @@ def agent_rollout(engine: Engine, turns: int = 10, system: int = 1000, reply: in
            "ratio_seconds_min": min(totals) / max(alone_s), "ratio_seconds_max": max(totals) / min(alone_s),
            "cache_hit_tokens": hits[-1]}
     if concurrent == 1:  # one step per turn: what its matrix multiplies alone would give
-        out.update(gemm_bound(engine, turn_tokens, last_tokens))
+        out.update(gemm_bound(engine, turn_tokens, last_tokens, bw or bandwidth(str(engine.device))))
     return out
 
 
-def gemm_bound(engine: Engine, steps: list[int], alone: int) -> dict[str, float]:
+def gemm_bound(engine: Engine, steps: list[int], alone: int, bw: float) -> dict[str, float]:
     """The rollout's ratio if only its matrix multiplies took time, and its floor.
 
     For a single rollout (one prefill step per turn, ``steps`` new tokens each) and its last
@@ -237,19 +239,20 @@ def gemm_bound(engine: Engine, steps: list[int], alone: int) -> dict[str, float]
     timed alone at the rows each step runs them at (``projection_ms``). With attention, the
     element-wise kernels and the host free, the ratio would be ``ratio_gemm_only``: a bound
     set by the GEMM library. ``ratio_floor`` is the same where each step's multiplies take
-    the larger of reading the weights at the copy bandwidth and their FLOPs at the rate the
+    the larger of reading the weights at the copy bandwidth ``bw`` and their FLOPs at the rate the
     largest step's GEMMs reached -- a bound set by the GPU."""
     rows = {n: _prefill_rows(engine, n) for n in set(steps) | {alone}}
-    times = {m: projection_ms(engine, *m) for m in set(rows.values())}
+    times = {m: projection_ms(engine.model, *m) for m in set(rows.values())}
     total = lambda f: sum(f(rows[n]) for n in steps)
     gemm_ms = lambda m: sum(times[m].values())
     cfg = engine.model.cfg
-    weights = _projection_weights(cfg)
-    flops = lambda m: 2 * (m[0] * cfg.num_layers * weights + m[1] * cfg.vocab_size * cfg.hidden_size)
+    shapes = cfg.projection_shapes()
+    head = shapes.pop("lm_head")
+    layer = sum(n * k for n, k in shapes.values())  # one layer's projection weights
+    flops = lambda m: 2 * (m[0] * cfg.num_layers * layer + m[1] * head[0] * head[1])
     peak = flops(rows[alone]) / (gemm_ms(rows[alone]) / 1e3)  # FLOP/s the last-alone step's GEMMs reached
-    bw = bandwidth(str(engine.device))
     elem = next(engine.model.parameters()).element_size()
-    read_s = (cfg.num_layers * weights + cfg.vocab_size * cfg.hidden_size) * elem / bw
+    read_s = (cfg.num_layers * layer + head[0] * head[1]) * elem / bw
     floor = lambda m: max(read_s, flops(m) / peak)
     return {"gemm_only_total_ms": total(gemm_ms), "gemm_only_alone_ms": gemm_ms(rows[alone]),
             "ratio_gemm_only": total(gemm_ms) / gemm_ms(rows[alone]),
@@ -257,25 +260,18 @@ def gemm_bound(engine: Engine, steps: list[int], alone: int) -> dict[str, float]
             "ratio_floor": total(floor) / floor(rows[alone])}
 
 
-def _projection_weights(cfg) -> int:
-    """Weights of one layer's projections (qkv, o, gate_up, down)."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    return h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 3 * h * cfg.intermediate_size
-
-
 def _prefill_rows(engine: Engine, n: int) -> tuple[int, int]:
     """(token rows, lm_head rows) a one-sequence prefill step of ``n`` tokens multiplies:
     the graph bucket's and its sequence slots, or ``n`` and 1 when it runs eagerly."""
     runner = engine.runner
-    bucket = next((t for t in sorted(runner.prefill_graphs) if t >= n), None)
-    return (bucket, runner.prefill_seqs) if bucket is not None else (n, 1)
+    bucket = runner.prefill_bucket(n)
+    return (bucket, runner.prefill_seqs) if bucket in runner.prefill_graphs else (n, 1)
 
 
-def projection_ms(engine: Engine, m: int, head_rows: int = 1) -> dict[str, float]:
-    """Milliseconds of each projection over all layers at ``m`` rows, each layer on its own
-    weights (as a forward pass runs them: from HBM, not L2), and of the lm_head at
-    ``head_rows``; CUDA-graph timed on CUDA, wall-clock medians elsewhere."""
-    model = engine.model
+def projection_ms(model, m: int, head_rows: int = 1) -> dict[str, float]:
+    """Milliseconds of each projection of a ``DecoderLM`` over all layers at ``m`` rows, each
+    layer on its own weights (as a forward pass runs them: from HBM, not L2), and of the
+    lm_head at ``head_rows``; CUDA-graph timed on CUDA, wall-clock medians elsewhere."""
     cfg, p = model.cfg, next(model.parameters())
     layers = list(model.model.layers)
     new = lambda r, c: torch.randn(r, c, device=p.device, dtype=p.dtype)
@@ -286,10 +282,10 @@ def projection_ms(engine: Engine, m: int, head_rows: int = 1) -> dict[str, float
            "down": lambda: [li.mlp.down_proj(i) for li in layers],
            "lm_head": lambda: model.lm_head(x[:head_rows])}
     with torch.inference_mode():
-        return {role: _op_ms(op, p.device) for role, op in ops.items()}
+        return {role: time_ms(op, p.device) for role, op in ops.items()}
 
 
-def _op_ms(fn, device: torch.device, reps: int = 5) -> float:
+def time_ms(fn, device: torch.device, reps: int = 5) -> float:
     """Milliseconds per call of ``fn``: from a CUDA graph on CUDA, else the median of ``reps``."""
     if device.type == "cuda":
         from opencomposer.inference.batch1_plan import graph_ms
@@ -418,7 +414,7 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
                         max_num_batched_tokens=8192)
         r["prefill"] = {k: round(v, 1) for k, v in prefill(engine, hf, prefill_batch, prefill_len, device).items()}
         log(f"{shape} prefill: {r['prefill']}")
-        r["prefix_cache_10_turns"] = {k: _r4(v) for k, v in agent_rollout(engine, **ro).items()}
+        r["prefix_cache_10_turns"] = {k: _r4(v) for k, v in agent_rollout(engine, **ro, bw=bw).items()}
         log(f"{shape} 10-turn rollout: {r['prefix_cache_10_turns']}")
         # the same with a group of rollouts in lockstep (each turn's prompts prefilled in one step)
         group = {k: _r4(v) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch}).items()}

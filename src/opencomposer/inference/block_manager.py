@@ -119,10 +119,15 @@ class BlockManager:
 
     def free_seq(self, seq: Sequence) -> None:
         # Release in reverse so a prefix's tail blocks are reused before its head blocks,
-        # which more requests share.
-        for b in reversed(seq.block_table):
+        # which more requests share. Blocks past what ``seq`` computed that were published
+        # ahead for a step it never ran (see ``publish``) are withdrawn: their K/V was never written.
+        computed = seq.num_computed // self.block_size
+        for i in range(len(seq.block_table) - 1, -1, -1):
+            b = seq.block_table[i]
             self.ref[b] -= 1
             if self.ref[b] == 0:
+                if i >= computed:
+                    self._forget(b)
                 self.free[b] = None
         seq.block_table = []
         seq.block_hashes = []
@@ -136,7 +141,8 @@ class BlockManager:
         sequence of the same step reuses those blocks (several rollouts of one prompt
         submitted together compute the prompt once). That is safe because every step writes
         all its tokens' K/V into the cache before any sequence's attention reads it, layer
-        by layer; ``Engine`` invalidates the cache if a step fails."""
+        by layer; ``Engine`` invalidates the cache if a step fails, and ``free_seq`` withdraws
+        them from a sequence freed before its step ran."""
         if seq.cache_epoch != self.epoch:
             return  # computed (partly) under older weights
         bs, hashes = self.block_size, seq.block_hashes
@@ -160,14 +166,18 @@ class BlockManager:
 
     def _take(self) -> int:
         b, _ = self.free.popitem(last=False)
+        self._forget(b)  # evict its cached prefix entry
+        self.ref[b] = 1
+        return b
+
+    def _forget(self, b: int) -> None:
+        """Block ``b`` no longer holds a reusable prefix block."""
         h = self.block_hash[b]
-        if h is not None:  # evict its cached prefix entry
+        if h is not None:
             if self.cached.get(h) == b:
                 del self.cached[h]
             self.block_hash[b] = None
             self.block_tokens[b] = None
-        self.ref[b] = 1
-        return b
 
 
 def _full_blocks(token_ids: list[int], block_size: int, first: int, stop: int):

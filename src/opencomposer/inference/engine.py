@@ -80,9 +80,9 @@ import torch
 
 from opencomposer.inference.block_manager import BlockManager
 from opencomposer.inference.model_runner import (
-    PREFILL_GRAPH_TOKENS,
     Launch,
     ModelRunner,
+    prefill_buckets,
 )
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
 from opencomposer.inference.sampler import sample
@@ -179,7 +179,7 @@ class Engine:
             raise ValueError(  # settings the GPU cannot hold, as the other limits checked here
                 f"out of GPU memory building the engine: a KV cache of {kv_blocks} blocks "
                 f"({kv_blocks * self._block_bytes(block_size) / 2**30:.2f} GiB, {source}) and the CUDA graphs (decode up to "
-                f"max_num_seqs={max_num_seqs} rows, prefill steps up to {min(budget, PREFILL_GRAPH_TOKENS[-1])} "
+                f"max_num_seqs={max_num_seqs} rows, prefill steps up to {prefill_buckets(budget)[-1]} "
                 f"tokens) do not fit. Lower kv_memory_fraction or kv_blocks, max_num_batched_tokens or "
                 f"max_num_seqs, or pass cuda_graphs=False"
             ) from e

@@ -71,6 +71,13 @@ PREFILL_GRAPH_TOKENS = (tuple(range(32, 257, 32)) + tuple(range(320, 513, 64)) +
 PREFILL_GRAPH_SEQS = 16
 
 
+def prefill_buckets(max_num_batched_tokens: int | None) -> tuple[int, ...]:
+    """The prefill graphs' token buckets for a step budget: none larger than the first that
+    holds the whole budget."""
+    budget = max_num_batched_tokens or PREFILL_GRAPH_TOKENS[-1]
+    return tuple(t for i, t in enumerate(PREFILL_GRAPH_TOKENS) if i == 0 or PREFILL_GRAPH_TOKENS[i - 1] < budget)
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
@@ -93,10 +100,7 @@ class ModelRunner:
         self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        # prefill graph buckets: none larger than the first that holds a whole step's token budget
-        budget = max_num_batched_tokens or PREFILL_GRAPH_TOKENS[-1]
-        self.prefill_buckets = tuple(t for i, t in enumerate(PREFILL_GRAPH_TOKENS)
-                                     if i == 0 or PREFILL_GRAPH_TOKENS[i - 1] < budget)
+        self.prefill_buckets = prefill_buckets(max_num_batched_tokens)
         self.prefill_seqs = min(PREFILL_GRAPH_SEQS, max_num_seqs)
         # one extra block at the end: the scratch block that graph padding rows write to
         self.scratch_block = num_blocks
@@ -198,8 +202,8 @@ class ModelRunner:
         inputs = self._prefill_inputs(batch)
         ids, pos, slots, last, spans = inputs
         start = len(ids)
-        bucket = next((t for t in sorted(self.prefill_graphs) if t >= start), None)
-        if bucket is not None and len(batch.seqs) <= self.prefill_seqs:
+        bucket = self.prefill_bucket(start, len(batch.seqs))
+        if bucket in self.prefill_graphs:
             return self._prefill_replay(bucket, batch, inputs)
         tables = [sp[3] for sp in spans]
         padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
@@ -216,6 +220,13 @@ class ModelRunner:
         with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
             hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
             return self.model.logits(hidden[_to(last, dev)]), None
+
+    def prefill_bucket(self, tokens: int, seqs: int = 1) -> int | None:
+        """The token bucket of the graph a prefill step of ``tokens`` tokens and ``seqs``
+        sequences fits (None: none does); graphs exist where they were captured (CUDA, Triton)."""
+        if seqs > self.prefill_seqs:
+            return None
+        return next((t for t in self.prefill_buckets if t >= tokens), None)
 
     def _tiles(self, spans: list[tuple], rows: int) -> tuple[list[list[int]], list[list[int]]]:
         """``triton_prefill.plan`` for the sequences of ``_prefill_inputs``' spans."""

@@ -128,15 +128,7 @@ def candidates(m: int, n: int, k: int) -> list[tuple[int, int, int]]:
 
 def default_plan(cfg) -> dict[str, tuple[int, int, int]]:
     """Every projection of a ``DecoderConfig`` model on the GEMV path, heuristic configs."""
-    return {role: block_config(1, n, k) for role, (n, k) in shapes(cfg).items()}
-
-
-def shapes(cfg) -> dict[str, tuple[int, int]]:
-    """(N, K) of each role's weight."""
-    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-    return {"qkv": (qkv, cfg.hidden_size), "o": (cfg.hidden_size, cfg.num_heads * cfg.head_dim),
-            "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size),
-            "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+    return {role: block_config(1, n, k) for role, (n, k) in cfg.projection_shapes().items()}
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -175,7 +175,7 @@ def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
     return tiles, [list(q_starts), list(q_lens), list(ctx_lens)]
 
 
-def splits_for(tiles: int, kv_heads: int, head_dim: int = 128) -> int:
+def splits_for(tiles: int, kv_heads: int, head_dim: int) -> int:
     """Key splits per (tile, KV head) program: few tiles (a short step on a long cached
     prefix) would leave most of the GPU idle while each program walks the whole context;
     more splits cost partial results written and merged.

@@ -59,3 +59,19 @@ def test_samples_of_one_prompt_in_one_step_compute_it_once():
     assert seqs[1].block_table[:6] == seqs[2].block_table[:6] == seqs[0].block_table[:6]
     assert len(set(seqs[0].block_table[6:] + seqs[1].block_table[6:] + seqs[2].block_table[6:])) == 3  # own tails
     assert s.blocks.ref[seqs[0].block_table[0]] == 3
+
+
+def test_blocks_published_for_a_step_that_never_ran_are_withdrawn():
+    """A sequence scheduled (its blocks published for the step) and finished before the step
+    ran leaves nothing reusable: its K/V was never written."""
+    s = _scheduler(max_num_seqs=4, budget=8192)
+    prompt = list(range(1, 101))
+    first = Sequence("a", list(prompt), SamplingParams())
+    s.add(first)
+    s.schedule()
+    s.finish(first)  # never run
+    again = Sequence("b", list(prompt), SamplingParams())
+    s.add(again)
+    batch = s.schedule()
+    assert again.num_computed == 0 and batch.chunks == [100]
+    assert s.blocks.num_used == len(again.block_table)

@@ -93,6 +93,14 @@ class DecoderConfig:
         )
 
 
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each projection's weight: qkv, o, gate_up, down (per layer) and lm_head."""
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        return {"qkv": (qkv, self.hidden_size), "o": (self.hidden_size, self.num_heads * self.head_dim),
+                "gate_up": (2 * self.intermediate_size, self.hidden_size),
+                "down": (self.hidden_size, self.intermediate_size), "lm_head": (self.vocab_size, self.hidden_size)}
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
