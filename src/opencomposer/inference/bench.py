@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from opencomposer.inference.engine import Engine, SamplingParams
 
@@ -268,19 +269,21 @@ def _prefill_rows(engine: Engine, n: int) -> tuple[int, int]:
     return (bucket, runner.prefill_seqs) if bucket in runner.prefill_graphs else (n, 1)
 
 
-def projection_ms(model, m: int, head_rows: int = 1) -> dict[str, float]:
+def projection_ms(model, m: int, head_rows: int = 1, linear=F.linear) -> dict[str, float]:
     """Milliseconds of each projection of a ``DecoderLM`` over all layers at ``m`` rows, each
     layer on its own weights (as a forward pass runs them: from HBM, not L2), and of the
-    lm_head at ``head_rows``; CUDA-graph timed on CUDA, wall-clock medians elsewhere."""
+    lm_head at ``head_rows``; CUDA-graph timed on CUDA, wall-clock medians elsewhere.
+    ``linear(x, weight, bias)`` is the multiply timed (another GEMM library, say)."""
     cfg, p = model.cfg, next(model.parameters())
     layers = list(model.model.layers)
     new = lambda r, c: torch.randn(r, c, device=p.device, dtype=p.dtype)
     x, a, i = new(m, cfg.hidden_size), new(m, cfg.num_heads * cfg.head_dim), new(m, cfg.intermediate_size)
-    ops = {"qkv": lambda: [li.self_attn.qkv_proj(x) for li in layers],
-           "o": lambda: [li.self_attn.o_proj(a) for li in layers],
-           "gate_up": lambda: [li.mlp.gate_up_proj(x) for li in layers],
-           "down": lambda: [li.mlp.down_proj(i) for li in layers],
-           "lm_head": lambda: model.lm_head(x[:head_rows])}
+    run = lambda inp, mods: [linear(inp, mod.weight, mod.bias) for mod in mods]
+    ops = {"qkv": lambda: run(x, [li.self_attn.qkv_proj for li in layers]),
+           "o": lambda: run(a, [li.self_attn.o_proj for li in layers]),
+           "gate_up": lambda: run(x, [li.mlp.gate_up_proj for li in layers]),
+           "down": lambda: run(i, [li.mlp.down_proj for li in layers]),
+           "lm_head": lambda: run(x[:head_rows], [model.lm_head])}
     with torch.inference_mode():
         return {role: time_ms(op, p.device) for role, op in ops.items()}
 

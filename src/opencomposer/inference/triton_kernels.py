@@ -76,6 +76,26 @@ def gdc_enter(USE_PDL: tl.constexpr):
 
 
 @triton.jit
+def _kv_offsets(table_ptr, keys, ok, kvh, dims, stride_kn, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr):
+    """Cache offsets [TILE, HEAD_DIM] of ``keys`` (token positions) of one sequence's block table row."""
+    block = tl.load(table_ptr + keys // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    return block[:, None] * stride_kn + (keys % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + dims[None, :]
+
+
+@triton.jit
+def _decode_tile(q, k, v, ok, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
+    """One key tile of the online softmax: (m_i, l_i, acc) after the keys of ``k``/``v`` where ``ok``."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [GROUP_PAD, TILE]
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr,
     scale,
@@ -87,8 +107,13 @@ def _paged_decode_kernel(
     TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One (sequence, KV head, split of the context): partial softmax state of its tokens,
-    read ``TILE`` tokens (several cache blocks, gathered through the block table) at a time."""
-    gdc_enter(USE_PDL)
+    read ``TILE`` tokens (several cache blocks, gathered through the block table) at a time.
+
+    Under PDL the split's first tile is loaded before the wait: lengths and block tables are
+    the step's inputs and the cached K/V of earlier tokens was written by earlier steps, all
+    complete before this kernel may start (see the module doc). Only the newest token's K/V
+    and q come from the kernel just before (``rope_and_cache``): they are read after the
+    wait. At batch 1 a split is one tile, so the whole context's read overlaps the previous kernel."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -96,28 +121,32 @@ def _paged_decode_kernel(
     dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < GROUP
     heads = kvh * GROUP + rows
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_ok[:, None], other=0.0)
     length = tl.load(lens_ptr + b)
+    first = split * TOKENS_PER_SPLIT
+    last = tl.minimum(first + TOKENS_PER_SPLIT, length)
+    keys0 = first + tl.arange(0, TILE)
+    ok0 = keys0 < last
+    offs0 = _kv_offsets(tables_ptr + b * stride_tb, keys0, ok0, kvh, dims, stride_kn, stride_ks, stride_kh, BLOCK_SIZE)
+    old = ok0 & (keys0 < length - 1)
+    k0 = tl.load(k_ptr + offs0, mask=old[:, None], other=0.0)
+    v0 = tl.load(v_ptr + offs0, mask=old[:, None], other=0.0)
+    gdc_enter(USE_PDL)
+    new = ok0 & (keys0 == length - 1)  # the token this step writes: one row of one split's tile
+    k0 = tl.where(new[:, None], tl.load(k_ptr + offs0, mask=new[:, None], other=0.0), k0)
+    v0 = tl.where(new[:, None], tl.load(v_ptr + offs0, mask=new[:, None], other=0.0), v0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    first = split * TOKENS_PER_SPLIT
-    last = tl.minimum(first + TOKENS_PER_SPLIT, length)
-    for t0 in range(first, last, TILE):
+    if last > first:  # a split past the sequence's end keeps the empty state (the merge skips it)
+        m_i, l_i, acc = _decode_tile(q, k0, v0, ok0, m_i, l_i, acc, scale, PRECISION)
+    for t0 in range(first + TILE, last, TILE):
         keys = t0 + tl.arange(0, TILE)
         ok = keys < last
-        block = tl.load(tables_ptr + b * stride_tb + keys // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
-        offs = block[:, None] * stride_kn + (keys % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + dims[None, :]
+        offs = _kv_offsets(tables_ptr + b * stride_tb, keys, ok, kvh, dims, stride_kn, stride_ks, stride_kh, BLOCK_SIZE)
         k = tl.load(k_ptr + offs, mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + offs, mask=ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [GROUP_PAD, TILE]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _decode_tile(q, k, v, ok, m_i, l_i, acc, scale, PRECISION)
     part = (b * tl.num_programs(1) + kvh) * SPLITS + split
     tl.store(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
     tl.store(part_ml_ptr + part * 2 * GROUP_PAD + rows, m_i)

@@ -154,6 +154,11 @@ def test_paged_decode_matches_torch_path(interpreted):
     for b in (1, 4):  # one sequence: many splits; four: fewer
         got = interpreted["triton_kernels"].paged_decode(q[:b], kc, vc, tables[:b], lens[:b])
         assert torch.allclose(got, ref[:b], atol=1e-4), (got - ref[:b]).abs().max()
+    # 128 sequences x 2 KV heads: one split each, so a program walks all three key tiles
+    # (the first loaded before the PDL wait, the rest in the loop)
+    many = torch.arange(128) % 4
+    got = interpreted["triton_kernels"].paged_decode(q[many], kc, vc, tables[many], lens[many])
+    assert torch.allclose(got, ref[many], atol=1e-4), (got - ref[many]).abs().max()
 
 
 
