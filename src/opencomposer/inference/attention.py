@@ -47,6 +47,7 @@ class AttentionBatch:
     num_tokens: int = 0
     decode_mask: torch.Tensor | None = None   # decode: [B, 1, 1, S] additive mask, built once per step
     triton_decode: bool = False               # decode with the Triton kernel (CUDA) instead of gather + SDPA
+    decode_counters: torch.Tensor | None = None  # Triton decode: its split-arrival counters (``paged_decode``)
     # prefill with the Triton paged-prefill kernel (``triton_prefill.py``) when set:
     prefill_tables: torch.Tensor | None = None  # [S, W] int64 block tables of the step's sequences
     prefill_seqs: torch.Tensor | None = None    # [3, S] int64: first flat row, new tokens, context length
@@ -70,7 +71,7 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.T
         if batch.triton_decode:
             from opencomposer.inference.triton_kernels import paged_decode
 
-            return paged_decode(q, k_cache, v_cache, batch.block_tables, batch.context_lens)
+            return paged_decode(q, k_cache, v_cache, batch.block_tables, batch.context_lens, batch.decode_counters)
         if batch.decode_mask is None:
             batch.decode_mask = decode_mask(batch.block_tables, batch.context_lens, k_cache.shape[1], q.dtype)
         return _decode(q, k_cache, v_cache, batch.block_tables, batch.decode_mask)

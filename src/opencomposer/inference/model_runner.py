@@ -116,6 +116,10 @@ class ModelRunner:
         # the device-side seed advances on every replay, so each replay draws new numbers
         # (drawn only there: on other paths it would shift the global RNG stream for nothing)
         self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device) if self.triton else None
+        # the Triton decode kernel's split-arrival counters, one per (sequence, KV head): zero
+        # between kernels (its merging program resets them), shared by every layer and graph
+        self._split_counters = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32,
+                                           device=self.device) if self.triton else None
         if cuda_graphs not in (True, False, "eager"):
             raise ValueError(f"cuda_graphs={cuda_graphs!r}: expected True, False or 'eager'")
         eager = cuda_graphs == "eager"
@@ -371,7 +375,8 @@ class ModelRunner:
     def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W]."""
         attn = AttentionBatch(slot_mapping=vec[2], decode=True, block_tables=tables, context_lens=vec[3],
-                              num_tokens=vec.shape[1], triton_decode=self.triton, kv_written=self.triton)
+                              num_tokens=vec.shape[1], triton_decode=self.triton, kv_written=self.triton,
+                              decode_counters=self._split_counters)
         hidden = self.model(vec[0], vec[1], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden)
 

@@ -15,9 +15,13 @@ each op: in bf16 results may differ by an ulp; in fp32 they agree to rounding.
 Paged decode: one program per (sequence, KV head, split of the context): it loads the
 query heads that share that KV head (padded to 16 rows for ``tl.dot``), walks its part of
 the context 64 tokens (several cache blocks) at a time with an online softmax (running max, running
-sum, fp32 accumulator), and a second small kernel merges the splits. It reads each K/V
-entry once and never past the sequence's length -- the torch path gathers the block
-table's full padded width and then masks it.
+sum, fp32 accumulator). The split programs of one (sequence, KV head) then count
+themselves in on an arrival counter (an atomic add): the last to arrive merges all the
+splits' partial states into the output and resets the counter, so no second kernel runs
+(at batch 1 that second kernel was one more link in each layer's chain of dependent
+kernels). With one split a program writes the output itself. It reads each K/V entry once
+and never past the sequence's length -- the torch path gathers the block table's full
+padded width and then masks it.
 
 Programmatic dependent launch (PDL, Hopper and newer): inside ``pdl_launches()`` every kernel of
 these modules is launched so that it may start while the kernel before it is finishing,
@@ -97,17 +101,18 @@ def _decode_tile(q, k, v, ok, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, count_ptr, out_ptr,
     scale,
     stride_qb, stride_qh,
     stride_kn, stride_ks, stride_kh,
-    stride_tb,
+    stride_tb, stride_ob, stride_oh,
     TOKENS_PER_SPLIT,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """One (sequence, KV head, split of the context): partial softmax state of its tokens,
-    read ``TILE`` tokens (several cache blocks, gathered through the block table) at a time.
+    """One (sequence, KV head, split of the context): softmax state of its tokens, read
+    ``TILE`` tokens (several cache blocks, gathered through the block table) at a time; the
+    split that arrives last merges them all into ``out``.
 
     Under PDL the split's first tile is loaded before the wait: lengths and block tables are
     the step's inputs and the cached K/V of earlier tokens was written by earlier steps, all
@@ -147,50 +152,58 @@ def _paged_decode_kernel(
         k = tl.load(k_ptr + offs, mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + offs, mask=ok[:, None], other=0.0)
         m_i, l_i, acc = _decode_tile(q, k, v, ok, m_i, l_i, acc, scale, PRECISION)
-    part = (b * tl.num_programs(1) + kvh) * SPLITS + split
-    tl.store(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
-    tl.store(part_ml_ptr + part * 2 * GROUP_PAD + rows, m_i)
-    tl.store(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + rows, l_i)
+    out_rows = out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :]
+    if SPLITS == 1:
+        tl.store(out_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        pair = b * tl.num_programs(1) + kvh
+        part = pair * SPLITS + split
+        tl.store(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
+        tl.store(part_ml_ptr + part * 2 * GROUP_PAD + rows, m_i)
+        tl.store(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + rows, l_i)
+        # every thread's stores are issued before the one release below (the CTA barrier), and
+        # the acquire makes the other splits' stores visible to the program that arrives last
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            used = tl.minimum(tl.cdiv(length, TOKENS_PER_SPLIT), SPLITS)  # splits holding tokens
+            _merge_splits(part_acc_ptr, part_ml_ptr, out_rows, pair * SPLITS, used, rows, dims, row_ok,
+                          GROUP_PAD, HEAD_DIM)
+            tl.store(count_ptr + pair, 0)  # ready for the next layer and step
 
 
 @triton.jit
-def _paged_decode_reduce(part_acc_ptr, part_ml_ptr, out_ptr, lens_ptr, stride_ob, stride_oh, TOKENS_PER_SPLIT,
-                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    """Merge the splits' (max, sum, acc) into the attention output, one pass over the splits
-    that hold tokens of this sequence (the rest are empty)."""
-    gdc_enter(USE_PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    rows = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, HEAD_DIM)
-    base = (b * tl.num_programs(1) + kvh) * SPLITS
-    used = tl.minimum(tl.cdiv(tl.load(lens_ptr + b), TOKENS_PER_SPLIT), SPLITS)
+def _merge_splits(part_acc_ptr, part_ml_ptr, out_rows, base, used, rows, dims, row_ok,
+                  GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Merge splits ``base`` .. ``base + used - 1``'s (max, sum, acc) into ``out_rows``; loads
+    bypass L1 (``.cg``): other programs wrote them."""
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     for sp in range(used):
-        m_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + rows)
-        l_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + GROUP_PAD + rows)
-        a = tl.load(part_acc_ptr + (base + sp) * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :])
+        m_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + rows, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + (base + sp) * 2 * GROUP_PAD + GROUP_PAD + rows, cache_modifier=".cg")
+        a = tl.load(part_acc_ptr + (base + sp) * GROUP_PAD * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :],
+                    cache_modifier=".cg")
         m_new = tl.maximum(m, m_s)
         old_w = tl.exp(m - m_new)
         new_w = tl.exp(m_s - m_new)
         l_sum = l_sum * old_w + l_s * new_w
         acc = acc * old_w[:, None] + a * new_w[:, None]
         m = m_new
-    heads = kvh * GROUP + rows
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-             (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
+    tl.store(out_rows, (acc / l_sum[:, None]).to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor) -> torch.Tensor:
+                 context_lens: torch.Tensor, counters: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, d] (last dim contiguous); caches [N, block_size, kvh, d] -> out [B, H, d].
 
     The context is split into up to ``SPLITS`` ranges of blocks processed by separate
-    programs (flash-decoding), so a small batch still fills the GPU; a second kernel merges
-    them. Shapes depend only on the block table's width, so CUDA graphs can capture it.
+    programs (flash-decoding), so a small batch still fills the GPU; the last split of each
+    (sequence, KV head) to finish merges them. ``counters``: int32 [>= B * kvh], all zero,
+    left zero (the engine keeps one per model runner: its steps run one at a time on one
+    stream; two kernels sharing counters must not run at once); None: a new zeroed one.
+    Shapes depend only on the block table's width, so CUDA graphs can capture it.
     """
     b, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
@@ -202,22 +215,25 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     tiles = triton.cdiv(block_tables.shape[1] * bs, tile)
     splits = max(1, min(32, tiles, 256 // max(1, b * kvh)))
     per_split = triton.cdiv(tiles, splits) * tile
+    if counters is None:
+        counters = torch.zeros(b * kvh, dtype=torch.int32, device=q.device)
+    elif counters.numel() < b * kvh or counters.dtype != torch.int32:
+        raise ValueError(f"paged_decode: counters must be int32 with >= {b * kvh} entries, got "
+                         f"{counters.dtype} x {counters.numel()}")
     part_acc = torch.empty((b, kvh, splits, group_pad, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((b, kvh, splits, 2, group_pad), dtype=torch.float32, device=q.device)
+    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     _paged_decode_kernel[(b, kvh, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
+        q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml, counters, out,
         d ** -0.5,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
+        block_tables.stride(0), out.stride(0), out.stride(1),
         per_split,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_SIZE=bs, TILE=tile, SPLITS=splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
         **pdl_args(),
     )
-    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
-    _paged_decode_reduce[(b, kvh)](part_acc, part_ml, out, context_lens, out.stride(0), out.stride(1), per_split,
-                                   GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, SPLITS=splits, **pdl_args())
     return out
 
 

@@ -151,14 +151,19 @@ def test_paged_decode_matches_torch_path(interpreted):
     lens = torch.tensor([1, 17, 64, 144])
     q = torch.randn(4, h, d)
     ref = _decode(q, kc, vc, tables, decode_mask(tables, lens, bs, q.dtype))
-    for b in (1, 4):  # one sequence: many splits; four: fewer
-        got = interpreted["triton_kernels"].paged_decode(q[:b], kc, vc, tables[:b], lens[:b])
+    paged_decode = interpreted["triton_kernels"].paged_decode
+    counters = torch.zeros(8, dtype=torch.int32)
+    for b in (1, 4):  # one sequence: many splits; four: fewer (the last split to arrive merges)
+        got = paged_decode(q[:b], kc, vc, tables[:b], lens[:b], counters)
         assert torch.allclose(got, ref[:b], atol=1e-4), (got - ref[:b]).abs().max()
-    # 128 sequences x 2 KV heads: one split each, so a program walks all three key tiles
-    # (the first loaded before the PDL wait, the rest in the loop)
+        assert counters.eq(0).all(), counters  # left zero for the next layer / step
+    # 128 sequences x 2 KV heads: one split each (the program writes the output itself), so a
+    # program walks all three key tiles (the first loaded before the PDL wait, the rest in the loop)
     many = torch.arange(128) % 4
-    got = interpreted["triton_kernels"].paged_decode(q[many], kc, vc, tables[many], lens[many])
+    got = paged_decode(q[many], kc, vc, tables[many], lens[many])
     assert torch.allclose(got, ref[many], atol=1e-4), (got - ref[many]).abs().max()
+    with pytest.raises(ValueError, match="counters must be int32 with >= 8 entries"):
+        paged_decode(q[:4], kc, vc, tables[:4], lens[:4], torch.zeros(4, dtype=torch.int32))
 
 
 
