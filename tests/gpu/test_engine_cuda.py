@@ -54,6 +54,30 @@ def test_triton_paged_decode_matches_torch_path():
         assert (got.float() - ref.float()).abs().max().item() < tol, (dtype, h, kvh, d)
 
 
+def test_decode_split_merge_has_no_race_and_leaves_its_counters_zero():
+    """The last key split to arrive merges them (an atomic counter): a race would make
+    identical calls differ, or leave a counter set for the next layer."""
+    from opencomposer.inference.attention import _decode, decode_mask
+    from opencomposer.inference.triton_kernels import paged_decode, pdl_launches
+
+    torch.manual_seed(0)
+    h, kvh, d, bs, n_blocks, width = 12, 2, 128, 16, 4096, 64
+    k_cache = torch.randn(n_blocks, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    for pdl in (False, True):
+        for b in (1, 3, 64, 200):  # 32 splits down to 1
+            tables = torch.randint(0, n_blocks, (b, width), device="cuda")
+            lens = torch.randint(1, width * bs + 1, (b,), device="cuda")
+            q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
+            counters = torch.zeros(b * kvh, dtype=torch.int32, device="cuda")
+            with pdl_launches() if pdl else torch.inference_mode():
+                outs = [paged_decode(q, k_cache, v_cache, tables, lens, counters) for _ in range(200)]
+            ref = _decode(q, k_cache, v_cache, tables, decode_mask(tables, lens, bs, q.dtype)).float()
+            assert sum(not torch.equal(o, outs[0]) for o in outs) == 0, (pdl, b)
+            assert counters.eq(0).all(), (pdl, b)
+            assert (outs[0].float() - ref).abs().max().item() < 2e-2, (pdl, b)
+
+
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_graph_decode_matches_eager_and_hf(kernels):
     hf = _tiny()
