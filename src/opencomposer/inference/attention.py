@@ -47,7 +47,7 @@ class AttentionBatch:
     num_tokens: int = 0
     decode_mask: torch.Tensor | None = None   # decode: [B, 1, 1, S] additive mask, built once per step
     triton_decode: bool = False               # decode with the Triton kernel (CUDA) instead of gather + SDPA
-    split_counters: torch.Tensor | None = None  # Triton decode / paged prefill: split-arrival counters (None: per call)
+    decode_counters: torch.Tensor | None = None  # Triton decode: its split-arrival counters (``paged_decode``)
     # prefill with the Triton paged-prefill kernel (``triton_prefill.py``) when set:
     prefill_tables: torch.Tensor | None = None  # [S, W] int64 block tables of the step's sequences
     prefill_seqs: torch.Tensor | None = None    # [3, S] int64: first flat row, new tokens, context length
@@ -71,7 +71,7 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.T
         if batch.triton_decode:
             from opencomposer.inference.triton_kernels import paged_decode
 
-            return paged_decode(q, k_cache, v_cache, batch.block_tables, batch.context_lens, batch.split_counters)
+            return paged_decode(q, k_cache, v_cache, batch.block_tables, batch.context_lens, batch.decode_counters)
         if batch.decode_mask is None:
             batch.decode_mask = decode_mask(batch.block_tables, batch.context_lens, k_cache.shape[1], q.dtype)
         return _decode(q, k_cache, v_cache, batch.block_tables, batch.decode_mask)
@@ -79,7 +79,7 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.T
         from opencomposer.inference.triton_prefill import paged_prefill
 
         return paged_prefill(q, k_cache, v_cache, batch.prefill_tables, batch.prefill_seqs, batch.prefill_tiles,
-                             batch.prefill_rows, batch.prefill_splits, counters=batch.split_counters)
+                             batch.prefill_rows, batch.prefill_splits)
     out = torch.empty_like(q)
     if batch.fresh_index is not None:
         out[batch.fresh_rows] = _prefill_fresh(q, k, v, batch.fresh_index, batch.fresh_valid)

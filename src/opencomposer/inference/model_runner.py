@@ -117,8 +117,7 @@ class ModelRunner:
         # (drawn only there: on other paths it would shift the global RNG stream for nothing)
         self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device) if self.triton else None
         # the Triton decode kernel's split-arrival counters, one per (sequence, KV head): zero
-        # between kernels (its merging program resets them), shared by every layer and graph.
-        # The prefill graphs have theirs (``_pstatic["counters"]``), one per (tile, KV head)
+        # between kernels (its merging program resets them), shared by every layer and graph
         self._split_counters = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32,
                                            device=self.device) if self.triton else None
         if cuda_graphs not in (True, False, "eager"):
@@ -263,8 +262,6 @@ class ModelRunner:
                                                    self.prefill_buckets, s_max)
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
-                         "counters": torch.zeros(lay.max_tiles * self.model.cfg.num_kv_heads, dtype=torch.int32,
-                                                 device=dev),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
@@ -289,8 +286,7 @@ class ModelRunner:
                               prefill_tables=v["tables"], prefill_seqs=v["seqs"],
                               prefill_tiles=tiles, prefill_rows=block_m(t, self.group),
                               prefill_splits=splits_for(num_tiles(t, self.group), self.model.cfg.num_kv_heads,
-                                                        self.model.cfg.head_dim),
-                              split_counters=self._pstatic["counters"])
+                                                        self.model.cfg.head_dim))
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[v["last"]])
 
@@ -380,7 +376,7 @@ class ModelRunner:
         """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W]."""
         attn = AttentionBatch(slot_mapping=vec[2], decode=True, block_tables=tables, context_lens=vec[3],
                               num_tokens=vec.shape[1], triton_decode=self.triton, kv_written=self.triton,
-                              split_counters=self._split_counters)
+                              decode_counters=self._split_counters)
         hidden = self.model(vec[0], vec[1], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden)
 

@@ -194,16 +194,6 @@ def _merge_splits(part_acc_ptr, part_ml_ptr, out_rows, base, used, rows, dims, r
     tl.store(out_rows, (acc / l_sum[:, None]).to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
 
-def split_counters(counters: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
-    """The arrival counters a split-merging kernel of ``n`` (row tile, KV head) pairs uses:
-    ``counters`` if it fits (int32, >= n entries), a new zeroed one for None."""
-    if counters is None:
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    if counters.numel() < n or counters.dtype != torch.int32:
-        raise ValueError(f"split counters must be int32 with >= {n} entries, got {counters.dtype} x {counters.numel()}")
-    return counters
-
-
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, counters: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, d] (last dim contiguous); caches [N, block_size, kvh, d] -> out [B, H, d].
@@ -225,7 +215,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     tiles = triton.cdiv(block_tables.shape[1] * bs, tile)
     splits = max(1, min(32, tiles, 256 // max(1, b * kvh)))
     per_split = triton.cdiv(tiles, splits) * tile
-    counters = split_counters(counters, b * kvh, q.device)
+    if counters is None:
+        counters = torch.zeros(b * kvh, dtype=torch.int32, device=q.device)
+    elif counters.numel() < b * kvh or counters.dtype != torch.int32:
+        raise ValueError(f"paged_decode: counters must be int32 with >= {b * kvh} entries, got "
+                         f"{counters.dtype} x {counters.numel()}")
     part_acc = torch.empty((b, kvh, splits, group_pad, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((b, kvh, splits, 2, group_pad), dtype=torch.float32, device=q.device)
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)

@@ -32,14 +32,14 @@ import torch
 import triton
 import triton.language as tl
 
-from opencomposer.inference.triton_kernels import gdc_enter, pdl_args, split_counters
+from opencomposer.inference.triton_kernels import gdc_enter, pdl_args
 
 
 # arguments that change from step to step are not specialised on (no recompiles mid-rollout);
 # the compile-time variants (BLOCK_M x SPLITS) are compiled by ``warm_up`` at engine start
 @triton.jit(do_not_specialize=["stride_tb", "stride_seqs", "stride_tiles"])
-def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, count_ptr, tables_ptr, seqs_ptr,
-                          tiles_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kh, stride_tb,
+def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, tables_ptr, seqs_ptr, tiles_ptr,
+                          scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kh, stride_tb,
                           stride_seqs, stride_tiles,
                           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
@@ -102,48 +102,50 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    out_rows = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
     if SPLITS == 1:
-        tl.store(out_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        # the last split of this (tile, KV head) to arrive merges them all (see ``paged_decode``
-        # in triton_kernels.py: the same arrival counter, left zero)
-        pair = pid * tl.num_programs(1) + kvh
-        part = pair * SPLITS + split
-        r = tl.arange(0, BLOCK_M)
-        tl.store(part_acc_ptr + part * BLOCK_M * HEAD_DIM + r[:, None] * HEAD_DIM + dims[None, :], acc)
-        tl.store(part_ml_ptr + part * 2 * BLOCK_M + r, m_i)
-        tl.store(part_ml_ptr + part * 2 * BLOCK_M + BLOCK_M + r, l_i)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            _merge_splits(part_acc_ptr, part_ml_ptr, out_rows, pair * SPLITS, row_ok, SPLITS, BLOCK_M, HEAD_DIM)
-            tl.store(count_ptr + pair, 0)
+        part = (pid * tl.num_programs(1) + kvh) * SPLITS + split
+        tl.store(part_acc_ptr + part * BLOCK_M * HEAD_DIM + tl.arange(0, BLOCK_M)[:, None] * HEAD_DIM + dims[None, :], acc)
+        tl.store(part_ml_ptr + part * 2 * BLOCK_M + tl.arange(0, BLOCK_M), m_i)
+        tl.store(part_ml_ptr + part * 2 * BLOCK_M + BLOCK_M + tl.arange(0, BLOCK_M), l_i)
 
 
-@triton.jit
-def _merge_splits(part_acc_ptr, part_ml_ptr, out_rows, base, row_ok, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):
-    """Merge the online-softmax states (log2 units) of splits ``base`` .. ``base + SPLITS - 1``
-    into ``out_rows``; loads bypass L1 (``.cg``): other programs wrote them."""
+@triton.jit(do_not_specialize=["stride_seqs", "stride_tiles"])
+def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr, stride_ot, stride_oh,
+                         stride_seqs, stride_tiles, GROUP: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
+    """Merge the key splits of one (tile, KV head): online-softmax states -> output rows."""
+    gdc_enter(USE_PDL)
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.load(tiles_ptr + pid)
+    m0 = tl.load(tiles_ptr + stride_tiles + pid)
+    q_start = tl.load(seqs_ptr + s)
+    q_len = tl.load(seqs_ptr + stride_seqs + s)
     r = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    base = (pid * tl.num_programs(1) + kvh) * SPLITS
     for sp in range(SPLITS):
-        m_s = tl.load(part_ml_ptr + (base + sp) * 2 * BLOCK_M + r, cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + (base + sp) * 2 * BLOCK_M + BLOCK_M + r, cache_modifier=".cg")
-        a = tl.load(part_acc_ptr + (base + sp) * BLOCK_M * HEAD_DIM + r[:, None] * HEAD_DIM + dims[None, :],
-                    cache_modifier=".cg")
+        m_s = tl.load(part_ml_ptr + (base + sp) * 2 * BLOCK_M + r)
+        l_s = tl.load(part_ml_ptr + (base + sp) * 2 * BLOCK_M + BLOCK_M + r)
+        a = tl.load(part_acc_ptr + (base + sp) * BLOCK_M * HEAD_DIM + r[:, None] * HEAD_DIM + dims[None, :])
         m_new = tl.maximum(m, m_s)
         ok = m_new > float("-inf")  # both empty so far: nothing to weigh
-        old_w = tl.where(ok, tl.exp2(m - m_new), 0.0)
+        old_w = tl.where(ok, tl.exp2(m - m_new), 0.0)  # the states are in log2 units
         new_w = tl.where(ok, tl.exp2(m_s - m_new), 0.0)
         l_sum = l_sum * old_w + l_s * new_w
         acc = acc * old_w[:, None] + a * new_w[:, None]
         m = m_new
-    tl.store(out_rows, (acc / l_sum[:, None]).to(out_rows.dtype.element_ty), mask=row_ok[:, None])
+    rows = m0 + r
+    tok = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+             (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len * GROUP)[:, None])
 
 
 ROWS = (16, 32, 64)  # the BLOCK_M variants
@@ -196,13 +198,10 @@ def splits_for(tiles: int, kv_heads: int, head_dim: int) -> int:
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                   seqs: torch.Tensor, tiles: torch.Tensor, rows: int, splits: int = 1, block_n: int = 64,
-                  num_warps: int | None = None, num_stages: int | None = None,
-                  counters: torch.Tensor | None = None) -> torch.Tensor:
+                  num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """q [T, H, d] (last dim contiguous); caches [N, block_size, kvh, d]; tables [S, W]
     int64; seqs [3, S] and tiles [2, P] int64 from ``plan`` (rows contiguous, any row
-    stride) -> out [T, H, d]. Rows no tile covers are left unwritten (graph padding).
-    ``counters`` (splits > 1): int32 [>= P * kvh], zero and left zero, as ``paged_decode``'s;
-    None: a new zeroed one."""
+    stride) -> out [T, H, d]. Rows no tile covers are left unwritten (graph padding)."""
     t, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
@@ -211,14 +210,16 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if splits > 1:
         part_acc = torch.empty((n_tiles, kvh, splits, rows, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((n_tiles, kvh, splits, 2, rows), dtype=torch.float32, device=q.device)
-        counters = split_counters(counters, n_tiles * kvh, q.device)
-    args = (q, k_cache, v_cache, out, part_acc, part_ml, out if counters is None else counters, tables, seqs, tiles,
-            d ** -0.5,
+    args = (q, k_cache, v_cache, out, part_acc, part_ml, tables, seqs, tiles, d ** -0.5,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
             tables.stride(0), seqs.stride(0), tiles.stride(0))
     meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n, SPLITS=splits,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or 4)
     _paged_prefill_kernel[(n_tiles, kvh, splits)](*args, **meta, STAGES=num_stages or 3, **pdl_args())
+    if splits > 1:
+        _paged_prefill_merge[(n_tiles, kvh)](part_acc, part_ml, out, seqs, tiles, out.stride(0), out.stride(1),
+                                             seqs.stride(0), tiles.stride(0), GROUP=h // kvh, HEAD_DIM=d, BLOCK_M=rows,
+                                             SPLITS=splits, **pdl_args())
     return out
 
 
