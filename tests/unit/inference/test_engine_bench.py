@@ -34,3 +34,14 @@ def test_bench_engine_tiny_cpu():
     same = tiny["prefix_cache_10_turns_x2_same_task"]  # a GRPO group: one first prompt, computed once
     # the second rollout reuses the first's full blocks of the 40-token first prompt
     assert same["same_task"] and same["total_prefill_tokens"] <= group["total_prefill_tokens"] - 40 // 16 * 16
+
+
+def test_bench_engine_defaults_to_the_tiny_shape_without_a_gpu():
+    from opencomposer.cli.bench import engine_defaults
+    from opencomposer.inference.bench import SHAPES
+
+    assert engine_defaults("cpu", None, None) == ("tiny", "1,8")
+    assert engine_defaults("cuda", None, None) == ("qwen2.5-0.5b,qwen2.5-1.5b", "1,64,256")
+    assert engine_defaults("cuda:1", None, None)[0] == "qwen2.5-0.5b,qwen2.5-1.5b"
+    assert engine_defaults("cpu", "qwen2.5-0.5b", "1") == ("qwen2.5-0.5b", "1")  # what was asked wins
+    assert all(s in SHAPES for s in engine_defaults("cuda", None, None)[0].split(","))
