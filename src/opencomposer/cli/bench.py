@@ -61,9 +61,10 @@ def bench_engine(
     from opencomposer.inference.bench import SHAPES, run
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if shapes is None and not dev.startswith("cuda"):
-        err.print("bench engine: no GPU here, timing the tiny shape (--shapes qwen2.5-0.5b to time a real one)")
+    asked = shapes
     shapes, batches = engine_defaults(dev, shapes, batches)
+    if asked is None and shapes == "tiny":
+        err.print("bench engine: no GPU here, timing the tiny shape (--shapes qwen2.5-0.5b to time a real one)")
     names = [s.strip() for s in shapes.split(",") if s.strip()]
     bad = [s for s in names if s not in SHAPES]
     if bad or not names:

@@ -155,7 +155,7 @@ def roofline(engine: Engine, batch: int, context: float, bw: float) -> float:
     p = next(engine.model.parameters())
     weight_bytes = sum(t.numel() for t in engine.model.parameters()) * p.element_size()  # tied counted once
     weight_bytes -= cfg.vocab_size * cfg.hidden_size * p.element_size() * (0 if cfg.tie_word_embeddings else 1)
-    kv_bytes = batch * context * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * p.element_size()
+    kv_bytes = batch * context * engine.kv_block_bytes(1)
     return batch / ((weight_bytes + kv_bytes) / bw)
 
 
@@ -417,17 +417,14 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
                         max_num_batched_tokens=8192)
         r["prefill"] = {k: round(v, 1) for k, v in prefill(engine, hf, prefill_batch, prefill_len, device).items()}
         log(f"{shape} prefill: {r['prefill']}")
-        r["prefix_cache_10_turns"] = {k: _r4(v) for k, v in agent_rollout(engine, **ro, bw=bw).items()}
-        log(f"{shape} 10-turn rollout: {r['prefix_cache_10_turns']}")
-        # the same with a group of rollouts in lockstep (each turn's prompts prefilled in one step)
-        group = {k: _r4(v) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch}).items()}
-        r[f"prefix_cache_10_turns_x{prefill_batch}"] = group
-        log(f"{shape} 10-turn rollouts x{prefill_batch}: {group}")
-        # a GRPO group: the rollouts share their first prompt (computed once, in one step)
-        same = {k: _r4(v) for k, v in agent_rollout(engine, **{**ro, "concurrent": prefill_batch,
-                                                                   "same_task": True}).items()}
-        r[f"prefix_cache_10_turns_x{prefill_batch}_same_task"] = same
-        log(f"{shape} 10-turn rollouts x{prefill_batch}, one task: {same}")
+        # one rollout alone; a group in lockstep (each turn's prompts prefilled in one step); a
+        # GRPO group, whose rollouts share their first prompt (computed once, in one step)
+        group = {"concurrent": prefill_batch}
+        for key, extra in (("", {}), (f"_x{prefill_batch}", group),
+                           (f"_x{prefill_batch}_same_task", {**group, "same_task": True})):
+            res = r[f"prefix_cache_10_turns{key}"] = {k: _r4(v) for k, v in
+                                                      agent_rollout(engine, **{**ro, **extra}, bw=bw).items()}
+            log(f"{shape} 10-turn rollout{key}: {res}")
         assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
         r["seconds"] = round(time.perf_counter() - t, 1)
         del engine, hf

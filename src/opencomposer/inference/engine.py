@@ -178,7 +178,7 @@ class Engine:
             source = "kv_blocks as given" if given_blocks else f"kv_memory_fraction={kv_memory_fraction} of free memory"
             raise ValueError(  # settings the GPU cannot hold, as the other limits checked here
                 f"out of GPU memory building the engine: a KV cache of {kv_blocks} blocks "
-                f"({kv_blocks * self._block_bytes(block_size) / 2**30:.2f} GiB, {source}) and the CUDA graphs (decode up to "
+                f"({kv_blocks * self.kv_block_bytes(block_size) / 2**30:.2f} GiB, {source}) and the CUDA graphs (decode up to "
                 f"max_num_seqs={max_num_seqs} rows, prefill steps up to {prefill_buckets(budget)[-1]} "
                 f"tokens) do not fit. Lower kv_memory_fraction or kv_blocks, max_num_batched_tokens or "
                 f"max_num_seqs, or pass cuda_graphs=False"
@@ -462,14 +462,14 @@ class Engine:
         cuts = [text.find(s) for s in seq.params.stop if s in text]
         return text[:min(cuts)] if cuts else text
 
-    def _block_bytes(self, block_size: int) -> int:
+    def kv_block_bytes(self, block_size: int) -> int:
         """Bytes of one KV-cache block: K and V of ``block_size`` tokens in every layer."""
         cfg = self.model.cfg
         return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * \
             next(self.model.parameters()).element_size()
 
     def _default_kv_blocks(self, blocks_per_seq: int, block_size: int, fraction: float) -> int:
-        per_block = self._block_bytes(block_size)
+        per_block = self.kv_block_bytes(block_size)
         want = self.max_num_seqs * blocks_per_seq * 2  # room for every sequence plus as much cached prefix
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)

@@ -215,14 +215,18 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     tiles = triton.cdiv(block_tables.shape[1] * bs, tile)
     splits = max(1, min(32, tiles, 256 // max(1, b * kvh)))
     per_split = triton.cdiv(tiles, splits) * tile
-    if counters is None:
-        counters = torch.zeros(b * kvh, dtype=torch.int32, device=q.device)
-    elif counters.numel() < b * kvh or counters.dtype != torch.int32:
+    if counters is not None and (counters.numel() < b * kvh or counters.dtype != torch.int32):
         raise ValueError(f"paged_decode: counters must be int32 with >= {b * kvh} entries, got "
                          f"{counters.dtype} x {counters.numel()}")
-    part_acc = torch.empty((b, kvh, splits, group_pad, d), dtype=torch.float32, device=q.device)
-    part_ml = torch.empty((b, kvh, splits, 2, group_pad), dtype=torch.float32, device=q.device)
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    part_acc = part_ml = out  # one split writes ``out`` itself: no partial states, no counters
+    if splits > 1:
+        part_acc = torch.empty((b, kvh, splits, group_pad, d), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((b, kvh, splits, 2, group_pad), dtype=torch.float32, device=q.device)
+        if counters is None:
+            counters = torch.zeros(b * kvh, dtype=torch.int32, device=q.device)
+    elif counters is None:
+        counters = out
     _paged_decode_kernel[(b, kvh, splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml, counters, out,
         d ** -0.5,
