@@ -74,10 +74,36 @@ def kernel_table(fn, reps: int = 3, top: int = 14) -> dict:
             "kernel_sum_us": round(sum(r[2] for r in rows), 1), "busy_us": round(busy / reps, 1), "top": rows[:top]}
 
 
+def sdpa_reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, nseq: int, q_len: int, ctx: int) -> dict:
+    """The same attention through torch's SDPA backends (flash, cuDNN) as a yardstick: K/V
+    contiguous [nseq, heads, ctx, d] with the KV heads repeated per query head (built outside
+    the timing), causal from the bottom right (each new token sees the cached prefix)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    h, kvh, d = q.shape[1], kc.shape[2], q.shape[2]
+    dense = lambda c: (c.view(nseq, -1, kvh, d)[:, :ctx].transpose(1, 2)
+                       .repeat_interleave(h // kvh, dim=1).contiguous())
+    qq = q.reshape(nseq, q_len, h, d).transpose(1, 2).contiguous()
+    k, v = dense(kc[:-1]), dense(vc[:-1])
+    mask = causal_lower_right(q_len, ctx)
+    out = {}
+    for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(qq, k, v, attn_mask=mask)
+        try:
+            out[name] = round(1000 * graph_ms(fn, reps=20), 1)
+        except RuntimeError as e:  # backend not built in, or shape unsupported
+            out[name] = f"{type(e).__name__}: {str(e)[:60]}"
+    return out
+
+
 def attention_grid(shape: str, turn_only: bool = False) -> dict:
     """``paged_prefill`` alone (one layer, CUDA-graph timed, microseconds) for a turn on a
     cached prefix and for fresh prompts: the (rows, splits) the engine picks
-    (``block_m``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages)."""
+    (``block_m``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages);
+    and torch's SDPA flash and cuDNN backends on the same shapes (``sdpa_reference``)."""
     from opencomposer.inference.bench import SHAPES
     from opencomposer.inference.triton_prefill import (
         block_m,
@@ -100,7 +126,7 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
         table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
         rows0 = block_m(nseq * q_len, group)
         sp0 = splits_for(-(-nseq * q_len * group // rows0), kvh, d)
-        res = {"picked": f"{rows0}x{sp0}"}
+        res = {"picked": f"{rows0}x{sp0}", **sdpa_reference(q, kc, vc, nseq, q_len, ctx)}
         # (rows, splits, key tile, warps, pipeline stages)
         configs = [(r, sp, 64, 4, st) for r in (32, 64) for sp in (1, 2, 4, 8) for st in (2, 3)]
         configs += [(rows0, sp0, bn, w, 3) for bn in (32, 64, 128) for w in (4, 8)]
