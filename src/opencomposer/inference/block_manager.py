@@ -11,6 +11,15 @@ step must produce logits to sample from.
 A freed block keeps its hash and contents until it is handed out again (oldest freed
 first), so a finished turn's KV stays reusable by the next turn while memory allows.
 
+Hashing every block of a resent history is most of the host work of an agent turn's prefill
+step (~200 blocks of a 3,000-token history). So a freed sequence is also remembered as a
+*line*: its tokens, its leading computed blocks, their hashes, and each block's hand-out
+count (``gen``). A later prompt that starts with a line's tokens (its next turn, or a
+sibling rollout's) takes the hashes and blocks from the line -- one list comparison in C
+for the tokens, and each block checked to be unchanged since (same ``gen``, still published
+under that hash) -- and hashes only the blocks after. The result is exactly what hashing
+every block finds. Lines are found by their tokens at every ``line_mark``-th block.
+
 Weight updates invalidate the prefix cache (``invalidate``): K/V computed by old weights
 is never given to a request admitted after the update. Sequences already running keep
 their blocks (their earlier tokens' K/V stay as the old weights made them, which is what
@@ -30,10 +39,23 @@ class NoFreeBlocks(RuntimeError):
     """The cache has no free block; the scheduler preempts a sequence and retries."""
 
 
+class _Line:
+    """A freed sequence's leading computed blocks (see the module docstring)."""
+
+    __slots__ = ("blocks", "gens", "hashes", "tokens")
+
+    def __init__(self, tokens: list[int], blocks: list[int], hashes: list[int], gens: list[int]):
+        self.tokens, self.blocks, self.hashes, self.gens = tokens, blocks, hashes, gens
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1; got {num_blocks}, {block_size}")
+    def __init__(self, num_blocks: int, block_size: int, max_lines: int = 256, line_mark: int = 16):
+        """``max_lines``: freed sequences remembered for fast prefix lookup (0: none; each
+        keeps its token list alive, ~8 bytes a token); a line is found by its tokens at blocks
+        ``line_mark - 1``, ``2 * line_mark - 1``, ... (shorter ones are not kept)."""
+        if num_blocks < 1 or block_size < 1 or max_lines < 0 or line_mark < 1:
+            raise ValueError(f"need num_blocks >= 1, block_size >= 1, max_lines >= 0 and line_mark >= 1; "
+                             f"got {num_blocks}, {block_size}, {max_lines}, {line_mark}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.ref = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
@@ -42,6 +64,10 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # hash -> block id
         self.epoch = 0
         self.hit_tokens = 0  # prompt tokens served from the cache, since start
+        self.gen = [0] * num_blocks  # times each block was handed out
+        self.max_lines, self.line_mark = max_lines, line_mark
+        self.lines: OrderedDict[int, _Line] = OrderedDict()  # oldest first
+        self.marks: dict[tuple, list[_Line]] = {}  # (block index, its tokens) -> lines, newest last
 
     # ------------------------------------------------------------------ queries
 
@@ -73,13 +99,12 @@ class BlockManager:
         full = (len(seq) - 1) // bs
         # an agent turn resends its whole history: this loop runs for every cached block of
         # every turn, so it is kept lean (blocks cut by zip, lookups bound to locals)
-        hits: list[int] = []
-        hashes: list[int] = []
-        parent = None
+        hits, hashes = self._from_line(seq.token_ids, full)
+        parent = hashes[-1] if hashes else None
         ref = self.ref
-        reclaimed = 0  # hit blocks in the free list (cached, unowned)
+        reclaimed = sum(1 for b in hits if not ref[b])  # hit blocks in the free list (cached, unowned)
         lookup, owner_tokens, chain_hash = self.cached.get, self.block_tokens, self.chain_hash
-        for tokens in _full_blocks(seq.token_ids, bs, 0, full):
+        for tokens in _full_blocks(seq.token_ids, bs, len(hits), full):
             h = chain_hash(parent, tokens)
             block = lookup(h)
             if block is None or owner_tokens[block] != tokens:
@@ -122,6 +147,7 @@ class BlockManager:
         # which more requests share. Blocks past what ``seq`` computed that were published
         # ahead for a step it never ran (see ``publish``) are withdrawn: their K/V was never written.
         computed = seq.num_computed // self.block_size
+        self._remember(seq, computed)
         for i in range(len(seq.block_table) - 1, -1, -1):
             b = seq.block_table[i]
             self.ref[b] -= 1
@@ -162,13 +188,74 @@ class BlockManager:
         self.cached.clear()
         self.block_hash = [None] * self.num_blocks
         self.block_tokens = [None] * self.num_blocks
+        self.lines.clear()
+        self.marks.clear()
         self.epoch += 1
 
     def _take(self) -> int:
         b, _ = self.free.popitem(last=False)
         self._forget(b)  # evict its cached prefix entry
         self.ref[b] = 1
+        self.gen[b] += 1  # lines that remember this block no longer vouch for it
         return b
+
+    # ------------------------------------------------------------------ lines
+
+    def _remember(self, seq: Sequence, computed: int) -> None:
+        """Keep ``seq``'s leading computed, hashed blocks as a line (it is being freed)."""
+        n, mark = min(len(seq.block_hashes), computed), self.line_mark
+        if not self.max_lines or n < mark or seq.cache_epoch != self.epoch:
+            return
+        bs, tokens, blocks = self.block_size, seq.token_ids, seq.block_table[:n]
+        line = _Line(tokens, blocks, seq.block_hashes[:n], [self.gen[b] for b in blocks])
+        for k in range(mark - 1, n, mark):
+            self.marks.setdefault((k, tuple(tokens[k * bs:(k + 1) * bs])), []).append(line)
+        self.lines[id(line)] = line
+        if len(self.lines) > self.max_lines:
+            self._drop(self.lines.popitem(last=False)[1])
+
+    def _drop(self, line: _Line) -> None:
+        bs, mark = self.block_size, self.line_mark
+        for k in range(mark - 1, len(line.blocks), mark):
+            key = (k, tuple(line.tokens[k * bs:(k + 1) * bs]))
+            kept = [other for other in self.marks[key] if other is not line]
+            if kept:
+                self.marks[key] = kept
+            else:
+                del self.marks[key]
+
+    def _from_line(self, tokens: list[int], full: int) -> tuple[list[int], list[int]]:
+        """The leading blocks (and their hashes) of ``tokens``' first ``full`` blocks that a
+        remembered line holds unchanged; ([], []) if none. Tries the deepest mark first, and
+        there the newest lines; gives up (the caller hashes every block) after 8 lines whose
+        tokens differ before that mark, which only repetitive prompts meet."""
+        if not self.marks:
+            return [], []
+        bs, mark, tries = self.block_size, self.line_mark, 8
+        for k in range(full // mark * mark - 1, -1, -mark):
+            for line in reversed(self.marks.get((k, tuple(tokens[k * bs:(k + 1) * bs])), ())):
+                m = min(len(line.blocks), full)  # as far as the line goes, else to this mark
+                if tokens[:m * bs] != line.tokens[:m * bs]:
+                    m = k + 1
+                    if tokens[:m * bs] != line.tokens[:m * bs]:
+                        tries -= 1
+                        if not tries:
+                            return [], []
+                        continue
+                return self._unchanged(line, m)
+        return [], []
+
+    def _unchanged(self, line: _Line, m: int) -> tuple[list[int], list[int]]:
+        """``line``'s first blocks, up to ``m``, that were not handed out again since and are
+        still published under the line's hash: what the block-by-block lookup would find."""
+        gen, block_hash = self.gen, self.block_hash
+        blocks, hashes = line.blocks[:m], line.hashes[:m]
+        if [gen[b] for b in blocks] == line.gens[:m] and [block_hash[b] for b in blocks] == hashes:
+            return blocks, hashes
+        i = 0
+        while gen[blocks[i]] == line.gens[i] and block_hash[blocks[i]] == hashes[i]:
+            i += 1
+        return blocks[:i], hashes[:i]
 
     def _forget(self, b: int) -> None:
         """Block ``b`` no longer holds a reusable prefix block."""

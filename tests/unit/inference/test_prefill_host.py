@@ -130,6 +130,73 @@ def test_a_long_history_hits_every_full_block_with_the_chained_hashes():
     assert bm.num_used == 0
 
 
+class _CountedHashes(BlockManager):
+    """Counts the chained hashes it computes."""
+
+    count = 0
+
+    def chain_hash(self, parent, tokens):
+        self.count += 1
+        return BlockManager.chain_hash(parent, tokens)
+
+
+def test_a_turn_after_a_freed_history_hashes_only_its_new_blocks():
+    """The next turn of a history (and a sibling rollout that shares its first prompt) takes
+    the remembered line's hashes; it hashes only the blocks after the line's last mark. With
+    the block a line remembers handed out again, it hashes from there."""
+    rng = random.Random(5)
+    bm = _CountedHashes(num_blocks=420, block_size=16)
+    task = [rng.randrange(50_000) for _ in range(1000)]
+    history = Sequence("h", task + [rng.randrange(50_000) for _ in range(2000)], SamplingParams())
+    assert bm.allocate(history)
+    history.num_computed = len(history)
+    bm.publish(history)
+    bm.free_seq(history)
+    full = 3000 // 16  # 187 blocks: marks at blocks 15, 31, ..., 175
+    bm.count = 0
+    turn = Sequence("t", history.token_ids + [rng.randrange(50_000) for _ in range(208)], SamplingParams())
+    assert bm.allocate(turn) and turn.num_computed == full * 16
+    assert bm.count == 1  # only block 187, past the line: the first miss (without lines: all 188)
+    sibling = Sequence("s", task + [7] * 300, SamplingParams())
+    bm.count = 0
+    assert bm.allocate(sibling) and sibling.num_computed == 1000 // 16 * 16
+    assert bm.count <= 16 + 1  # from mark 47 (its deepest with the task's tokens) to the first miss
+    bm.free_seq(sibling)
+    # hand the line's block 100 out again: the lookup must stop there, as hashing finds
+    turn.num_computed = len(turn)
+    bm.publish(turn)
+    bm.free_seq(turn)
+    line = next(reversed(bm.lines.values()))  # the turn's
+    victim = line.blocks[100]
+    filler = Sequence("f", [rng.randrange(50_000, 60_000) for _ in range(16 * (list(bm.free).index(victim) + 1))],
+                      SamplingParams())
+    assert bm.allocate(filler) and victim in filler.block_table  # handed out (then freed, never computed)
+    bm.free_seq(filler)
+    again = Sequence("a", history.token_ids + [1] * 50, SamplingParams())
+    want_hits, want_hashes = _lookup(bm, again.token_ids)
+    assert len(want_hits) == 100
+    assert bm.allocate(again) and again.block_table[:100] == want_hits and again.block_hashes == want_hashes
+
+
+def test_repetitive_prompts_give_up_on_lines_and_still_hit_what_hashing_finds():
+    """Lines whose tokens match at every mark but differ before it (a prompt of one repeated
+    token after different first tokens): the lookup stops trying lines after a few and hashes."""
+    bm = BlockManager(num_blocks=400, block_size=2, line_mark=1)
+    for first in range(12):
+        seq = Sequence(str(first), [first] + [0] * 41, SamplingParams())
+        assert bm.allocate(seq)
+        seq.num_computed = len(seq)
+        bm.publish(seq)
+        bm.free_seq(seq)
+    assert len(bm.lines) == 12
+    for prompt in ([99] + [0] * 60, [5] + [0] * 60, [5, 0, 0, 1] + [0] * 30):
+        want_hits, want_hashes = _lookup(bm, prompt)
+        seq = Sequence("p", prompt, SamplingParams())
+        assert bm.allocate(seq) and seq.block_table[:len(want_hits)] == want_hits and seq.block_hashes == want_hashes
+        assert seq.num_computed == 2 * len(want_hits) == (0 if prompt[0] == 99 else 2 * (21 if prompt[3] == 0 else 1))
+        bm.free_seq(seq)
+
+
 class _WeakHashes(BlockManager):
     """Chained hashes of each block's token sum: different blocks of equal sums collide."""
 
@@ -138,9 +205,11 @@ class _WeakHashes(BlockManager):
         return hash((parent, sum(tokens)))
 
 
-def test_a_hash_collision_never_reuses_a_block_of_other_tokens():
-    """The hash only finds a candidate block; its tokens are compared too."""
-    bm = _WeakHashes(num_blocks=64, block_size=4)
+@pytest.mark.parametrize("line_mark", [16, 1])
+def test_a_hash_collision_never_reuses_a_block_of_other_tokens(line_mark):
+    """The hash only finds a candidate block; its tokens are compared too (and a remembered
+    line vouches only for the tokens it holds)."""
+    bm = _WeakHashes(num_blocks=64, block_size=4, line_mark=line_mark)
     a = Sequence("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], SamplingParams())
     bm.allocate(a)
     a.num_computed = len(a)
@@ -172,14 +241,16 @@ def _lookup(bm: BlockManager, tokens: list[int]) -> tuple[list[int], list[int]]:
     return hits, hashes
 
 
+@pytest.mark.parametrize("max_lines,line_mark", [(0, 16), (256, 2), (3, 1)])
 @pytest.mark.parametrize("seed", range(4))
-def test_allocation_hits_exactly_what_the_lookup_definition_finds(seed):
+def test_allocation_hits_exactly_what_the_lookup_definition_finds(seed, max_lines, line_mark):
     """Agents taking turns (each prompt = its history + new tokens), rollouts branching from a
     shared prompt, twin sequences computing the same blocks, a cache small enough to evict
     all the time, weight updates: every allocation hits the blocks the block-by-block lookup
-    finds, and no block leaks."""
+    finds, and no block leaks -- without remembered lines, with many found at every other
+    block, and with few (evicted all the time) found at every block."""
     rng = random.Random(seed)
-    bm = BlockManager(num_blocks=48, block_size=4)
+    bm = BlockManager(num_blocks=48, block_size=4, max_lines=max_lines, line_mark=line_mark)
     system = [rng.randrange(1, 9) for _ in range(6)]  # shared by every agent; small vocabulary: repeats
     histories = [list(system) for _ in range(5)]
     for step in range(400):
