@@ -67,7 +67,7 @@ class BlockManager:
         self.gen = [0] * num_blocks  # times each block was handed out
         self.max_lines, self.line_mark = max_lines, line_mark
         self.lines: OrderedDict[int, _Line] = OrderedDict()  # oldest first
-        self.marks: dict[tuple, list[_Line]] = {}  # (block index, its tokens) -> lines, newest last
+        self.marks: dict[tuple, dict[int, _Line]] = {}  # (block index, its tokens) -> {id: line}, newest last
 
     # ------------------------------------------------------------------ queries
 
@@ -209,7 +209,7 @@ class BlockManager:
         bs, tokens, blocks = self.block_size, seq.token_ids, seq.block_table[:n]
         line = _Line(tokens, blocks, seq.block_hashes[:n], [self.gen[b] for b in blocks])
         for k in range(mark - 1, n, mark):
-            self.marks.setdefault((k, tuple(tokens[k * bs:(k + 1) * bs])), []).append(line)
+            self.marks.setdefault((k, tuple(tokens[k * bs:(k + 1) * bs])), {})[id(line)] = line
         self.lines[id(line)] = line
         if len(self.lines) > self.max_lines:
             self._drop(self.lines.popitem(last=False)[1])
@@ -218,10 +218,9 @@ class BlockManager:
         bs, mark = self.block_size, self.line_mark
         for k in range(mark - 1, len(line.blocks), mark):
             key = (k, tuple(line.tokens[k * bs:(k + 1) * bs]))
-            kept = [other for other in self.marks[key] if other is not line]
-            if kept:
-                self.marks[key] = kept
-            else:
+            lines = self.marks[key]
+            del lines[id(line)]
+            if not lines:
                 del self.marks[key]
 
     def _from_line(self, tokens: list[int], full: int) -> tuple[list[int], list[int]]:
@@ -233,7 +232,7 @@ class BlockManager:
             return [], []
         bs, mark, tries = self.block_size, self.line_mark, 8
         for k in range(full // mark * mark - 1, -1, -mark):
-            for line in reversed(self.marks.get((k, tuple(tokens[k * bs:(k + 1) * bs])), ())):
+            for line in reversed(self.marks.get((k, tuple(tokens[k * bs:(k + 1) * bs])), {}).values()):
                 m = min(len(line.blocks), full)  # as far as the line goes, else to this mark
                 if tokens[:m * bs] != line.tokens[:m * bs]:
                     m = k + 1
