@@ -42,10 +42,10 @@ class NoFreeBlocks(RuntimeError):
 class _Line:
     """A freed sequence's leading computed blocks (see the module docstring)."""
 
-    __slots__ = ("blocks", "gens", "hashes", "tokens")
+    __slots__ = ("blocks", "gens", "hashes", "keys", "tokens")
 
-    def __init__(self, tokens: list[int], blocks: list[int], hashes: list[int], gens: list[int]):
-        self.tokens, self.blocks, self.hashes, self.gens = tokens, blocks, hashes, gens
+    def __init__(self, tokens: list[int], blocks: list[int], hashes: list[int], gens: list[int], keys: list[tuple]):
+        self.tokens, self.blocks, self.hashes, self.gens, self.keys = tokens, blocks, hashes, gens, keys
 
 
 class BlockManager:
@@ -206,18 +206,21 @@ class BlockManager:
         n, mark = min(len(seq.block_hashes), computed), self.line_mark
         if not self.max_lines or n < mark or seq.cache_epoch != self.epoch:
             return
-        bs, tokens, blocks = self.block_size, seq.token_ids, seq.block_table[:n]
-        line = _Line(tokens, blocks, seq.block_hashes[:n], [self.gen[b] for b in blocks])
-        for k in range(mark - 1, n, mark):
-            self.marks.setdefault((k, tuple(tokens[k * bs:(k + 1) * bs])), {})[id(line)] = line
+        blocks = seq.block_table[:n]
+        keys = [self._mark(seq.token_ids, k) for k in range(mark - 1, n, mark)]
+        line = _Line(seq.token_ids, blocks, seq.block_hashes[:n], [self.gen[b] for b in blocks], keys)
+        for key in keys:
+            self.marks.setdefault(key, {})[id(line)] = line
         self.lines[id(line)] = line
         if len(self.lines) > self.max_lines:
             self._drop(self.lines.popitem(last=False)[1])
 
+    def _mark(self, tokens: list[int], k: int) -> tuple:
+        """The index key of block ``k`` of ``tokens``."""
+        return k, tuple(tokens[k * self.block_size:(k + 1) * self.block_size])
+
     def _drop(self, line: _Line) -> None:
-        bs, mark = self.block_size, self.line_mark
-        for k in range(mark - 1, len(line.blocks), mark):
-            key = (k, tuple(line.tokens[k * bs:(k + 1) * bs]))
+        for key in line.keys:
             lines = self.marks[key]
             del lines[id(line)]
             if not lines:
@@ -232,7 +235,7 @@ class BlockManager:
             return [], []
         bs, mark, tries = self.block_size, self.line_mark, 8
         for k in range(full // mark * mark - 1, -1, -mark):
-            for line in reversed(self.marks.get((k, tuple(tokens[k * bs:(k + 1) * bs])), {}).values()):
+            for line in reversed(self.marks.get(self._mark(tokens, k), {}).values()):
                 m = min(len(line.blocks), full)  # as far as the line goes, else to this mark
                 if tokens[:m * bs] != line.tokens[:m * bs]:
                     m = k + 1
