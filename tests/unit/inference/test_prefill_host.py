@@ -141,9 +141,10 @@ class _CountedHashes(BlockManager):
 
 
 def test_a_turn_after_a_freed_history_hashes_only_its_new_blocks():
-    """The next turn of a history (and a sibling rollout that shares its first prompt) takes
-    the remembered line's hashes; it hashes only the blocks after the line's last mark. With
-    the block a line remembers handed out again, it hashes from there."""
+    """The next turn of a history takes the remembered line's hashes and hashes only the
+    blocks after the line; a sibling rollout (same first prompt) hashes from the deepest mark
+    it shares with the line. Once a block the line remembers is handed out again, the lookup
+    stops there, as hashing every block does."""
     rng = random.Random(5)
     bm = _CountedHashes(num_blocks=420, block_size=16)
     task = [rng.randrange(50_000) for _ in range(1000)]
@@ -153,9 +154,11 @@ def test_a_turn_after_a_freed_history_hashes_only_its_new_blocks():
     bm.publish(history)
     bm.free_seq(history)
     full = 3000 // 16  # 187 blocks: marks at blocks 15, 31, ..., 175
-    bm.count = 0
     turn = Sequence("t", history.token_ids + [rng.randrange(50_000) for _ in range(208)], SamplingParams())
+    want_hits, want_hashes = _lookup(bm, turn.token_ids)
+    bm.count = 0
     assert bm.allocate(turn) and turn.num_computed == full * 16
+    assert turn.block_table[:full] == want_hits and turn.block_hashes == want_hashes
     assert bm.count == 1  # only block 187, past the line: the first miss (without lines: all 188)
     sibling = Sequence("s", task + [7] * 300, SamplingParams())
     bm.count = 0
@@ -193,6 +196,7 @@ def test_repetitive_prompts_give_up_on_lines_and_still_hit_what_hashing_finds():
         want_hits, want_hashes = _lookup(bm, prompt)
         seq = Sequence("p", prompt, SamplingParams())
         assert bm.allocate(seq) and seq.block_table[:len(want_hits)] == want_hits and seq.block_hashes == want_hashes
+        # 99: no line, nothing cached; 5 then zeros: line 5's 21 blocks; 5, 0, 0, 1: its first block only
         assert seq.num_computed == 2 * len(want_hits) == (0 if prompt[0] == 99 else 2 * (21 if prompt[3] == 0 else 1))
         bm.free_seq(seq)
 
