@@ -25,7 +25,8 @@ is never given to a request admitted after the update. Sequences already running
 their blocks (their earlier tokens' K/V stay as the old weights made them, which is what
 in-flight updates mean), but blocks they fill later are not published for reuse.
 
-Test: ``pytest tests/unit/inference/test_block_manager.py``.
+Test: ``pytest tests/unit/inference/test_block_manager.py tests/unit/inference/test_prefill_host.py``
+(lines, and every allocation against the block-by-block lookup).
 """
 
 from __future__ import annotations
