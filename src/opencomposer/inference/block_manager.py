@@ -65,6 +65,7 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # hash -> block id
         self.epoch = 0
         self.hit_tokens = 0  # prompt tokens served from the cache, since start
+        self.line_hit_tokens = 0  # of those, found through a remembered line (not hashed again)
         self.gen = [0] * num_blocks  # times each block was handed out
         self.max_lines, self.line_mark = max_lines, line_mark
         self.lines: OrderedDict[int, _Line] = OrderedDict()  # oldest first
@@ -101,6 +102,7 @@ class BlockManager:
         # an agent turn resends its whole history: this loop runs for every cached block of
         # every turn, so it is kept lean (blocks cut by zip, lookups bound to locals)
         hits, hashes = self._from_line(seq.token_ids, full)
+        from_line = len(hits)
         parent = hashes[-1] if hashes else None
         ref = self.ref
         reclaimed = sum(1 for b in hits if not ref[b])  # hit blocks in the free list (cached, unowned)
@@ -130,6 +132,7 @@ class BlockManager:
         seq.num_computed = found * bs
         seq.cache_epoch = self.epoch
         self.hit_tokens += seq.num_computed
+        self.line_hit_tokens += from_line * bs
         return True
 
     def can_append(self, seq: Sequence) -> bool:

@@ -413,6 +413,7 @@ class Engine:
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "prefix_cache_hit_tokens": self.blocks.hit_tokens,
+            "prefix_cache_line_hit_tokens": self.blocks.line_hit_tokens,
             "preemptions": self.scheduler.preemptions,
             "policy_version": self.policy_version,
             "max_model_len": self.max_model_len,

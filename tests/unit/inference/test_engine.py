@@ -52,6 +52,20 @@ def test_prefix_cache_reuses_the_shared_history(hf, prompts):
     assert engine.stats()["kv_blocks_used"] == 0
 
 
+def test_the_next_turn_finds_its_history_through_the_finished_requests_line(hf, prompts):
+    """A finished request is remembered (``BlockManager`` lines): the next turn takes its blocks
+    without hashing them again, and answers as if computed alone."""
+    engine = Engine(hf, None, max_model_len=256, block_size=4)
+    history = prompts(1, lo=100, hi=101, seed=7)[0]
+    first = engine.generate([history], GREEDY)[0]  # computes 100 + 9 tokens: 27 full blocks
+    assert engine.stats()["prefix_cache_line_hit_tokens"] == 0
+    turn2 = history + first.token_ids + [5, 6, 7, 8, 9]
+    second = engine.generate([turn2], GREEDY)[0]
+    assert second.cached_prompt_tokens == engine.stats()["prefix_cache_line_hit_tokens"] == 27 * 4
+    assert second.token_ids == _alone(hf, turn2).token_ids
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
 def test_a_group_sharing_a_prompt_computes_it_once_with_the_same_outputs(hf, prompts):
     """Rollouts of one task submitted together (a GRPO group, or n > 1): the shared prompt's
     blocks are computed by the first and reused within the same step by the others."""
