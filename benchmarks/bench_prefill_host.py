@@ -10,8 +10,9 @@ the CPU (a small random Qwen2 with Qwen2.5-1.5B's 6 query heads per KV head) hol
 scheduled and laid out as the graph path would. Per phase, the median of ``--reps`` calls
 (ms):
 
-* ``schedule``: ``Scheduler.schedule()`` admitting the turn (prefix-cache lookup of every
-  full block of the prompt, block allocation), undone after each call; ``schedule_branch``:
+* ``schedule``: ``Scheduler.schedule()`` admitting the turn (prefix-cache lookup of the
+  prompt's full blocks -- through the line the history left when it finished, then hashing
+  the rest -- and block allocation), undone after each call; ``schedule_branch``:
   the same for turns that differ in their new tokens (as retries of one turn);
 * ``prefill_inputs``: ``ModelRunner._prefill_inputs`` (token ids, positions, slots, tables);
 * ``plan``: ``triton_prefill.plan`` for the graph's token bucket;
