@@ -99,13 +99,11 @@ class BlockManager:
         bs = self.block_size
         # leave at least one token to compute: its logits are what the step samples from
         full = (len(seq) - 1) // bs
-        # an agent turn resends its whole history: this loop runs for every cached block of
-        # every turn, so it is kept lean (blocks cut by zip, lookups bound to locals)
+        # an agent turn resends its whole history: a remembered line covers most of it, and
+        # this loop hashes the rest, kept lean (blocks cut by zip, lookups bound to locals)
         hits, hashes = self._from_line(seq.token_ids, full)
         from_line = len(hits)
         parent = hashes[-1] if hashes else None
-        ref = self.ref
-        reclaimed = sum(1 for b in hits if not ref[b])  # hit blocks in the free list (cached, unowned)
         lookup, owner_tokens, chain_hash = self.cached.get, self.block_tokens, self.chain_hash
         for tokens in _full_blocks(seq.token_ids, bs, len(hits), full):
             h = chain_hash(parent, tokens)
@@ -115,8 +113,8 @@ class BlockManager:
             hits.append(block)
             hashes.append(h)
             parent = h
-            if not ref[block]:
-                reclaimed += 1
+        ref = self.ref
+        reclaimed = sum(1 for b in hits if not ref[b])  # hit blocks in the free list (cached, unowned)
         total = self.blocks_for(len(seq))
         if total - len(hits) + reclaimed > self.num_free:
             return False
