@@ -104,6 +104,7 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
 
     out["prefill_inputs"] = median_ms(lambda: runner._prefill_inputs(batch), reps)
     out["plan"] = median_ms(planned, reps)
+    out["splits"] = median_ms(lambda: runner._splits(len(tiles[0]), max(seqs[2])), reps)
     out["fill"] = median_ms(lambda: lay.fill(*inputs[:4], [sp[3] for sp in spans], seqs, tiles), reps)
     out["host_total"] = median_ms(host, reps)
     sched.finish(seq)

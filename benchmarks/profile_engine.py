@@ -124,8 +124,9 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
         vc = torch.randn_like(kc)
         q = torch.randn(nseq * q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
         table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
-        rows0 = block_m(nseq * q_len, group)
-        sp0 = splits_for(-(-nseq * q_len * group // rows0), kvh, d)
+        rows0 = block_m(nseq * q_len, group, d)
+        sp0 = splits_for(-(-nseq * q_len * group // rows0) * kvh, ctx, d,
+                         torch.cuda.get_device_properties(0).multi_processor_count)
         res = {"picked": f"{rows0}x{sp0}", **sdpa_reference(q, kc, vc, nseq, q_len, ctx)}
         # (rows, splits, key tile, warps, pipeline stages)
         configs = [(r, sp, 64, 4, st) for r in (32, 64) for sp in (1, 2, 4, 8) for st in (2, 3)]
@@ -144,6 +145,102 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
             except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
                 res[key] = type(e).__name__
         out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
+    return out
+
+
+def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys: int = 65536):
+    """``paged_prefill`` as the engine launches it for ``nseq`` sequences of ``q_len`` new
+    tokens on ``ctx``-token contexts: through a prefill graph's launch (its bucket's padding
+    tiles, the captured split count nearest the step's pick) where the step
+    fits a graph, else eagerly. -> (label, callable)."""
+    from opencomposer.inference.model_runner import (
+        PREFILL_GRAPH_SEQS,
+        PREFILL_GRAPH_TOKENS,
+    )
+    from opencomposer.inference.triton_prefill import (
+        block_m,
+        graph_splits,
+        nearest,
+        num_tiles,
+        paged_prefill,
+        plan,
+        splits_for,
+    )
+
+    h, kvh, d = q.shape[1], kc.shape[2], q.shape[2]
+    group, sms = h // kvh, torch.cuda.get_device_properties(q.device).multi_processor_count
+    tokens = nseq * q_len
+    bucket = next((t for t in PREFILL_GRAPH_TOKENS if t >= tokens), None) if nseq <= PREFILL_GRAPH_SEQS else None
+    rows = block_m(bucket or tokens, group, d)
+    tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
+    pick = splits_for(len(tiles[0]) * kvh, ctx, d, sms)
+    dev = q.device
+    if bucket is None:
+        return f"eager {rows}x{pick}", functools.partial(paged_prefill, q, kc, vc, table, torch.tensor(seqs, device=dev),
+                                                         torch.tensor(tiles, device=dev), rows, pick)
+    i = PREFILL_GRAPH_TOKENS.index(bucket)
+    fewest = -(-((PREFILL_GRAPH_TOKENS[i - 1] if i else 0) + 1) * group // rows)
+    captured = graph_splits(fewest, kvh, d, max_keys, sms)
+    in_bucket = num_tiles(bucket, group) + PREFILL_GRAPH_SEQS
+    n = len(tiles[0])
+    tiles = torch.tensor([tiles[0] + [nseq] * (in_bucket - n), tiles[1] + [0] * (in_bucket - n)], device=dev)
+    seqs = torch.tensor([row + [0] for row in seqs], device=dev)  # the padding sequence: no tokens
+    table = torch.cat((table, table[:1]))
+    used = nearest(pick, captured)
+    return (f"graph {bucket}: {rows}x{used} of {captured}",
+            functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, used))
+
+
+def attention_sweep(shape: str) -> dict:
+    """``paged_prefill`` alone (one layer, CUDA-graph timed, us) over context lengths: turns of
+    208 new tokens (1 and 8 sequences) on 1,000-60,000-token histories at 1-16 key splits,
+    and fresh prompts of 512-16,384 tokens (and 8 x 2,048) with 64- and 128-row tiles; each
+    case also as the engine launches it (``engine_attention``), and torch's SDPA flash and
+    cuDNN on the single sequences. The data behind ``triton_prefill.splits_for`` and
+    ``block_m``."""
+    from opencomposer.inference.bench import SHAPES
+    from opencomposer.inference.triton_prefill import paged_prefill, plan, splits_for
+
+    c = SHAPES[shape]
+    h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
+    d, bs, group = c["hidden_size"] // h, 16, h // kvh
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(208, ctx, n) for n in (1, 8) for ctx in (1000, 3000, 8000, 16000, 30000, 60000)]
+    cases += [(n, n, 1) for n in (512, 1000, 2048, 3376, 4096, 8192, 16384)] + [(2048, 2048, 8)]
+    out = {}
+    for q_len, ctx, nseq in cases:
+        nblk = -(-ctx // bs)
+        kc = torch.randn(nseq * nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(nseq * q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
+        table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
+        res = {}
+        if nseq == 1:
+            res.update(sdpa_reference(q, kc, vc, nseq, q_len, ctx))
+        label, fn = engine_attention(q, kc, vc, table, nseq, q_len, ctx)
+        res["engine"] = label
+        res["engine_us"] = round(1000 * graph_ms(fn, reps=10), 1)
+        if q_len < ctx:  # a turn: every split count, 64-row tiles
+            configs = [(64, sp, 64, 4, 3) for sp in (1, 2, 4, 8, 16)]
+        else:  # a fresh prompt: 64- and 128-row tiles, each at the splits the engine would take
+            configs = []
+            for r, bn, w in ((64, 64, 4), (128, 128, 8)):
+                p = -(-q_len * group // r) * nseq * kvh
+                configs.append((r, splits_for(p, ctx, d, sms), bn, w, 3))
+        for rows, splits, bn, w, st in configs:
+            tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
+            tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
+            fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
+                                   num_warps=w, num_stages=st)
+            key = f"{rows}x{splits} n{bn} w{w} s{st}"
+            try:
+                res[key] = round(1000 * graph_ms(fn, reps=10), 1)
+            except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
+                res[key] = type(e).__name__
+        out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
+        print(shape, list(out)[-1], json.dumps(res), flush=True)
+        del kc, vc
+        torch.cuda.empty_cache()
     return out
 
 
@@ -209,8 +306,8 @@ def one(shape: str, pdl: bool, bw: float) -> dict:
     engine.step = step
     out["rollout"] = {k: round(v, 4) for k, v in r.items()}
     out["rollout_prefill_steps"] = turns  # (tokens, ms) per prefill step, warm-up and the last-alone runs included
-    if 256 in engine.runner.prefill_graphs:
-        out["prefill_256_kernels"] = kernel_table(engine.runner.prefill_graphs[256].replay)
+    if 256 in engine.runner.prefill_graphs:  # (the graph with the fewest key splits)
+        out["prefill_256_kernels"] = kernel_table(min(engine.runner.prefill_graphs[256].items())[1].replay)
     del engine, hf
     torch.cuda.empty_cache()
     out["greedy"] = greedy
@@ -225,9 +322,15 @@ def main() -> None:
     ap.add_argument("--attention-only", action="store_true", help="only the paged-prefill kernel grid")
     ap.add_argument("--no-attention", action="store_true", help="skip the paged-prefill kernel grid")
     ap.add_argument("--turn-only", action="store_true", help="attention grid: only the agent-turn case, more knobs")
+    ap.add_argument("--sweep", action="store_true", help="only the paged-prefill kernel over context lengths "
+                    "(turns on 1k-60k histories x key splits; fresh 512-16k prompts x tiles)")
     a = ap.parse_args()
     bw = bandwidth("cuda")
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
+    if a.sweep:
+        res["attention_sweep_us"] = attention_sweep(a.shape)
+        print(json.dumps(res))
+        return
     if not a.no_attention:
         res["attention_us"] = attention_grid(a.shape, a.turn_only)
         print("attention", json.dumps(res["attention_us"]), flush=True)

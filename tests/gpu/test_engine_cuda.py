@@ -204,6 +204,73 @@ def test_triton_prefill_with_cached_prefix_matches_torch():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+class _Counted:
+    """A captured graph whose replays are counted."""
+
+    def __init__(self, graph, calls: list):
+        self.graph, self.calls = graph, calls
+
+    def replay(self):
+        self.calls.append(1)
+        self.graph.replay()
+
+
+def test_a_turn_on_a_long_history_splits_its_keys_inside_the_prefill_graph():
+    """A 20,000-token history, then a turn of ~40 new tokens on it: the turn replays its
+    bucket's graph with the most key splits (16: this tiny model's short turns take 16 on
+    any history), and its greedy tokens and logprobs are the torch path's."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                      tie_word_embeddings=True, initializer_range=0.1)
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(cfg).to("cuda").eval()
+    history = torch.randint(0, 1000, (20_000,), generator=torch.Generator().manual_seed(11)).tolist()
+    outs = {}
+    for kernels in ("triton", "torch"):
+        engine = Engine(hf, None, max_num_seqs=4, max_model_len=24_576, kernels=kernels)
+        first = engine.generate([history], SamplingParams(max_tokens=4, temperature=0))[0]
+        replays = []
+        if kernels == "triton":
+            graphs = engine.runner.prefill_graphs[engine.runner.prefill_bucket(44)]
+            assert max(graphs) == 16, graphs
+            graphs[max(graphs)] = _Counted(graphs[max(graphs)], replays)
+        second = engine.generate([history + first.token_ids + list(range(100, 140))],
+                                 SamplingParams(max_tokens=6, temperature=0))[0]
+        assert second.cached_prompt_tokens >= 19_984
+        assert len(replays) == (kernels == "triton")  # the turn's step took the 16-split graph
+        outs[kernels] = (first, second)
+        assert engine.stats()["kv_blocks_used"] == 0
+    for a, b in zip(outs["triton"], outs["torch"]):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_long_prompts_take_128_row_tiles_that_match_sdpa():
+    """A fresh 8,192-token prompt of a head_dim-128 model (bf16) takes 128-row tiles; they and
+    the 64-row tiles give SDPA's causal attention (fp32 reference) to bf16 precision."""
+    import torch.nn.functional as F
+
+    from opencomposer.inference.triton_prefill import block_m, paged_prefill, plan
+
+    h, kvh, d, bs, n = 12, 2, 128, 16, 8192
+    assert block_m(n, h // kvh, d, 2) == 128 and block_m(n, h // kvh, d, 4) == 64
+    torch.manual_seed(3)
+    kc = torch.randn(n // bs + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(n // bs, device="cuda")[None]
+    q = torch.randn(n, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
+    k = kc[table[0]].reshape(n, kvh, d).transpose(0, 1).repeat_interleave(h // kvh, 0).float()
+    v = vc[table[0]].reshape(n, kvh, d).transpose(0, 1).repeat_interleave(h // kvh, 0).float()
+    ref = F.scaled_dot_product_attention(q.transpose(0, 1).float(), k, v, is_causal=True).transpose(0, 1)
+    for rows in (128, 64):
+        tiles, seqs = plan([0], [n], [n], rows, h // kvh)
+        got = paged_prefill(q, kc, vc, table, torch.tensor(seqs, device="cuda"), torch.tensor(tiles, device="cuda"),
+                            rows)
+        assert (got.float() - ref).abs().max() < 2e-2, rows
+
+
 def test_group_sharing_a_prompt_in_one_prefill_step_matches_each_alone():
     """Samples of one prompt submitted together reuse its blocks within the step (the Triton
     prefill graph reads K/V other rows of the same step wrote): same tokens and logprobs as

@@ -98,6 +98,10 @@ class ModelRunner:
             self.pdl = False
         self.block_size = block_size
         self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
+        # multiprocessors, for the prefill kernel's key splits (an H100's where there is no GPU:
+        # the host-side planning then still runs, in tests and host benchmarks)
+        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                    if self.device.type == "cuda" else 132)
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.prefill_buckets = prefill_buckets(max_num_batched_tokens)
@@ -108,7 +112,8 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
-        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # token bucket -> key splits -> graph (``triton_prefill.graph_splits``: one or two per bucket)
+        self.prefill_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}
         self.gemv = gemv if self.triton else False
         self.capture_ms: dict[str, float] = {}
         self.gemv_timings: dict[str, dict[str, float]] = {}
@@ -201,8 +206,6 @@ class ModelRunner:
         """One paged-prefill kernel per layer for every sequence of the step (cached prefix or
         not); a step that a graph holds (at most the largest of ``prefill_buckets`` tokens and
         ``prefill_seqs`` sequences) replays the graph of the next token bucket instead."""
-        from opencomposer.inference.triton_prefill import block_m, splits_for
-
         inputs = self._prefill_inputs(batch)
         ids, pos, slots, last, spans = inputs
         start = len(ids)
@@ -213,14 +216,13 @@ class ModelRunner:
         padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
         for row, table in zip(padded, tables):
             row[:len(table)] = table
-        rows = block_m(start, self.group)
+        rows = self._rows(start)
         tiles, seqs = self._tiles(spans, rows)
         dev = self.device
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
                               prefill_tables=_to(padded, dev),
                               prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_rows=rows,
-                              prefill_splits=splits_for(len(tiles[0]), self.model.cfg.num_kv_heads,
-                                                        self.model.cfg.head_dim))
+                              prefill_splits=self._splits(len(tiles[0]), max(seqs[2])))
         with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
             hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
             return self.model.logits(hidden[_to(last, dev)]), None
@@ -232,6 +234,19 @@ class ModelRunner:
             return None
         return next((t for t in self.prefill_buckets if t >= tokens), None)
 
+    def _rows(self, tokens: int) -> int:
+        """Rows per tile of the paged-prefill kernel for a step (or graph bucket) of ``tokens``."""
+        from opencomposer.inference.triton_prefill import block_m
+
+        return block_m(tokens, self.group, self.model.cfg.head_dim, self.dtype.itemsize)
+
+    def _splits(self, tiles: int, keys: int) -> int:
+        """Key splits for a prefill step of ``tiles`` tiles over contexts of up to ``keys`` keys."""
+        from opencomposer.inference.triton_prefill import splits_for
+
+        cfg = self.model.cfg
+        return splits_for(tiles * cfg.num_kv_heads, keys, cfg.head_dim, self.sms)
+
     def _tiles(self, spans: list[tuple], rows: int) -> tuple[list[list[int]], list[list[int]]]:
         """``triton_prefill.plan`` for the sequences of ``_prefill_inputs``' spans."""
         from opencomposer.inference.triton_prefill import plan
@@ -240,10 +255,10 @@ class ModelRunner:
                     self.group)
 
     def _prefill_replay(self, t: int, batch: ScheduledBatch, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from opencomposer.inference.triton_prefill import block_m
+        from opencomposer.inference.triton_prefill import nearest
 
         ids, pos, slots, last, spans = inputs
-        tiles, seqs = self._tiles(spans, block_m(t, self.group))
+        tiles, seqs = self._tiles(spans, self._rows(t))
         lay, st = self._prefill_layout, self._pstatic
         lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
         st["flat"].copy_(lay.host_tensor, non_blocking=True)  # the graph's inputs, one copy
@@ -251,42 +266,48 @@ class ModelRunner:
         plain = all(is_plain(s) for s in sampling)
         if plain and sampling:
             _set_sample_in(st, sampling)
-        self.prefill_graphs[t].replay()
+        graphs = self.prefill_graphs[t]
+        graphs[nearest(self._splits(len(tiles[0]), max(seqs[2])), tuple(graphs))].replay()
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
 
     def _capture_prefill(self) -> None:
         """Graphs of the prefill forward for the ``prefill_buckets`` (after decode's)."""
+        from opencomposer.inference.triton_prefill import graph_splits
+
         dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
         lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
                                                    self.prefill_buckets, s_max)
+        cfg, buckets = self.model.cfg, self.prefill_buckets
+        # a bucket's smallest step: one sequence of one token more than the bucket below
+        splits = {t: graph_splits(-(-((buckets[i - 1] if i else 0) + 1) * self.group // self._rows(t)), cfg.num_kv_heads,
+                                  cfg.head_dim, self.max_blocks_per_seq * self.block_size, self.sms)
+                  for i, t in enumerate(buckets)}
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
-        for t in sorted(self.prefill_buckets, reverse=True):
+        for t in sorted(buckets, reverse=True):
             st = self._pstatic
-            for _ in range(2):
-                self._prefill_graph_forward(t)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
-                st["logits"][:] = self._prefill_graph_forward(t)
-                st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
-            self._pool = g.pool()
-            self.prefill_graphs[t] = g
+            for k in splits[t]:
+                for _ in range(2):
+                    self._prefill_graph_forward(t, k)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self._pool):
+                    st["logits"][:] = self._prefill_graph_forward(t, k)
+                    st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
+                self._pool = g.pool()
+                self.prefill_graphs.setdefault(t, {})[k] = g
 
-    def _prefill_graph_forward(self, t: int) -> torch.Tensor:
-        from opencomposer.inference.triton_prefill import block_m, num_tiles, splits_for
-
+    def _prefill_graph_forward(self, t: int, splits: int) -> torch.Tensor:
         v = self._pstatic["views"]
         tiles = v["tiles"][:, :self._prefill_layout.tiles_per_bucket[t]]
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
                               prefill_tables=v["tables"], prefill_seqs=v["seqs"],
-                              prefill_tiles=tiles, prefill_rows=block_m(t, self.group),
-                              prefill_splits=splits_for(num_tiles(t, self.group), self.model.cfg.num_kv_heads,
-                                                        self.model.cfg.head_dim))
+                              prefill_tiles=tiles, prefill_rows=self._rows(t),
+                              prefill_splits=splits)
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[v["last"]])
 

@@ -150,6 +150,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     r_out = x
     if norm_weight is not None and residual is not None:
         r_out = torch.empty_like(x)
+    if m == 0:  # (e.g. the logits of a prefill chunk that samples nothing): no rows, no launch
+        return (y, x) if norm_weight is not None else y
     block_n, block_k, warps = config or block_config(m, n, k)
     prologue = 1 if silu_mul else 2 if norm_weight is not None else 0
     _gemv_kernel[(triton.cdiv(n, block_n),)](

@@ -14,13 +14,17 @@ query head (6x less for Qwen2.5-1.5B), with one large ``tl.dot`` per key tile. O
 per (tile, KV head) walks the keys ``BLOCK_N`` at a time with an online softmax (fp32),
 stopping at the tile's last token (causal). When there are few programs (a short turn on a
 long cached prefix) the keys are also split across ``splits`` programs and a second kernel
-merges their softmax states (as flash-decoding does). The caller has already written this
-step's K/V into the cache (the fused ``rope_and_cache`` kernel does), so fresh and cached
-sequences are the same case.
+merges their softmax states (as flash-decoding does); ``splits_for`` picks the count from
+the programs and the context length. The caller has already written this step's K/V into
+the cache (the fused ``rope_and_cache`` kernel does), so fresh and cached sequences are the
+same case.
 
 ``plan`` lays the programs out on the host: ``tiles`` [2, P] (sequence, first row of the
 tile in that sequence's (token, head-in-group) rows) and ``seqs`` [3, S] (first token in
-the flat batch, new tokens, context length).
+the flat batch, new tokens, context length). A graph's launch is fixed, so the engine
+captures a small bucket's graph twice when a turn on a short history and one on a long
+history want different split counts (``graph_splits``: 4 and 16 for a 208-token turn of
+Qwen2.5-1.5B on 3,000 and 30,000 keys).
 
 Test: ``pytest tests/unit/inference/test_triton_cpu.py`` (interpreter, CPU);
 ``tests/gpu/test_engine_cuda.py`` on a GPU.
@@ -47,7 +51,10 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
     gdc_enter(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    if SPLITS > 1:
+        split = tl.program_id(2)
+    else:  # the key loop's start is then known to be 0 at compile time: 10-20% faster (measured)
+        split = 0
     s = tl.load(tiles_ptr + pid)
     m0 = tl.load(tiles_ptr + stride_tiles + pid)
     q_start = tl.load(seqs_ptr + s)
@@ -148,19 +155,32 @@ def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr
              (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len * GROUP)[:, None])
 
 
-ROWS = (16, 32, 64)  # the BLOCK_M variants
+ROWS = (16, 32, 64, 128)  # the BLOCK_M variants (128: long prompts, head_dim >= 128)
+LONG_STEP = 8192  # tokens in a step from which a head_dim >= 128 model takes 128-row tiles
+MAX_SPLITS = 16
 
 
-def block_m(num_tokens: int, group: int) -> int:
+def block_m(num_tokens: int, group: int, head_dim: int = 0, elem_bytes: int = 2) -> int:
     """(token, head) rows per program: smaller tiles for small steps, so they still fill the
-    GPU; 64 beat 128 on every measured shape, long fresh prompts included (see ``splits_for``)."""
+    GPU. 128-row tiles (with 128-key tiles and 8 warps, ``knobs``) only for long steps of
+    head_dim >= 128 in 16-bit types (H100, Qwen2.5-1.5B, us per layer, ``profile_engine.py
+    --sweep``: 16,384 fresh tokens 2,293 against 2,834 with 64 rows, 8,192 657 against 760,
+    8 x 2,048 386 against 415; at 4,096 and below 64 rows are as fast or faster, and with
+    head_dim 64 at every length; fp32 tiles that size would not fit shared memory)."""
+    if head_dim >= 128 and elem_bytes <= 2 and num_tokens >= LONG_STEP:
+        return 128
     rows = num_tokens * group
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
 
 
-def num_tiles(num_tokens: int, group: int) -> int:
+def knobs(rows: int) -> tuple[int, int, int]:
+    """(key tile, warps, pipeline stages) of the kernel for a tile of ``rows`` rows."""
+    return (128, 8, 3) if rows >= 128 else (64, 4, 3)
+
+
+def num_tiles(num_tokens: int, group: int, head_dim: int = 0) -> int:
     """Programs per KV head for one sequence of ``num_tokens`` new tokens."""
-    return -(-num_tokens * group // block_m(num_tokens, group))
+    return -(-num_tokens * group // block_m(num_tokens, group, head_dim))
 
 
 def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
@@ -175,29 +195,56 @@ def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
     return tiles, [list(q_starts), list(q_lens), list(ctx_lens)]
 
 
-def splits_for(tiles: int, kv_heads: int, head_dim: int) -> int:
-    """Key splits per (tile, KV head) program: few tiles (a short step on a long cached
-    prefix) would leave most of the GPU idle while each program walks the whole context;
-    more splits cost partial results written and merged.
+def resident(head_dim: int) -> int:
+    """64-row programs one SM holds at once (shared memory of 3 pipelined K/V tiles):
+    2 for head_dim 128, 4 for 64."""
+    return max(1, 256 // max(head_dim, 1))
 
-    Measured on an H100 (``benchmarks/profile_engine.py --attention-only [--turn-only]``,
-    us per layer, 64-row tiles, 3 stages):
 
-    * head_dim 128 (Qwen2.5-1.5B): 208 new tokens on a 3,000-token prefix 28.9 with 4
-      splits (36.0 with 2, 33.0 with 8, 67.8 with 1); 8 such turns in one step 128.3 with 2
-      (165.4 with 1); 1,000 fresh tokens 31.4 with 2 (32.2 with 1); 3,376 fresh tokens
-      165.1 with 2 (175.1 with 1). 128-row tiles were slower in each case.
-    * head_dim 64 (Qwen2.5-0.5B, 4 programs fit an SM where 2 of head_dim 128 do): one split
-      wins from a few hundred programs -- 8 turns in one step 66.1 with 1 (80.3 with 2),
-      1,000 fresh tokens 20.2 (21.6), 3,376 fresh tokens 101.0 (100.4); one turn 22.4 with
-      4 (27.5 with 2, 22.6 with 8)."""
-    programs = tiles * kv_heads
-    one = 1024 if head_dim >= 128 else 192
-    return 8 if programs < 24 else 4 if programs < 64 else 2 if programs < one else 1
+def splits_for(programs: int, keys: int, head_dim: int, sms: int, most: int = MAX_SPLITS) -> int:
+    """Key splits per (tile, KV head) program, for ``programs`` of them over contexts of up to
+    ``keys`` keys on ``sms`` multiprocessors. Few programs (a short step on a long cached
+    prefix) leave most of the GPU idle while each walks the whole context; more splits add
+    waves of programs and partial results to write and merge. The pick minimises a wave
+    model, in units of one key's work: ``waves * (keys / splits + 200) + 400 * splits *
+    programs / slots``, with ``slots = sms * resident(head_dim)`` programs running at once.
+
+    Fitted on an H100 (``benchmarks/profile_engine.py --sweep``, us per layer, 64-row tiles):
+    one turn of 208 tokens (40 programs, Qwen2.5-1.5B) on 1,000-16,000 keys takes 4 splits
+    and on 30,000-60,000 takes 16 (161 and 294 us against 188 and 374 with 4); 8 such turns
+    (320 programs) take 2 up to ~4,000 keys, then 4; the 0.5B (head_dim 64, twice the
+    programs at once) takes 8 from 8,000 keys for one turn (91.7 against 125.4 us at 30,000)
+    and 4-8 for eight. Over the 24 measured turn cases and 4 fresh prompts its pick is
+    within 7% of the fastest split count."""
+    slots = sms * resident(head_dim)
+    best, pick = None, 1
+    s = 1
+    while s <= most:
+        waves = -(-programs * s // slots)
+        cost = waves * (keys / s + 200) + 400 * s * programs / slots
+        if best is None or cost < best:
+            best, pick = cost, s
+        s *= 2
+    return pick
+
+
+def graph_splits(fewest: int, kv_heads: int, head_dim: int, max_keys: int, sms: int) -> tuple[int, ...]:
+    """The split counts a token bucket's CUDA graphs are captured with (a graph's launch is
+    fixed): what a step of one sequence of ``fewest`` tiles (the bucket's smallest) takes on
+    a 4,096-key context and on the longest, ``max_keys``. A step replays the graph whose
+    count is nearest its own pick (``nearest``). (Reading the count from device memory in
+    one graph, launching the most, cost a 208-token turn on 3,000 keys 26% more.)"""
+    return tuple(sorted({splits_for(fewest * kv_heads, min(4096, max_keys), head_dim, sms),
+                         splits_for(fewest * kv_heads, max_keys, head_dim, sms)}))
+
+
+def nearest(splits: int, captured: tuple[int, ...]) -> int:
+    """The captured split count nearest ``splits`` (powers of two; a tie takes the smaller)."""
+    return min(captured, key=lambda c: (abs(c.bit_length() - splits.bit_length()), c))
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                  seqs: torch.Tensor, tiles: torch.Tensor, rows: int, splits: int = 1, block_n: int = 64,
+                  seqs: torch.Tensor, tiles: torch.Tensor, rows: int, splits: int = 1, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """q [T, H, d] (last dim contiguous); caches [N, block_size, kvh, d]; tables [S, W]
     int64; seqs [3, S] and tiles [2, P] int64 from ``plan`` (rows contiguous, any row
@@ -213,9 +260,10 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     args = (q, k_cache, v_cache, out, part_acc, part_ml, tables, seqs, tiles, d ** -0.5,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
             tables.stride(0), seqs.stride(0), tiles.stride(0))
-    meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n, SPLITS=splits,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or 4)
-    _paged_prefill_kernel[(n_tiles, kvh, splits)](*args, **meta, STAGES=num_stages or 3, **pdl_args())
+    bn, warps, stages = knobs(rows)
+    meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n or bn, SPLITS=splits,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or warps)
+    _paged_prefill_kernel[(n_tiles, kvh, splits)](*args, **meta, STAGES=num_stages or stages, **pdl_args())
     if splits > 1:
         _paged_prefill_merge[(n_tiles, kvh)](part_acc, part_ml, out, seqs, tiles, out.stride(0), out.stride(1),
                                              seqs.stride(0), tiles.stride(0), GROUP=h // kvh, HEAD_DIM=d, BLOCK_M=rows,
@@ -224,15 +272,19 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def warm_up(k_cache: torch.Tensor, num_heads: int) -> None:
-    """Compile the eager-path variants (each ``block_m`` size x each ``splits_for`` value)
-    now, on a step with no work, rather than in the middle of someone's rollout (a compile
-    costs ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout)."""
+    """Compile the eager-path variants (each ``block_m`` size x each split count up to
+    ``MAX_SPLITS``) now, on a step with no work, rather than in the middle of someone's
+    rollout (a compile costs ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout)."""
     _, _, kvh, d = k_cache.shape
     dev = k_cache.device
     for rows in ROWS:
+        if rows == 128 and block_m(LONG_STEP, num_heads // kvh, d, k_cache.element_size()) != 128:
+            continue  # never picked for this head_dim and dtype
         qkv = torch.zeros(rows, (num_heads + 2 * kvh) * d, dtype=k_cache.dtype, device=dev)
         q = qkv.view(rows, num_heads + 2 * kvh, d)[:, :num_heads]
         nothing = torch.zeros(3, 1, dtype=torch.long, device=dev)  # one sequence of no tokens
-        for splits in (1, 2, 4, 8):
+        splits = 1
+        while splits <= MAX_SPLITS:
             paged_prefill(q, k_cache, k_cache, torch.zeros(1, 4, dtype=torch.long, device=dev), nothing,
                           torch.zeros(2, 1, dtype=torch.long, device=dev), rows, splits)
+            splits *= 2

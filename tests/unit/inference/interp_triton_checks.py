@@ -63,6 +63,9 @@ def test_gemv_prologues_match_torch(interpreted):
         assert s is x and torch.allclose(y, F.linear(F.rms_norm(x, (k,), nw, 1e-6), w), atol=1e-4)
         gu = torch.randn(m, 2 * k)
         assert torch.allclose(gemv(gu, w, silu_mul=True), F.linear(F.silu(gu[:, :k]) * gu[:, k:], w), atol=1e-4)
+    # no rows (the logits of a prefill chunk that samples nothing): empty results, no launch
+    assert gemv(torch.randn(0, k), w).shape == (0, n)
+    assert [t.shape for t in gemv(torch.randn(0, k), w, norm_weight=nw, residual=torch.randn(0, k))] == [(0, n), (0, k)]
     with pytest.raises(ValueError, match="at most"):
         gemv(torch.randn(9, k), w)
     with pytest.raises(ValueError, match="columns"):
@@ -127,11 +130,13 @@ def test_paged_prefill_matches_dense_causal_attention(interpreted):
     q = torch.randn(total, h + 2 * kvh, d)[:, :h]  # a strided view, as the model passes it
     starts = [sum(n for n, _ in shapes[:i]) for i in range(len(shapes))]
     tp.warm_up(kc, h)  # the engine's start-up compile of every eager variant: a no-work step each
-    for rows, splits in ((16, 1), (32, 1), (16, 4), (64, 2)):
+    # 2 padding tiles of a padding sequence, as a CUDA graph's step has; 128-row tiles
+    for rows, splits in ((16, 1), (32, 1), (16, 4), (64, 2), (128, 2), (64, 16)):
         tiles, seqs = tp.plan(starts, [n for n, _ in shapes], [c for _, c in shapes], rows, h // kvh)
         width = max(map(len, tables))
-        got = tp.paged_prefill(q, kc, vc, torch.tensor([t + [0] * (width - len(t)) for t in tables]),
-                               torch.tensor(seqs), torch.tensor(tiles), rows, splits)
+        padded = torch.tensor([tiles[0] + [len(shapes)] * 2, tiles[1] + [0] * 2])
+        got = tp.paged_prefill(q, kc, vc, torch.tensor([t + [0] * (width - len(t)) for t in tables] + [[0] * width]),
+                               torch.tensor([row + [0] for row in seqs]), padded, rows, splits)
         for (n, c), table, s in zip(shapes, tables, starts):
             slots = torch.tensor([table[i // bs] * bs + i % bs for i in range(c)])
             k = kc.view(-1, kvh, d)[slots].transpose(0, 1).repeat_interleave(h // kvh, 0)

@@ -289,3 +289,33 @@ def test_allocation_hits_exactly_what_the_lookup_definition_finds(seed, max_line
         histories[agent] = list(seq.token_ids) if len(seq) < 70 else list(system)  # else a new episode
         bm.free_seq(seq)
         assert bm.num_used == 0
+
+
+def test_key_splits_are_the_fastest_measured_on_an_h100():
+    """``splits_for`` against ``profile_engine.py --sweep`` on an H100 (132 SMs): turns of 208
+    tokens (1.5B: 40 programs alone, 320 for 8 turns; 0.5B: 46) on short and long histories,
+    and long fresh prompts (one split: thousands of programs)."""
+    pytest.importorskip("triton")
+    from opencomposer.inference.triton_prefill import splits_for
+
+    fastest = {(40, 3000, 128): 4, (40, 8000, 128): 4, (40, 30000, 128): 16, (40, 60000, 128): 16,
+               (320, 3000, 128): 2, (320, 16000, 128): 4, (320, 60000, 128): 4,
+               (46, 8000, 64): 8, (46, 30000, 64): 8, (368, 1000, 64): 1, (3072, 16384, 128): 1}
+    assert {case: splits_for(*case, sms=132) for case in fastest} == fastest
+
+
+def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
+    """``graph_splits``: a 208-token turn's bucket (Qwen2.5-1.5B shape on an H100) is captured
+    with 4 splits (3,000-key histories) and 16 (30,000); the largest bucket with 1 (fresh
+    prompts) and 4 (long histories: the last wave of programs would run nearly empty); one
+    graph where the model's context is short; a step replays the count nearest its pick."""
+    pytest.importorskip("triton")
+    from opencomposer.inference.triton_prefill import graph_splits, nearest, splits_for
+
+    turn = -(-193 * 6 // 64)  # tiles of the 224-token bucket's smallest step
+    assert graph_splits(turn, 2, 128, 32768, 132) == (4, 16)
+    assert graph_splits(-(-3841 * 6 // 64), 2, 128, 32768, 132) == (1, 4)
+    assert graph_splits(turn, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
+    assert [nearest(splits_for(40, keys, 128, 132), (4, 16)) for keys in (1000, 3000, 16000, 30000, 60000)] == \
+        [4, 4, 4, 16, 16]
+    assert nearest(8, (4, 16)) == 4 and nearest(2, (4, 16)) == 4 and nearest(1, (1,)) == 1
