@@ -151,7 +151,7 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
 def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys: int = 65536):
     """``paged_prefill`` as the engine launches it for ``nseq`` sequences of ``q_len`` new
     tokens on ``ctx``-token contexts: through a prefill graph's launch (its bucket's padding
-    tiles, the captured split count nearest the step's pick) where the step
+    tiles, the captured split count the step prefers) where the step
     fits a graph, else eagerly. -> (label, callable)."""
     from opencomposer.inference.model_runner import (
         PREFILL_GRAPH_SEQS,
@@ -160,7 +160,6 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     from opencomposer.inference.triton_prefill import (
         block_m,
         graph_splits,
-        nearest,
         num_tiles,
         paged_prefill,
         plan,
@@ -186,7 +185,7 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     tiles = torch.tensor([tiles[0] + [nseq] * (in_bucket - n), tiles[1] + [0] * (in_bucket - n)], device=dev)
     seqs = torch.tensor([row + [0] for row in seqs], device=dev)  # the padding sequence: no tokens
     table = torch.cat((table, table[:1]))
-    used = nearest(pick, captured)
+    used = splits_for(n * kvh, ctx, d, sms, among=captured)
     return (f"graph {bucket}: {rows}x{used} of {captured}",
             functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, used))
 

@@ -240,12 +240,13 @@ class ModelRunner:
 
         return block_m(tokens, self.group, self.model.cfg.head_dim, self.dtype.itemsize)
 
-    def _splits(self, tiles: int, keys: int) -> int:
-        """Key splits for a prefill step of ``tiles`` tiles over contexts of up to ``keys`` keys."""
-        from opencomposer.inference.triton_prefill import splits_for
+    def _splits(self, tiles: int, keys: int, among: tuple[int, ...] | None = None) -> int:
+        """Key splits for a prefill step of ``tiles`` tiles over contexts of up to ``keys`` keys
+        (``among`` the counts a bucket's graphs were captured with)."""
+        from opencomposer.inference.triton_prefill import SPLIT_COUNTS, splits_for
 
         cfg = self.model.cfg
-        return splits_for(tiles * cfg.num_kv_heads, keys, cfg.head_dim, self.sms)
+        return splits_for(tiles * cfg.num_kv_heads, keys, cfg.head_dim, self.sms, among or SPLIT_COUNTS)
 
     def _tiles(self, spans: list[tuple], rows: int) -> tuple[list[list[int]], list[list[int]]]:
         """``triton_prefill.plan`` for the sequences of ``_prefill_inputs``' spans."""
@@ -255,8 +256,6 @@ class ModelRunner:
                     self.group)
 
     def _prefill_replay(self, t: int, batch: ScheduledBatch, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from opencomposer.inference.triton_prefill import nearest
-
         ids, pos, slots, last, spans = inputs
         tiles, seqs = self._tiles(spans, self._rows(t))
         lay, st = self._prefill_layout, self._pstatic
@@ -267,7 +266,7 @@ class ModelRunner:
         if plain and sampling:
             _set_sample_in(st, sampling)
         graphs = self.prefill_graphs[t]
-        graphs[nearest(self._splits(len(tiles[0]), max(seqs[2])), tuple(graphs))].replay()
+        graphs[self._splits(len(tiles[0]), max(seqs[2]), tuple(graphs))].replay()
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
 

@@ -157,7 +157,6 @@ def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr
 
 ROWS = (16, 32, 64, 128)  # the BLOCK_M variants (128: long prompts, head_dim >= 128)
 LONG_STEP = 8192  # tokens in a step from which a head_dim >= 128 model takes 128-row tiles
-MAX_SPLITS = 16
 
 
 def block_m(num_tokens: int, group: int, head_dim: int = 0, elem_bytes: int = 2) -> int:
@@ -201,13 +200,17 @@ def resident(head_dim: int) -> int:
     return max(1, 256 // max(head_dim, 1))
 
 
-def splits_for(programs: int, keys: int, head_dim: int, sms: int, most: int = MAX_SPLITS) -> int:
+SPLIT_COUNTS = (1, 2, 4, 8, 16)
+
+
+def splits_for(programs: int, keys: int, head_dim: int, sms: int, among: tuple[int, ...] = SPLIT_COUNTS) -> int:
     """Key splits per (tile, KV head) program, for ``programs`` of them over contexts of up to
-    ``keys`` keys on ``sms`` multiprocessors. Few programs (a short step on a long cached
-    prefix) leave most of the GPU idle while each walks the whole context; more splits add
-    waves of programs and partial results to write and merge. The pick minimises a wave
-    model, in units of one key's work: ``waves * (keys / splits + 200) + 400 * splits *
-    programs / slots``, with ``slots = sms * resident(head_dim)`` programs running at once.
+    ``keys`` keys on ``sms`` multiprocessors, chosen ``among`` some counts (a bucket's CUDA
+    graphs). Few programs (a short step on a long cached prefix) leave most of the GPU idle
+    while each walks the whole context; more splits add waves of programs and partial
+    results to write and merge. The pick minimises a wave model, in units of one key's work:
+    ``waves * (keys / splits + 200) + 400 * splits * programs / slots``, with ``slots = sms *
+    resident(head_dim)`` programs running at once (the fewer splits on a tie).
 
     Fitted on an H100 (``benchmarks/profile_engine.py --sweep``, us per layer, 64-row tiles):
     one turn of 208 tokens (40 programs, Qwen2.5-1.5B) on 1,000-16,000 keys takes 4 splits
@@ -217,30 +220,21 @@ def splits_for(programs: int, keys: int, head_dim: int, sms: int, most: int = MA
     and 4-8 for eight. Over the 24 measured turn cases and 4 fresh prompts its pick is
     within 7% of the fastest split count."""
     slots = sms * resident(head_dim)
-    best, pick = None, 1
-    s = 1
-    while s <= most:
-        waves = -(-programs * s // slots)
-        cost = waves * (keys / s + 200) + 400 * s * programs / slots
-        if best is None or cost < best:
-            best, pick = cost, s
-        s *= 2
-    return pick
+
+    def cost(s: int) -> float:
+        return -(-programs * s // slots) * (keys / s + 200) + 400 * s * programs / slots
+
+    return min(sorted(among), key=cost)
 
 
 def graph_splits(fewest: int, kv_heads: int, head_dim: int, max_keys: int, sms: int) -> tuple[int, ...]:
     """The split counts a token bucket's CUDA graphs are captured with (a graph's launch is
     fixed): what a step of one sequence of ``fewest`` tiles (the bucket's smallest) takes on
-    a 4,096-key context and on the longest, ``max_keys``. A step replays the graph whose
-    count is nearest its own pick (``nearest``). (Reading the count from device memory in
-    one graph, launching the most, cost a 208-token turn on 3,000 keys 26% more.)"""
+    a 4,096-key context and on the longest, ``max_keys``. A step replays the one of them the
+    model prefers for it (``splits_for(..., among=...)``). (Reading the count from device
+    memory in one graph that launches the most cost a 208-token turn on 3,000 keys 26% more.)"""
     return tuple(sorted({splits_for(fewest * kv_heads, min(4096, max_keys), head_dim, sms),
                          splits_for(fewest * kv_heads, max_keys, head_dim, sms)}))
-
-
-def nearest(splits: int, captured: tuple[int, ...]) -> int:
-    """The captured split count nearest ``splits`` (powers of two; a tie takes the smaller)."""
-    return min(captured, key=lambda c: (abs(c.bit_length() - splits.bit_length()), c))
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
@@ -272,9 +266,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def warm_up(k_cache: torch.Tensor, num_heads: int) -> None:
-    """Compile the eager-path variants (each ``block_m`` size x each split count up to
-    ``MAX_SPLITS``) now, on a step with no work, rather than in the middle of someone's
-    rollout (a compile costs ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout)."""
+    """Compile the eager-path variants (each ``block_m`` size x each of ``SPLIT_COUNTS``) now,
+    on a step with no work, rather than in the middle of someone's rollout (a compile costs
+    ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout)."""
     _, _, kvh, d = k_cache.shape
     dev = k_cache.device
     for rows in ROWS:
@@ -283,8 +277,6 @@ def warm_up(k_cache: torch.Tensor, num_heads: int) -> None:
         qkv = torch.zeros(rows, (num_heads + 2 * kvh) * d, dtype=k_cache.dtype, device=dev)
         q = qkv.view(rows, num_heads + 2 * kvh, d)[:, :num_heads]
         nothing = torch.zeros(3, 1, dtype=torch.long, device=dev)  # one sequence of no tokens
-        splits = 1
-        while splits <= MAX_SPLITS:
+        for splits in SPLIT_COUNTS:
             paged_prefill(q, k_cache, k_cache, torch.zeros(1, 4, dtype=torch.long, device=dev), nothing,
                           torch.zeros(2, 1, dtype=torch.long, device=dev), rows, splits)
-            splits *= 2
