@@ -179,7 +179,7 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
                                                          torch.tensor(tiles, device=dev), rows, pick)
     i = PREFILL_GRAPH_TOKENS.index(bucket)
     fewest = -(-((PREFILL_GRAPH_TOKENS[i - 1] if i else 0) + 1) * group // rows)
-    captured = graph_splits(fewest, kvh, d, max_keys, sms)
+    captured = graph_splits(bucket, fewest, kvh, d, max_keys, sms)
     in_bucket = num_tiles(bucket, group) + PREFILL_GRAPH_SEQS
     n = len(tiles[0])
     tiles = torch.tensor([tiles[0] + [nseq] * (in_bucket - n), tiles[1] + [0] * (in_bucket - n)], device=dev)

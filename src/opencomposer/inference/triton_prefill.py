@@ -209,7 +209,7 @@ def splits_for(programs: int, keys: int, head_dim: int, sms: int, among: tuple[i
     graphs). Few programs (a short step on a long cached prefix) leave most of the GPU idle
     while each walks the whole context; more splits add waves of programs and partial
     results to write and merge. The pick minimises a wave model, in units of one key's work:
-    ``waves * (keys / splits + 200) + 400 * splits * programs / slots``, with ``slots = sms *
+    ``waves * keys / splits + 800 * splits * programs / slots``, with ``slots = sms *
     resident(head_dim)`` programs running at once (the fewer splits on a tie).
 
     Fitted on an H100 (``benchmarks/profile_engine.py --sweep``, us per layer, 64-row tiles):
@@ -217,24 +217,28 @@ def splits_for(programs: int, keys: int, head_dim: int, sms: int, among: tuple[i
     and on 30,000-60,000 takes 16 (161 and 294 us against 188 and 374 with 4); 8 such turns
     (320 programs) take 2 up to ~4,000 keys, then 4; the 0.5B (head_dim 64, twice the
     programs at once) takes 8 from 8,000 keys for one turn (91.7 against 125.4 us at 30,000)
-    and 4-8 for eight. Over the 24 measured turn cases and 4 fresh prompts its pick is
-    within 7% of the fastest split count."""
+    and 4-8 for eight; fresh prompts take 1-2. Over the 24 measured turn cases and 4 fresh
+    prompts its pick is within 7% of the fastest split count (refitted after the unsplit
+    kernel became 10-15% faster: a fresh 3,376-token prompt now takes 1, 152.6 against
+    164.6 us with 2)."""
     slots = sms * resident(head_dim)
 
     def cost(s: int) -> float:
-        return -(-programs * s // slots) * (keys / s + 200) + 400 * s * programs / slots
+        return -(-programs * s // slots) * keys / s + 800 * s * programs / slots
 
     return min(sorted(among), key=cost)
 
 
-def graph_splits(fewest: int, kv_heads: int, head_dim: int, max_keys: int, sms: int) -> tuple[int, ...]:
-    """The split counts a token bucket's CUDA graphs are captured with (a graph's launch is
-    fixed): what a step of one sequence of ``fewest`` tiles (the bucket's smallest) takes on
-    a 4,096-key context and on the longest, ``max_keys``. A step replays the one of them the
-    model prefers for it (``splits_for(..., among=...)``). (Reading the count from device
-    memory in one graph that launches the most cost a 208-token turn on 3,000 keys 26% more.)"""
-    return tuple(sorted({splits_for(fewest * kv_heads, min(4096, max_keys), head_dim, sms),
-                         splits_for(fewest * kv_heads, max_keys, head_dim, sms)}))
+def graph_splits(tokens: int, fewest: int, kv_heads: int, head_dim: int, max_keys: int,
+                 sms: int) -> tuple[int, ...]:
+    """The split counts a CUDA graph of a ``tokens`` bucket is captured with (a graph's launch
+    is fixed): what a step of one sequence of ``fewest`` tiles (the bucket's smallest) takes
+    on a 4,096-key history and on the longest, ``max_keys``; and, for buckets of more than
+    512 tokens (mostly fresh prompts), on ``tokens`` keys. A step replays the one the model
+    prefers for it (``splits_for(..., among=...)``). (Reading the count from device memory in
+    one graph that launches the most cost a 208-token turn on 3,000 keys 26% more.)"""
+    points = {min(4096, max_keys), max_keys} | ({min(tokens, max_keys)} if tokens > 512 else set())
+    return tuple(sorted({splits_for(fewest * kv_heads, keys, head_dim, sms) for keys in points}))
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,

@@ -306,17 +306,18 @@ def test_key_splits_are_the_fastest_measured_on_an_h100():
 
 def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
     """``graph_splits``: a 208-token turn's bucket (Qwen2.5-1.5B shape on an H100) is captured
-    with 4 splits (3,000-key histories) and 16 (30,000); the largest bucket with 1 (fresh
-    prompts) and 4 (long histories: the last wave of programs would run nearly empty); one
-    graph where the model's context is short; a step replays the captured count the model
-    prefers for it."""
+    with 4 splits (3,000-key histories) and 16 (30,000); large buckets with 1 (fresh prompts)
+    and more (long histories: the last wave of programs would run nearly empty); one graph
+    where the model's context is short; a step replays the captured count the model prefers
+    for it."""
     pytest.importorskip("triton")
     from opencomposer.inference.triton_prefill import graph_splits, splits_for
 
     turn = -(-193 * 6 // 64)  # tiles of the 224-token bucket's smallest step
-    assert graph_splits(turn, 2, 128, 32768, 132) == (4, 16)
-    assert graph_splits(-(-3841 * 6 // 64), 2, 128, 32768, 132) == (1, 4)
-    assert graph_splits(turn, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
+    assert graph_splits(224, turn, 2, 128, 32768, 132) == (4, 16)
+    assert graph_splits(4096, -(-3841 * 6 // 64), 2, 128, 32768, 132) == (1, 4)
+    assert graph_splits(3584, -(-3329 * 6 // 64), 2, 128, 32768, 132) == (1, 2)  # 1: a fresh 3,376-token prompt
+    assert graph_splits(224, turn, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
     assert [splits_for(40, keys, 128, 132, among=(4, 16)) for keys in (1000, 3000, 16000, 30000, 60000)] == \
         [4, 4, 4, 16, 16]
     # 8 turns (320 programs) on 30,000 keys in a bucket captured with 2 and 8 (measured: 4 would
