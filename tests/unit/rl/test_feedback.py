@@ -146,7 +146,10 @@ def test_distillation_moves_the_invalid_call_toward_a_valid_one():
 
     before = measure()
     kls = []
-    for _ in range(4):
+    # 6 updates: p(read_file) oscillates over the first ones while the KL falls steadily (this
+    # VM, 2 threads: 0.29, 0.10, 0.06, 0.19, 0.57, 0.89 after updates 1-6), so after 4 the
+    # check read whichever phase a CPU's arithmetic landed on (it failed here at 0.19)
+    for _ in range(6):
         m = trainer.distill_backward(pairs, coef=1.0, normalizer=float(pairs[0][0].loss_tokens))
         trainer.optimizer_step()
         kls.append(m["distill_kl"])
