@@ -99,31 +99,52 @@ def sdpa_reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, nseq: in
     return out
 
 
+def _case(shape: str, q_len: int, ctx: int, nseq: int):
+    """Random bf16 inputs of ``paged_prefill`` for ``nseq`` sequences of ``q_len`` new tokens on
+    ``ctx``-token contexts of a model shape: (q, k cache, v cache, block tables, GQA group)."""
+    from opencomposer.inference.bench import SHAPES
+
+    c = SHAPES[shape]
+    h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
+    d, bs = c["hidden_size"] // h, 16
+    nblk = -(-ctx // bs)
+    kc = torch.randn(nseq * nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(nseq * q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
+    table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
+    return q, kc, vc, table, h // kvh
+
+
+def _time_configs(res: dict, q, kc, vc, table, q_len: int, ctx: int, nseq: int, configs, reps: int) -> None:
+    """``res["{rows}x{splits} n{key tile} w{warps} s{stages}"]`` = us of ``paged_prefill`` per config."""
+    from opencomposer.inference.triton_prefill import paged_prefill, plan
+
+    group = q.shape[1] // kc.shape[2]
+    for rows, splits, bn, w, st in configs:
+        tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
+        tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
+        fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
+                               num_warps=w, num_stages=st)
+        key = f"{rows}x{splits} n{bn} w{w} s{st}"
+        try:
+            res[key] = round(1000 * graph_ms(fn, reps=reps), 1)
+        except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
+            res[key] = type(e).__name__
+
+
 def attention_grid(shape: str, turn_only: bool = False) -> dict:
     """``paged_prefill`` alone (one layer, CUDA-graph timed, microseconds) for a turn on a
     cached prefix and for fresh prompts: the (rows, splits) the engine picks
     (``block_m``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages);
     and torch's SDPA flash and cuDNN backends on the same shapes (``sdpa_reference``)."""
-    from opencomposer.inference.bench import SHAPES
-    from opencomposer.inference.triton_prefill import (
-        block_m,
-        paged_prefill,
-        plan,
-        splits_for,
-    )
+    from opencomposer.inference.triton_prefill import block_m, splits_for
 
-    c = SHAPES[shape]
-    h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
-    d, bs, group = c["hidden_size"] // h, 16, h // kvh
     out = {}
     # (new tokens, context, sequences): one turn, 8 turns in one step (bench engine's x8 group), fresh prompts
     cases = ((208, 3000, 1), (208, 3000, 8)) if turn_only else ((208, 3000, 1), (1000, 1000, 1), (3376, 3376, 1))
     for q_len, ctx, nseq in cases:
-        nblk = -(-ctx // bs)
-        kc = torch.randn(nseq * nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        q = torch.randn(nseq * q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
-        table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
+        q, kc, vc, table, group = _case(shape, q_len, ctx, nseq)
+        kvh, d = kc.shape[2], kc.shape[3]
         rows0 = block_m(nseq * q_len, group, d)
         sp0 = splits_for(-(-nseq * q_len * group // rows0) * kvh, ctx, d,
                          torch.cuda.get_device_properties(0).multi_processor_count)
@@ -134,16 +155,7 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
         if turn_only:  # wider: 128-row tiles (half the K/V reads), 8 warps, longer key tiles
             configs = [(r, sp, bn, w, st) for r in (64, 128) for w in (4, 8) for sp in ((1, 2) if nseq > 1 else (2, 4, 8))
                        for bn in (64, 128) for st in (2, 3)]
-        for rows, splits, bn, w, st in configs:
-            tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
-            tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
-            fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
-                                   num_warps=w, num_stages=st)
-            key = f"{rows}x{splits} n{bn} w{w} s{st}"
-            try:
-                res[key] = round(1000 * graph_ms(fn, reps=20), 1)
-            except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
-                res[key] = type(e).__name__
+        _time_configs(res, q, kc, vc, table, q_len, ctx, nseq, configs, reps=20)
         out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
     return out
 
@@ -197,22 +209,15 @@ def attention_sweep(shape: str) -> dict:
     case also as the engine launches it (``engine_attention``), and torch's SDPA flash and
     cuDNN on the single sequences. The data behind ``triton_prefill.splits_for`` and
     ``block_m``."""
-    from opencomposer.inference.bench import SHAPES
-    from opencomposer.inference.triton_prefill import paged_prefill, plan, splits_for
+    from opencomposer.inference.triton_prefill import splits_for
 
-    c = SHAPES[shape]
-    h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
-    d, bs, group = c["hidden_size"] // h, 16, h // kvh
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(208, ctx, n) for n in (1, 8) for ctx in (1000, 3000, 8000, 16000, 30000, 60000)]
     cases += [(n, n, 1) for n in (512, 1000, 2048, 3376, 4096, 8192, 16384)] + [(2048, 2048, 8)]
     out = {}
     for q_len, ctx, nseq in cases:
-        nblk = -(-ctx // bs)
-        kc = torch.randn(nseq * nblk + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        q = torch.randn(nseq * q_len, h + 2 * kvh, d, device="cuda", dtype=torch.bfloat16)[:, :h]
-        table = torch.arange(nseq * nblk, device="cuda").view(nseq, nblk)
+        q, kc, vc, table, group = _case(shape, q_len, ctx, nseq)
+        kvh, d = kc.shape[2], kc.shape[3]
         res = {}
         if nseq == 1:
             res.update(sdpa_reference(q, kc, vc, nseq, q_len, ctx))
@@ -226,16 +231,7 @@ def attention_sweep(shape: str) -> dict:
             for r, bn, w in ((64, 64, 4), (128, 128, 8)):
                 p = -(-q_len * group // r) * nseq * kvh
                 configs.append((r, splits_for(p, ctx, d, sms), bn, w, 3))
-        for rows, splits, bn, w, st in configs:
-            tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
-            tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
-            fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
-                                   num_warps=w, num_stages=st)
-            key = f"{rows}x{splits} n{bn} w{w} s{st}"
-            try:
-                res[key] = round(1000 * graph_ms(fn, reps=10), 1)
-            except (RuntimeError, triton.runtime.errors.OutOfResources) as e:  # e.g. shared memory
-                res[key] = type(e).__name__
+        _time_configs(res, q, kc, vc, table, q_len, ctx, nseq, configs, reps=10)
         out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
         print(shape, list(out)[-1], json.dumps(res), flush=True)
         del kc, vc
