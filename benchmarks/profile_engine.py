@@ -190,8 +190,7 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
         return f"eager {rows}x{pick}", functools.partial(paged_prefill, q, kc, vc, table, torch.tensor(seqs, device=dev),
                                                          torch.tensor(tiles, device=dev), rows, pick)
     i = PREFILL_GRAPH_TOKENS.index(bucket)
-    fewest = -(-((PREFILL_GRAPH_TOKENS[i - 1] if i else 0) + 1) * group // rows)
-    captured = graph_splits(bucket, fewest, kvh, d, max_keys, sms)
+    captured = graph_splits(bucket, PREFILL_GRAPH_TOKENS[i - 1] if i else 0, group, kvh, d, max_keys, sms)
     in_bucket = num_tiles(bucket, group) + PREFILL_GRAPH_SEQS
     n = len(tiles[0])
     tiles = torch.tensor([tiles[0] + [nseq] * (in_bucket - n), tiles[1] + [0] * (in_bucket - n)], device=dev)

@@ -278,10 +278,8 @@ class ModelRunner:
         lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
                                                    self.prefill_buckets, s_max)
         cfg, buckets = self.model.cfg, self.prefill_buckets
-        # a bucket's smallest step: one sequence of one token more than the bucket below
-        splits = {t: graph_splits(t, -(-((buckets[i - 1] if i else 0) + 1) * self.group // self._rows(t)),
-                                  cfg.num_kv_heads, cfg.head_dim, self.max_blocks_per_seq * self.block_size, self.sms)
-                  for i, t in enumerate(buckets)}
+        splits = {t: graph_splits(t, buckets[i - 1] if i else 0, self.group, cfg.num_kv_heads, cfg.head_dim,
+                                  self.max_blocks_per_seq * self.block_size, self.sms) for i, t in enumerate(buckets)}
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),

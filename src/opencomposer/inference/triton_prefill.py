@@ -177,9 +177,9 @@ def knobs(rows: int) -> tuple[int, int, int]:
     return (128, 8, 3) if rows >= 128 else (64, 4, 3)
 
 
-def num_tiles(num_tokens: int, group: int, head_dim: int = 0) -> int:
+def num_tiles(num_tokens: int, group: int) -> int:
     """Programs per KV head for one sequence of ``num_tokens`` new tokens."""
-    return -(-num_tokens * group // block_m(num_tokens, group, head_dim))
+    return -(-num_tokens * group // block_m(num_tokens, group))
 
 
 def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
@@ -229,16 +229,18 @@ def splits_for(programs: int, keys: int, head_dim: int, sms: int, among: tuple[i
     return min(sorted(among), key=cost)
 
 
-def graph_splits(tokens: int, fewest: int, kv_heads: int, head_dim: int, max_keys: int,
+def graph_splits(tokens: int, below: int, group: int, kv_heads: int, head_dim: int, max_keys: int,
                  sms: int) -> tuple[int, ...]:
-    """The split counts a CUDA graph of a ``tokens`` bucket is captured with (a graph's launch
-    is fixed): what a step of one sequence of ``fewest`` tiles (the bucket's smallest) takes
-    on a 4,096-key history and on the longest, ``max_keys``; and, for buckets of more than
-    512 tokens (mostly fresh prompts), on ``tokens`` keys. A step replays the one the model
-    prefers for it (``splits_for(..., among=...)``). (Reading the count from device memory in
-    one graph that launches the most cost a 208-token turn on 3,000 keys 26% more.)"""
+    """The split counts the CUDA graph of a ``tokens`` bucket (above a ``below`` one) is
+    captured with (a graph's launch is fixed): what the bucket's smallest step, one sequence
+    of ``below + 1`` tokens, takes on a 4,096-key history and on the longest, ``max_keys``;
+    and, for buckets of more than 512 tokens (mostly fresh prompts), on ``tokens`` keys. A
+    step replays the one the model prefers for it (``splits_for(..., among=...)``). (Reading
+    the count from device memory in one graph that launches the most cost a 208-token turn
+    on 3,000 keys 26% more.)"""
+    programs = -(-(below + 1) * group // block_m(tokens, group, head_dim)) * kv_heads
     points = {min(4096, max_keys), max_keys} | ({min(tokens, max_keys)} if tokens > 512 else set())
-    return tuple(sorted({splits_for(fewest * kv_heads, keys, head_dim, sms) for keys in points}))
+    return tuple(sorted({splits_for(programs, keys, head_dim, sms) for keys in points}))
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,

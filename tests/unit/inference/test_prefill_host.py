@@ -313,11 +313,10 @@ def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
     pytest.importorskip("triton")
     from opencomposer.inference.triton_prefill import graph_splits, splits_for
 
-    turn = -(-193 * 6 // 64)  # tiles of the 224-token bucket's smallest step
-    assert graph_splits(224, turn, 2, 128, 32768, 132) == (4, 16)
-    assert graph_splits(4096, -(-3841 * 6 // 64), 2, 128, 32768, 132) == (1, 4)
-    assert graph_splits(3584, -(-3329 * 6 // 64), 2, 128, 32768, 132) == (1, 2)  # 1: a fresh 3,376-token prompt
-    assert graph_splits(224, turn, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
+    assert graph_splits(224, 192, 6, 2, 128, 32768, 132) == (4, 16)
+    assert graph_splits(4096, 3840, 6, 2, 128, 32768, 132) == (1, 4)
+    assert graph_splits(3584, 3328, 6, 2, 128, 32768, 132) == (1, 2)  # 1: a fresh 3,376-token prompt
+    assert graph_splits(224, 192, 6, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
     assert [splits_for(40, keys, 128, 132, among=(4, 16)) for keys in (1000, 3000, 16000, 30000, 60000)] == \
         [4, 4, 4, 16, 16]
     # 8 turns (320 programs) on 30,000 keys in a bucket captured with 2 and 8 (measured: 4 would
