@@ -168,6 +168,7 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     from opencomposer.inference.model_runner import (
         PREFILL_GRAPH_SEQS,
         PREFILL_GRAPH_TOKENS,
+        bucket_of,
     )
     from opencomposer.inference.triton_prefill import (
         block_m,
@@ -181,7 +182,7 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     h, kvh, d = q.shape[1], kc.shape[2], q.shape[2]
     group, sms = h // kvh, torch.cuda.get_device_properties(q.device).multi_processor_count
     tokens = nseq * q_len
-    bucket = next((t for t in PREFILL_GRAPH_TOKENS if t >= tokens), None) if nseq <= PREFILL_GRAPH_SEQS else None
+    bucket = bucket_of(tokens, nseq)
     rows = block_m(bucket or tokens, group, d)
     tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
     pick = splits_for(len(tiles[0]) * kvh, ctx, d, sms)

@@ -238,15 +238,13 @@ class BlockManager:
         bs, mark, tries = self.block_size, self.line_mark, 8
         for k in range(full // mark * mark - 1, -1, -mark):
             for line in reversed(self.marks.get(self._mark(tokens, k), {}).values()):
-                m = min(len(line.blocks), full)  # as far as the line goes, else to this mark
-                if tokens[:m * bs] != line.tokens[:m * bs]:
-                    m = k + 1
-                    if tokens[:m * bs] != line.tokens[:m * bs]:
-                        tries -= 1
-                        if not tries:
-                            return [], []
-                        continue
-                return self._unchanged(line, m)
+                # the blocks shared: as far as the line goes, else up to this mark, else none
+                m = next((m for m in (min(len(line.blocks), full), k + 1) if tokens[:m * bs] == line.tokens[:m * bs]), 0)
+                if m:
+                    return self._unchanged(line, m)
+                tries -= 1
+                if not tries:
+                    return [], []
         return [], []
 
     def _unchanged(self, line: _Line, m: int) -> tuple[list[int], list[int]]:

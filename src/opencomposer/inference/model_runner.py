@@ -78,6 +78,13 @@ def prefill_buckets(max_num_batched_tokens: int | None) -> tuple[int, ...]:
     return tuple(t for i, t in enumerate(PREFILL_GRAPH_TOKENS) if i == 0 or PREFILL_GRAPH_TOKENS[i - 1] < budget)
 
 
+def bucket_of(tokens: int, seqs: int, buckets: tuple[int, ...] = PREFILL_GRAPH_TOKENS,
+              max_seqs: int = PREFILL_GRAPH_SEQS) -> int | None:
+    """The token bucket whose prefill graph holds a step of ``tokens`` tokens and ``seqs``
+    sequences (None: no graph does)."""
+    return None if seqs > max_seqs else next((t for t in buckets if t >= tokens), None)
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
@@ -230,9 +237,7 @@ class ModelRunner:
     def prefill_bucket(self, tokens: int, seqs: int = 1) -> int | None:
         """The token bucket of the graph a prefill step of ``tokens`` tokens and ``seqs``
         sequences fits (None: none does); graphs exist where they were captured (CUDA, Triton)."""
-        if seqs > self.prefill_seqs:
-            return None
-        return next((t for t in self.prefill_buckets if t >= tokens), None)
+        return bucket_of(tokens, seqs, self.prefill_buckets, self.prefill_seqs)
 
     def _rows(self, tokens: int) -> int:
         """Rows per tile of the paged-prefill kernel for a step (or graph bucket) of ``tokens``."""
@@ -265,8 +270,10 @@ class ModelRunner:
         plain = all(is_plain(s) for s in sampling)
         if plain and sampling:
             _set_sample_in(st, sampling)
-        graphs = self.prefill_graphs[t]
-        graphs[self._splits(len(tiles[0]), max(seqs[2]), tuple(graphs))].replay()
+        graphs = self.prefill_graphs[t]  # one graph per bucket unless long histories want more splits
+        graph = graphs[self._splits(len(tiles[0]), max(seqs[2]), tuple(graphs))] if len(graphs) > 1 else \
+            next(iter(graphs.values()))
+        graph.replay()
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
 
