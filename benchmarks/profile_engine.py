@@ -324,7 +324,7 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
     if a.sweep:
         res["attention_sweep_us"] = attention_sweep(a.shape)
-        print(json.dumps(res))
+        emit(res, a.out)
         return
     if not a.no_attention:
         res["attention_us"] = attention_grid(a.shape, a.turn_only)

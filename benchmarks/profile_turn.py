@@ -6,8 +6,8 @@ the projections' GEMMs at the turn's size against their limits, and engine start
 On a randomly initialised model of the shape in bf16:
 
 * start-up: wall seconds of ``Engine(...)`` for the rollout benchmark's engine (8 sequences,
-  prefill graphs) and for the decode benchmark's (256 sequences), with the captured graphs'
-  counts;
+  prefill graphs), the decode benchmark's (256 sequences) and an agent engine for 32,768-token
+  histories (more prefill graphs), with the graphs' counts, capture seconds and memory;
 * a turn (and a lockstep group of 8 turns in one step): ``--new`` new tokens on a cached
   prefix of each ``--prefix`` length, repeated: the
   step's wall time split into schedule(), the host work up to the graph replay, the replay's
@@ -161,6 +161,15 @@ def projection_gemms(engine: Engine, m: int, bw: float) -> dict:
     return out
 
 
+def startup(engine: Engine, t0: float) -> dict:
+    """An engine's start-up: wall seconds since ``t0``, the graphs' capture seconds and memory, counts."""
+    st = engine.stats()
+    return {"wall_s": round(time.perf_counter() - t0, 2), "graph_capture_s": st["graph_capture_s"],
+            "graph_memory_MiB": round(st["graph_memory_bytes"] / 2**20, 1), "decode_graphs": len(st["cuda_graph_batch_sizes"]),
+            "prefill_graphs": st["prefill_graphs"], "prefill_buckets": len(st["prefill_graph_tokens"]),
+            "kv_GiB": round(engine.runner.kv_bytes / 2**30, 2), "capture_b1_ms": st["capture_b1_ms"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="qwen2.5-1.5b")
@@ -178,17 +187,20 @@ def main() -> None:
     if not a.no_startup:
         t = time.perf_counter()
         e = Engine(hf, None, max_num_seqs=256, max_model_len=128 + 128 + 8, device="cuda", dtype=torch.bfloat16)
-        res["startup_decode_engine_s"] = round(time.perf_counter() - t, 2)
-        res["startup_decode_engine_graphs"] = {"decode": len(e.runner.graphs), "prefill": sum(map(len, e.runner.prefill_graphs.values())),
-                                               "capture_b1_ms": e.stats()["capture_b1_ms"]}
+        res["startup_decode_engine"] = startup(e, t)
+        del e
+        torch.cuda.empty_cache()
+        # an agent engine for long histories: more prefill graphs (a second key-split count per bucket)
+        t = time.perf_counter()
+        e = Engine(hf, None, max_num_seqs=8, max_model_len=32768, device="cuda", dtype=torch.bfloat16,
+                   max_num_batched_tokens=8192)
+        res["startup_long_context_engine"] = startup(e, t)
         del e
         torch.cuda.empty_cache()
     t = time.perf_counter()
     engine = Engine(hf, None, max_num_seqs=8, max_model_len=3376 + 128 + 128, device="cuda", dtype=torch.bfloat16,
                     max_num_batched_tokens=8192)
-    res["startup_rollout_engine_s"] = round(time.perf_counter() - t, 2)
-    res["startup_rollout_engine_graphs"] = {"decode": len(engine.runner.graphs),
-                                            "prefill": sum(map(len, engine.runner.prefill_graphs.values()))}
+    res["startup_rollout_engine"] = startup(engine, t)
     print("startup", json.dumps(res), flush=True)
     if a.startup_only:
         emit(res, a.out)

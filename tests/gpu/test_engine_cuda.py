@@ -89,6 +89,11 @@ def test_graph_decode_matches_eager_and_hf(kernels):
     eager = Engine(hf, None, max_num_seqs=16, max_model_len=128, cuda_graphs=False, kernels="torch")
     assert graphs.stats()["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16]
     assert graphs.stats()["kernels"] == kernels
+    # start-up is accounted: seconds by part, and the memory the graphs hold
+    parts = ["decode_graphs"] + (["prefill_graphs", "warm_up"] if kernels == "triton" else [])
+    assert list(graphs.stats()["graph_capture_s"]) == parts
+    assert graphs.stats()["graph_memory_bytes"] > 0
+    assert eager.stats()["graph_capture_s"] == {} and eager.stats()["graph_memory_bytes"] == 0
     a = [c.token_ids for c in graphs.generate(ps, params)]
     b = [c.token_ids for c in eager.generate(ps, params)]
     assert a == b

@@ -46,6 +46,7 @@ decode without static buffers.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,11 @@ class ModelRunner:
         self.prefill_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}
         self.gemv = gemv if self.triton else False
         self.capture_ms: dict[str, float] = {}
+        # start-up cost of the graphs: wall seconds by part (decode graphs with the batch-1 plan,
+        # prefill graphs, the eager kernels' warm-up), and the device memory held after capture
+        # beyond what was allocated before it (the graphs' pool, static buffers, allocator cache)
+        self.capture_s: dict[str, float] = {}
+        self.graph_memory_bytes = 0
         self.gemv_timings: dict[str, dict[str, float]] = {}
         # graphs sample in two fused Triton kernels (one read of the logits) on the Triton path;
         # the device-side seed advances on every replay, so each replay draws new numbers
@@ -410,8 +416,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _capture(self) -> None:
+        before = torch.cuda.memory_allocated(self.device)
         with attention_backends(), _pdl(self.pdl):
             self._capture_all()
+        self.graph_memory_bytes = torch.cuda.memory_reserved(self.device) - before
 
     def _make_static(self) -> None:
         """The decode graphs' fixed input and output buffers, and run-ahead's host buffers."""
@@ -442,16 +450,25 @@ class ModelRunner:
         self.graphs = {b: _EagerReplay(self, b) for b in self._bucket_sizes()}
 
     def _capture_all(self) -> None:
+        t = time.perf_counter()
+
+        def lap(part: str) -> None:
+            nonlocal t
+            torch.cuda.synchronize()
+            self.capture_s[part], t = round(time.perf_counter() - t, 3), time.perf_counter()
+
         self._make_static()
         self._pool = None
         for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
             self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else capture_batch1(self)
+        lap("decode_graphs")
         if self.triton:
             from opencomposer.inference.triton_prefill import warm_up
 
             self._capture_prefill()
+            lap("prefill_graphs")
             warm_up(self.k_cache[0], self.model.cfg.num_heads)
-        torch.cuda.synchronize()
+            lap("warm_up")
 
     def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
         for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph

@@ -58,7 +58,9 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_pt
     s = tl.load(tiles_ptr + pid)
     m0 = tl.load(tiles_ptr + stride_tiles + pid)
     q_start = tl.load(seqs_ptr + s)
-    q_len = tl.load(seqs_ptr + stride_seqs + s)  # 0 for the padding "sequence" of a CUDA graph: no work
+    q_len = tl.load(seqs_ptr + stride_seqs + s)
+    if q_len == 0:  # a padding tile of a CUDA graph's launch (the padding "sequence"): no work, no
+        return      # partial result (its merging program exits too)
     ctx = tl.load(seqs_ptr + 2 * stride_seqs + s)
     rows = m0 + tl.arange(0, BLOCK_M)
     tok = rows // GROUP
@@ -131,6 +133,8 @@ def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr
     m0 = tl.load(tiles_ptr + stride_tiles + pid)
     q_start = tl.load(seqs_ptr + s)
     q_len = tl.load(seqs_ptr + stride_seqs + s)
+    if q_len == 0:  # a graph's padding tile: its splits wrote nothing
+        return
     r = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
