@@ -76,7 +76,11 @@ def tune_projections(runner: ModelRunner) -> dict:
     """Per projection: cuBLAS against ``triton_gemv`` in its candidate configs ->
     {role: fastest GEMV config, or None for cuBLAS}; times in ``runner.gemv_timings``."""
     from opencomposer.inference.triton_gemv import candidates, gemv
-    from opencomposer.inference.triton_kernels import add_rmsnorm, silu_mul
+    from opencomposer.inference.triton_kernels import (
+        add_rmsnorm,
+        parallel_compile,
+        silu_mul,
+    )
 
     m = runner.model
     layers = list(m.model.layers)
@@ -106,6 +110,10 @@ def tune_projections(runner: ModelRunner) -> dict:
                  gemv(gu, li.mlp.down_proj.weight, silu_mul=True, config=c), layers),
         "lm_head": (lambda li, c: m.lm_head(x) if c is None else gemv(x, m.lm_head.weight, config=c), [None]),
     }
+    with parallel_compile(dev):  # every candidate's kernel compiled at once, nothing run
+        for role, (n, k) in cfg.projection_shapes().items():
+            for c in candidates(1, n, k):
+                ops[role][0](ops[role][1][0], c)
     plan: dict = {}
     for role, (n, k) in cfg.projection_shapes().items():
         op, over = ops[role]

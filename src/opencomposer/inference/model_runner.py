@@ -285,6 +285,7 @@ class ModelRunner:
 
     def _capture_prefill(self) -> None:
         """Graphs of the prefill forward for the ``prefill_buckets`` (after decode's)."""
+        from opencomposer.inference.triton_kernels import parallel_compile
         from opencomposer.inference.triton_prefill import graph_splits
 
         dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
@@ -298,6 +299,10 @@ class ModelRunner:
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
+        with parallel_compile(dev):  # every graph's kernel variants compiled at once, nothing run
+            for t in buckets:
+                for k in splits[t]:
+                    self._prefill_graph_forward(t, k)
         for t in sorted(buckets, reverse=True):
             st = self._pstatic
             for k in splits[t]:
@@ -459,16 +464,23 @@ class ModelRunner:
 
         self._make_static()
         self._pool = None
+        if self.triton:
+            from opencomposer.inference.triton_kernels import parallel_compile
+
+            with parallel_compile(self.device):  # every bucket's kernel variants compiled at once, nothing run
+                for b in self._bucket_sizes():
+                    self._graph_body(b)
         for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
             self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else capture_batch1(self)
         lap("decode_graphs")
         if self.triton:
             from opencomposer.inference.triton_prefill import warm_up
 
-            self._capture_prefill()
-            lap("prefill_graphs")
+            # every variant of the eager prefill kernel (compiled in parallel), before the graphs
             warm_up(self.k_cache[0], self.model.cfg.num_heads)
             lap("warm_up")
+            self._capture_prefill()
+            lap("prefill_graphs")
 
     def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
         for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph

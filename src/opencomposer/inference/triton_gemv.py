@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opencomposer.inference.triton_kernels import pdl_args
+from opencomposer.inference.triton_kernels import launch, pdl_args
 
 MAX_ROWS = 4
 
@@ -154,7 +154,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return (y, x) if norm_weight is not None else y
     block_n, block_k, warps = config or block_config(m, n, k)
     prologue = 1 if silu_mul else 2 if norm_weight is not None else 0
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    launch(
+        _gemv_kernel, (triton.cdiv(n, block_n),),
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
         weight, bias if bias is not None else weight, y, r_out,
         m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0), y.stride(0), eps,

@@ -36,7 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from opencomposer.inference.triton_kernels import gdc_enter, pdl_args
+from opencomposer.inference.triton_kernels import (
+    gdc_enter,
+    launch,
+    parallel_compile,
+    pdl_args,
+)
 
 
 # arguments that change from step to step are not specialised on (no recompiles mid-rollout);
@@ -267,26 +272,32 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     bn, warps, stages = knobs(rows)
     meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n or bn, SPLITS=splits,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or warps)
-    _paged_prefill_kernel[(n_tiles, kvh, splits)](*args, **meta, STAGES=num_stages or stages, **pdl_args())
+    launch(_paged_prefill_kernel, (n_tiles, kvh, splits), *args, **meta, STAGES=num_stages or stages, **pdl_args())
     if splits > 1:
-        _paged_prefill_merge[(n_tiles, kvh)](part_acc, part_ml, out, seqs, tiles, out.stride(0), out.stride(1),
-                                             seqs.stride(0), tiles.stride(0), GROUP=h // kvh, HEAD_DIM=d, BLOCK_M=rows,
-                                             SPLITS=splits, **pdl_args())
+        launch(_paged_prefill_merge, (n_tiles, kvh), part_acc, part_ml, out, seqs, tiles, out.stride(0), out.stride(1),
+               seqs.stride(0), tiles.stride(0), GROUP=h // kvh, HEAD_DIM=d, BLOCK_M=rows, SPLITS=splits, **pdl_args())
     return out
 
 
 def warm_up(k_cache: torch.Tensor, num_heads: int) -> None:
-    """Compile the eager-path variants (each ``block_m`` size x each of ``SPLIT_COUNTS``) now,
-    on a step with no work, rather than in the middle of someone's rollout (a compile costs
-    ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout)."""
+    """Compile the eager-path variants (each ``block_m`` size x each of ``SPLIT_COUNTS``, kernel
+    and merge) now, on a step with no work, rather than in the middle of someone's rollout (a
+    compile costs ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout). The
+    compiles run in parallel (``parallel_compile``): one at a time they took 37 s of a 77 s
+    first start of the Qwen2.5-1.5B engine on an H100 box (``benchmarks/RESULTS.md``)."""
     _, _, kvh, d = k_cache.shape
     dev = k_cache.device
-    for rows in ROWS:
-        if rows == 128 and block_m(LONG_STEP, num_heads // kvh, d, k_cache.element_size()) != 128:
-            continue  # never picked for this head_dim and dtype
-        qkv = torch.zeros(rows, (num_heads + 2 * kvh) * d, dtype=k_cache.dtype, device=dev)
-        q = qkv.view(rows, num_heads + 2 * kvh, d)[:, :num_heads]
-        nothing = torch.zeros(3, 1, dtype=torch.long, device=dev)  # one sequence of no tokens
-        for splits in SPLIT_COUNTS:
-            paged_prefill(q, k_cache, k_cache, torch.zeros(1, 4, dtype=torch.long, device=dev), nothing,
-                          torch.zeros(2, 1, dtype=torch.long, device=dev), rows, splits)
+    variants = [(rows, splits) for rows in ROWS for splits in SPLIT_COUNTS
+                if rows < 128 or block_m(LONG_STEP, num_heads // kvh, d, k_cache.element_size()) == 128]
+    qkv = torch.zeros(max(ROWS), (num_heads + 2 * kvh) * d, dtype=k_cache.dtype, device=dev)
+    nothing = torch.zeros(3, 1, dtype=torch.long, device=dev)  # one sequence of no tokens
+    tables, tiles = torch.zeros(1, 4, dtype=torch.long, device=dev), torch.zeros(2, 1, dtype=torch.long, device=dev)
+
+    def each() -> None:
+        for rows, splits in variants:
+            q = qkv[:rows].view(rows, num_heads + 2 * kvh, d)[:, :num_heads]
+            paged_prefill(q, k_cache, k_cache, tables, nothing, tiles, rows, splits)
+
+    with parallel_compile(dev):
+        each()
+    each()

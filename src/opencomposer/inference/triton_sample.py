@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opencomposer.inference.triton_kernels import gdc_enter, pdl_args
+from opencomposer.inference.triton_kernels import gdc_enter, launch, pdl_args
 
 BLOCK = 1024
 
@@ -120,8 +120,8 @@ def sample_plain_fused(logits: torch.Tensor, inputs: torch.Tensor, seed: torch.T
     chunk = triton.cdiv(triton.cdiv(v, chunks), BLOCK) * BLOCK
     part = torch.empty((b, chunks, 6), dtype=torch.float32, device=logits.device)
     out = torch.empty((2, b), dtype=torch.float64, device=logits.device)
-    _sample_partial[(b, chunks)](logits, inputs, seed, part, v, logits.stride(0), inputs.stride(0), chunk,
-                                 CHUNKS=chunks, BLOCK=BLOCK, **pdl_args())
-    _sample_final[(b,)](part, logits, inputs, seed, out, logits.stride(0), inputs.stride(0), out.stride(0),
-                        CHUNKS=chunks, **pdl_args())
+    launch(_sample_partial, (b, chunks), logits, inputs, seed, part, v, logits.stride(0), inputs.stride(0), chunk,
+           CHUNKS=chunks, BLOCK=BLOCK, **pdl_args())
+    launch(_sample_final, (b,), part, logits, inputs, seed, out, logits.stride(0), inputs.stride(0), out.stride(0),
+           CHUNKS=chunks, **pdl_args())
     return out
