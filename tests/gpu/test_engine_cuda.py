@@ -160,6 +160,24 @@ def test_fused_kernels_match_torch_ops():
     assert torch.allclose(vc.view(-1, nkv, d)[slots], ref[:, nh + nkv:])
 
 
+def test_parallel_compile_compiles_without_running_then_launches_run():
+    """Start-up's parallel compile: inside, a launch only queues its compile (the in-place
+    residual add of ``add_rmsnorm`` does not happen); after it, the same launch runs."""
+    from opencomposer.inference import triton_kernels as tk
+
+    x = torch.randn(4, 320, device="cuda")
+    r, w = torch.zeros_like(x), torch.ones(320, device="cuda")
+    with tk.parallel_compile(torch.device("cuda"), threads=4):
+        assert tk._COMPILE_ONLY[0]
+        tk.add_rmsnorm(x, r, w, 1e-6)
+    assert not tk._COMPILE_ONLY[0]
+    torch.cuda.synchronize()
+    assert torch.count_nonzero(r) == 0
+    out = tk.add_rmsnorm(x, r, w, 1e-6)
+    assert torch.equal(r, x)
+    torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6))
+
+
 def test_gemv_batch1_graph_matches_cublas_graph():
     """Batch-1 decode through the fused GEMV graph gives HF's greedy tokens (fp32), and its
     in-graph sampled logprobs match the cuBLAS graph's."""
