@@ -18,6 +18,8 @@ For each shape (a randomly initialised Qwen2 of the given size; configs inline b
   each turn's prompts prefilled in one step) against their last prompts prefilled together;
 * logprob parity (first shape): the engine's logprobs of its sampled tokens against the HF
   forward pass on the same weights, in fp32 and in the benchmark dtype;
+* per shape, the decode engine's start-up (``startup``: seconds, by part, the graphs' memory
+  and counts; the first engine in a process on a fresh machine includes Triton's compiles);
 * per shape, the batch-1 projection plan the engine chose at start-up (``gemv_plan``:
   a Triton GEMV config or cuBLAS per projection) and the candidate graphs' replay times
   (``capture_b1_ms``: all-cuBLAS, the per-projection plan, and the plan with each
@@ -384,8 +386,15 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
         r: dict[str, Any] = {}
         hf = random_qwen2(shape, device, dt)
         max_len = prompt_len + decode_steps + 8
+        t = time.perf_counter()
         engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
                         kernels=kernels)
+        st = engine.stats()
+        # (the first engine of a process on a machine also compiles the Triton kernels, unless cached)
+        r["startup"] = {"seconds": round(time.perf_counter() - t, 2), "parts_s": st["graph_capture_s"],
+                        "graph_memory_MiB": round(st["graph_memory_bytes"] / 2**20, 1),
+                        "decode_graphs": len(st["cuda_graph_batch_sizes"]), "prefill_graphs": st["prefill_graphs"]}
+        log(f"{shape} engine start-up: {r['startup']}")
         t = time.perf_counter()
         r["params_M"] = round(sum(p.numel() for p in engine.model.parameters()) / 1e6, 1)
         for b in batches:

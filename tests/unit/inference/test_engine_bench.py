@@ -14,6 +14,9 @@ def test_bench_engine_tiny_cpu():
               prefill_batch=2, prefill_len=16, rollout={"system": 40, "reply": 4, "tool": 8}, log=lambda *a: None)
     json.dumps(res)
     tiny = res["tiny"]
+    # start-up: no graphs on the CPU, so nothing captured and no graph memory
+    assert tiny["startup"]["seconds"] > 0 and tiny["startup"]["parts_s"] == {}
+    assert tiny["startup"]["graph_memory_MiB"] == 0 and tiny["startup"]["prefill_graphs"] == 0
     assert res["parity"]["float32"]["mean_abs_diff"] < 1e-3 and res["parity"]["float32"]["greedy_identical"] == "4/4"
     for b in (1, 4):
         d = tiny[f"decode_b{b}"]
