@@ -121,8 +121,10 @@ def test_killed_mid_step_resumes_without_loss(toolz_tasks: Path, tmp_path: Path)
     assert proc.poll() is None, "the run finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "COLUMNS": "80"})
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "RL step 3: reward " in r.stderr  # an 80-column log gets each step's figures whole, on a line
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     used = [t for row in rows for t in row["task_ids"]]

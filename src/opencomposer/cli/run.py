@@ -77,19 +77,39 @@ def train(
             cfg.rollout.backend = sandbox
         from opencomposer.rl.pipeline import run_pipeline
 
-        table_cols = ("step", "reward_mean", "pass@1", "mean_completion_tokens", "tool_calls",
-                      "invalid_calls", "loss", "kl", "grad_norm", "time_rollout", "time_train")
-
         def show(row: dict) -> None:
-            t = Table(*table_cols, title=f"RL step {row['step']}", title_justify="left")
-            t.add_row(*(f"{row.get(c, 0):.3g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in table_cols))
-            err.print(t)
+            if err.width >= WIDE_TABLE:
+                t = Table(*STEP_COLUMNS, title=f"RL step {row['step']}", title_justify="left")
+                t.add_row(*(_cell(row.get(c)) for c in STEP_COLUMNS))
+                err.print(t)
+            else:  # a table would cut its cells short here (a log file is 80 columns): one line instead
+                err.print(step_line(row), highlight=False)
 
         result = run_pipeline(cfg, resume=resume, log=lambda m: err.print(m, highlight=False), on_step=show)
     except known_errors() + (PoolExhausted,) as e:
         fail(e)
     err.print(f"report: {result['report']}")
     emit(result)
+
+
+STEP_COLUMNS = ("step", "reward_mean", "pass@1", "mean_completion_tokens", "tool_calls",
+                "invalid_calls", "loss", "kl", "grad_norm", "time_rollout", "time_train")
+# the step's figures as a line: (key, label, unit)
+STEP_LINE = (("reward_mean", "reward", ""), ("pass@1", "pass@1", ""), ("mean_completion_tokens", "tokens", ""),
+             ("tool_calls", "tool calls", ""), ("invalid_calls", "invalid calls", ""), ("loss", "loss", ""),
+             ("kl", "kl", ""), ("grad_norm", "grad norm", ""), ("time_rollout", "rollout", " s"),
+             ("time_train", "train", " s"))
+WIDE_TABLE = 140  # console columns from which the step table shows every cell whole
+
+
+def _cell(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else "" if v is None else str(v)
+
+
+def step_line(row: dict) -> str:
+    """One RL step's figures on one line (wraps, never cuts a value short)."""
+    return f"RL step {row.get('step')}: " + " | ".join(f"{label} {_cell(row.get(k))}{unit}"
+                                                      for k, label, unit in STEP_LINE if k in row)
 
 
 @app.command()
