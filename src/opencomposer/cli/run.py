@@ -92,13 +92,12 @@ def train(
     emit(result)
 
 
-STEP_COLUMNS = ("step", "reward_mean", "pass@1", "mean_completion_tokens", "tool_calls",
-                "invalid_calls", "loss", "kl", "grad_norm", "time_rollout", "time_train")
-# the step's figures as a line: (key, label, unit)
+# a step's figures on the console: (metrics key, label on a line, unit)
 STEP_LINE = (("reward_mean", "reward", ""), ("pass@1", "pass@1", ""), ("mean_completion_tokens", "tokens", ""),
              ("tool_calls", "tool calls", ""), ("invalid_calls", "invalid calls", ""), ("loss", "loss", ""),
              ("kl", "kl", ""), ("grad_norm", "grad norm", ""), ("time_rollout", "rollout", " s"),
              ("time_train", "train", " s"))
+STEP_COLUMNS = ("step", *(k for k, _, _ in STEP_LINE))  # the table's columns: the metrics keys
 WIDE_TABLE = 140  # console columns from which the step table shows every cell whole
 
 
