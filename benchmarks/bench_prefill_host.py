@@ -34,7 +34,7 @@ import torch
 
 from opencomposer.inference.bench import time_ms
 from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.model_runner import PrefillLayout
+from opencomposer.inference.prefill_layout import PrefillLayout
 from opencomposer.inference.sampler import plain_inputs
 from opencomposer.inference.sequence import Sequence
 from opencomposer.inference.triton_prefill import block_m

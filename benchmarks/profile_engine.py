@@ -165,7 +165,7 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     tokens on ``ctx``-token contexts: through a prefill graph's launch (its bucket's padding
     tiles, the captured split count the step prefers) where the step
     fits a graph, else eagerly. -> (label, callable)."""
-    from opencomposer.inference.model_runner import (
+    from opencomposer.inference.prefill_layout import (
         PREFILL_GRAPH_SEQS,
         PREFILL_GRAPH_TOKENS,
         bucket_of,

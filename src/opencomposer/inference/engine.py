@@ -79,12 +79,9 @@ from typing import Any
 import torch
 
 from opencomposer.inference.block_manager import BlockManager
-from opencomposer.inference.model_runner import (
-    Launch,
-    ModelRunner,
-    prefill_buckets,
-)
+from opencomposer.inference.model_runner import Launch, ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
+from opencomposer.inference.prefill_layout import prefill_buckets
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
 from opencomposer.inference.sequence import SamplingParams, Sequence, Status

@@ -12,7 +12,10 @@ import pytest
 
 from opencomposer.inference.block_manager import BlockManager
 from opencomposer.inference.engine import Engine
-from opencomposer.inference.model_runner import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
+from opencomposer.inference.prefill_layout import (
+    PREFILL_GRAPH_SEQS,
+    PREFILL_GRAPH_TOKENS,
+)
 from opencomposer.inference.scheduler import ScheduledBatch
 from opencomposer.inference.sequence import SamplingParams, Sequence
 
@@ -83,7 +86,7 @@ def _reference_buffer(lay, w: int, scratch: int, inputs, seqs, tiles) -> list[in
 
 def test_layout_fill_matches_the_definition_and_leaves_nothing_of_the_step_before(runner):
     pytest.importorskip("triton")
-    from opencomposer.inference.model_runner import PrefillLayout
+    from opencomposer.inference.prefill_layout import PrefillLayout
     from opencomposer.inference.triton_prefill import block_m
 
     group, scratch, w = runner.group, runner.scratch_block, runner.max_blocks_per_seq
