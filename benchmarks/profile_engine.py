@@ -166,14 +166,13 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     tiles, the captured split count the step prefers) where the step
     fits a graph, else eagerly. -> (label, callable)."""
     from opencomposer.inference.prefill_layout import (
-        PREFILL_GRAPH_SEQS,
         PREFILL_GRAPH_TOKENS,
         bucket_of,
+        bucket_split_counts,
+        tiles_in_bucket,
     )
     from opencomposer.inference.triton_prefill import (
         block_m,
-        graph_splits,
-        num_tiles,
         paged_prefill,
         plan,
         splits_for,
@@ -190,9 +189,8 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     if bucket is None:
         return f"eager {rows}x{pick}", functools.partial(paged_prefill, q, kc, vc, table, torch.tensor(seqs, device=dev),
                                                          torch.tensor(tiles, device=dev), rows, pick)
-    i = PREFILL_GRAPH_TOKENS.index(bucket)
-    captured = graph_splits(bucket, PREFILL_GRAPH_TOKENS[i - 1] if i else 0, group, kvh, d, max_keys, sms)
-    in_bucket = num_tiles(bucket, group) + PREFILL_GRAPH_SEQS
+    captured = bucket_split_counts(PREFILL_GRAPH_TOKENS, group, kvh, d, max_keys, sms)[bucket]
+    in_bucket = tiles_in_bucket(bucket, group)
     n = len(tiles[0])
     tiles = torch.tensor([tiles[0] + [nseq] * (in_bucket - n), tiles[1] + [0] * (in_bucket - n)], device=dev)
     seqs = torch.tensor([row + [0] for row in seqs], device=dev)  # the padding sequence: no tokens

@@ -64,6 +64,7 @@ from opencomposer.inference.prefill_layout import (
     PREFILL_GRAPH_SEQS,
     PrefillLayout,
     bucket_of,
+    bucket_split_counts,
     prefill_buckets,
 )
 from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
@@ -270,14 +271,13 @@ class ModelRunner:
     def _capture_prefill(self) -> None:
         """Graphs of the prefill forward for the ``prefill_buckets`` (after decode's)."""
         from opencomposer.inference.triton_kernels import parallel_compile
-        from opencomposer.inference.triton_prefill import graph_splits
 
         dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
         lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
                                                    self.prefill_buckets, s_max)
         cfg, buckets = self.model.cfg, self.prefill_buckets
-        splits = {t: graph_splits(t, buckets[i - 1] if i else 0, self.group, cfg.num_kv_heads, cfg.head_dim,
-                                  self.max_blocks_per_seq * self.block_size, self.sms) for i, t in enumerate(buckets)}
+        splits = bucket_split_counts(buckets, self.group, cfg.num_kv_heads, cfg.head_dim,
+                                     self.max_blocks_per_seq * self.block_size, self.sms)
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),

@@ -35,6 +35,24 @@ def bucket_of(tokens: int, seqs: int, buckets: tuple[int, ...] = PREFILL_GRAPH_T
     return None if seqs > max_seqs else next((t for t in buckets if t >= tokens), None)
 
 
+def tiles_in_bucket(tokens: int, group: int, seqs: int = PREFILL_GRAPH_SEQS) -> int:
+    """Tiles a ``tokens`` bucket's graph launches: its tokens in one sequence, plus one partial
+    tile per other sequence it may hold."""
+    from opencomposer.inference.triton_prefill import num_tiles
+
+    return num_tiles(tokens, group) + seqs
+
+
+def bucket_split_counts(buckets: tuple[int, ...], group: int, kv_heads: int, head_dim: int, max_keys: int,
+                        sms: int) -> dict[int, tuple[int, ...]]:
+    """Bucket -> the key-split counts its graphs are captured with (``triton_prefill.graph_splits``,
+    each bucket's smallest step being one token more than the bucket below)."""
+    from opencomposer.inference.triton_prefill import graph_splits
+
+    return {t: graph_splits(t, buckets[i - 1] if i else 0, group, kv_heads, head_dim, max_keys, sms)
+            for i, t in enumerate(buckets)}
+
+
 class PrefillLayout:
     """Where each input of the prefill graphs sits in their one int64 buffer (``offsets``:
     name -> (start, size)), and the host side of a step: ``fill`` writes a step's inputs into
@@ -52,12 +70,9 @@ class PrefillLayout:
         memory as a tensor, to copy from). It is kept (pageable): a copy from pageable memory
         has staged its source when ``copy_`` returns, so the next step may refill it; pinned
         memory would need an event per step to know that, which cost more than it saved."""
-        from opencomposer.inference.triton_prefill import num_tiles
-
         s_max, w = seqs, max_blocks_per_seq
         t_max = max(tokens)
-        # a bucket's tiles: its tokens in one sequence, plus one partial tile per other sequence
-        self.tiles_per_bucket = {t: num_tiles(t, group) + s_max for t in tokens}
+        self.tiles_per_bucket = {t: tiles_in_bucket(t, group, s_max) for t in tokens}
         self.max_tiles = max(self.tiles_per_bucket.values())
         self.shapes = {"ids": (t_max,), "pos": (t_max,), "slots": (t_max,), "tables": (s_max + 1, w),
                        "seqs": (3, s_max + 1), "tiles": (2, self.max_tiles), "last": (s_max,)}

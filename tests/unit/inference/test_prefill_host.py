@@ -320,6 +320,12 @@ def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
     assert graph_splits(4096, 3840, 6, 2, 128, 32768, 132) == (1, 4)
     assert graph_splits(3584, 3328, 6, 2, 128, 32768, 132) == (1, 2)  # 1: a fresh 3,376-token prompt
     assert graph_splits(224, 192, 6, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
+    # every bucket's counts, as the runner captures them (each bucket above the one below it)
+    from opencomposer.inference.prefill_layout import PREFILL_GRAPH_TOKENS, bucket_split_counts
+
+    counts = bucket_split_counts(PREFILL_GRAPH_TOKENS, 6, 2, 128, 32768, 132)
+    assert list(counts) == list(PREFILL_GRAPH_TOKENS)
+    assert counts[224] == (4, 16) and counts[3584] == (1, 2) and counts[4096] == (1, 4)
     assert [splits_for(40, keys, 128, 132, among=(4, 16)) for keys in (1000, 3000, 16000, 30000, 60000)] == \
         [4, 4, 4, 16, 16]
     # 8 turns (320 programs) on 30,000 keys in a bucket captured with 2 and 8 (measured: 4 would
