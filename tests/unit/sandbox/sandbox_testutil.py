@@ -55,6 +55,14 @@ def wait_gone(token: str, seconds: float = 3.0) -> list[int]:
     return pids
 
 
+def wait_present(token: str, seconds: float = 3.0) -> list[int]:
+    """Poll until a process mentions ``token`` (a background job starts asynchronously)."""
+    end = time.monotonic() + seconds
+    while not (pids := host_pids(token)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return pids
+
+
 def ppid(pid: int) -> int | None:
     """The parent of a host process (None once it is gone)."""
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_testutil import host_pids, tree_digest, wait_gone
+from sandbox_testutil import tree_digest, wait_gone, wait_present
 from opencomposer.protocols import PathEscape, Sandbox, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 
@@ -80,7 +80,7 @@ def test_background_daemon_dies(sandbox, backend):
     r = sandbox.exec(f"setsid sleep {token} >/dev/null 2>&1 < /dev/null & echo started")
     assert r.output.strip() == "started" and time.monotonic() - t < 2
     if backend == "local":  # local keeps background jobs until close, like a shell session
-        assert host_pids(f"sleep {token}")
+        assert wait_present(f"sleep {token}")
     else:  # the pid namespace dies with the command
         assert not wait_gone(f"sleep {token}")
     sandbox.close()
