@@ -283,7 +283,9 @@ class ModelRunner:
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
-        with parallel_compile(dev):  # every graph's kernel variants compiled at once, nothing run
+        # every graph's kernel variants compiled at once, nothing of them run (one layer: the
+        # others launch the same variants)
+        with parallel_compile(dev), self.model.first_layers(1):
             for t in buckets:
                 for k in splits[t]:
                     self._prefill_graph_forward(t, k)
@@ -451,7 +453,8 @@ class ModelRunner:
         if self.triton:
             from opencomposer.inference.triton_kernels import parallel_compile
 
-            with parallel_compile(self.device):  # every bucket's kernel variants compiled at once, nothing run
+            # every bucket's kernel variants compiled at once, nothing of them run (one layer)
+            with parallel_compile(self.device), self.model.first_layers(1):
                 for b in self._bucket_sizes():
                     self._graph_body(b)
         for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool

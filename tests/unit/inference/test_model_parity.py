@@ -73,3 +73,20 @@ def test_llama3_rope_scaling_matches_hf():
     assert c.token_ids == _hf_greedy(hf, p, 8)
     ref = _trainer_logprobs(hf, p, c.token_ids, 1.0)
     assert (ref - torch.tensor(c.logprobs)).abs().max().item() < 1e-4
+
+
+def test_first_layers_runs_only_those_layers_and_ends_with_the_block(tiny_hf, prompts):
+    import copy
+
+    hf = tiny_hf("qwen3")
+    one = copy.deepcopy(hf)
+    one.model.layers = one.model.layers[:1]
+    one.config.num_hidden_layers = 1
+    ps, params = prompts(3, seed=5), SamplingParams(max_tokens=10, temperature=0)
+    engine = Engine(hf, None, max_model_len=128)
+    full = [c.token_ids for c in engine.generate(ps, params)]
+    with engine.model.first_layers(1):  # start-up's compile-only pass runs the model like this
+        first = [c.token_ids for c in engine.generate(ps, params)]
+    assert first == [c.token_ids for c in Engine(one, None, max_model_len=128).generate(ps, params)]
+    assert first != full  # the second layer matters, so the equality above means something
+    assert [c.token_ids for c in engine.generate(ps, params)] == full

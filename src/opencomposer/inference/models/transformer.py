@@ -21,8 +21,10 @@ so that logprobs match the trainer's forward pass; tested in
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import torch
@@ -278,7 +280,7 @@ class DecoderLM(nn.Module):
         if self.fused and x.shape[0] <= self.gemv_rows and self.gemv_plan:
             return self._forward_gemv(x, rope, batch, k_caches, v_caches)
         residual = None
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(islice(self.model.layers, self._layers_run)):
             x, residual = layer(x, residual, rope, batch, k_caches[i], v_caches[i])
         return add_norm(x, residual, self.model.norm, self.fused)[0]
 
@@ -291,7 +293,7 @@ class DecoderLM(nn.Module):
 
         plan = self.gemv_plan
         residual = None
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(islice(self.model.layers, self._layers_run)):
             attn, mlp = layer.self_attn, layer.mlp
             flat, residual = _norm_proj(x, residual, layer.input_layernorm, attn.qkv_proj, plan["qkv"])
             h = attn.attend(flat, rope, batch, k_caches[i], v_caches[i])
@@ -300,6 +302,20 @@ class DecoderLM(nn.Module):
             x = gemv(h, mlp.down_proj.weight, silu_mul=True, config=plan["down"]) if plan["down"] else \
                 mlp.down_proj(silu_mul(h))
         return add_norm(x, residual, self.model.norm, True)[0]
+
+    _layers_run: int | None = None  # ``first_layers``: forward runs only this many layers
+
+    @contextlib.contextmanager
+    def first_layers(self, n: int = 1):
+        """Inside, ``forward`` runs only the first ``n`` layers (its output is then not the
+        model's). For start-up's compile-only pass (``parallel_compile``): every layer launches
+        the same kernel variants, so one layer queues every compile, and the eager work the
+        pass also does (cuBLAS, torch ops) is one layer's, not all of them."""
+        self._layers_run = n
+        try:
+            yield self
+        finally:
+            self._layers_run = None
 
     fused = False
     gemv_rows = 0  # with ``fused``: batches of at most this many tokens take ``_forward_gemv``
