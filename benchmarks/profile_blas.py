@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from opencomposer.inference.bench import emit, projection_ms, random_qwen2
+from opencomposer.inference.bench import emit, projection_ms, random_model
 from opencomposer.inference.models.transformer import from_hf_model
 
 
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen2.5-1.5b")
     ap.add_argument("--inductor", action="store_true", help="also time max-autotune's pick (compiles: minutes)")
     a = ap.parse_args()
-    model = from_hf_model(random_qwen2(a.shape, "cuda", torch.bfloat16))
+    model = from_hf_model(random_model(a.shape, "cuda", torch.bfloat16))
     layers = model.cfg.num_layers
     res: dict = {"device": torch.cuda.get_device_name(), "shape": a.shape}
     libs = ["default", "cublaslt", "cublas"] + (["inductor"] if a.inductor else [])

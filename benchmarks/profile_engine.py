@@ -33,7 +33,7 @@ from opencomposer.inference.bench import (
     emit,
     engine_decode,
     prefill_alone,
-    random_qwen2,
+    random_model,
     roofline,
 )
 from opencomposer.inference.engine import Engine, SamplingParams
@@ -248,7 +248,7 @@ def fresh_prefill(engine: Engine, lengths=(300, 600, 1000, 2000, 3376)) -> dict:
 
 
 def one(shape: str, pdl: bool, bw: float) -> dict:
-    hf = random_qwen2(shape, "cuda", torch.bfloat16)
+    hf = random_model(shape, "cuda", torch.bfloat16)
     out: dict = {}
     engine = Engine(hf, None, max_num_seqs=1, max_model_len=128 + 128 + 8, device="cuda", dtype=torch.bfloat16,
                     pdl=pdl)

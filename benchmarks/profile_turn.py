@@ -38,7 +38,7 @@ from opencomposer.inference.bench import (
     emit,
     prefill_alone,
     projection_ms,
-    random_qwen2,
+    random_model,
 )
 from opencomposer.inference.engine import Engine, SamplingParams
 
@@ -182,7 +182,7 @@ def main() -> None:
     a = ap.parse_args()
     bw = bandwidth("cuda")
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
-    hf = random_qwen2(a.shape, "cuda", torch.bfloat16)
+    hf = random_model(a.shape, "cuda", torch.bfloat16)
     vocab = hf.config.vocab_size
     if not a.no_startup:
         t = time.perf_counter()

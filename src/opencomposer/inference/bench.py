@@ -45,21 +45,34 @@ SHAPES: dict[str, dict[str, Any]] = {
                          "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True},
     "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
                          "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True},
+    # the embedded default model's shape (a Llama): the CPU figures in benchmarks/RESULTS.md
+    "smollm2-135m": {"family": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                     "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                     "tie_word_embeddings": True, "rope_theta": 1e5, "rms_norm_eps": 1e-5},
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True},
 }
 
 
-def random_qwen2(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
+    """A randomly initialised Hugging Face model of a ``SHAPES`` entry (Qwen2 unless it names
+    another family)."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; expected one of {sorted(SHAPES)}")
-    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    spec = {"rope_theta": 1e6, "rms_norm_eps": 1e-6, **SHAPES[shape]}
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "llama": (LlamaConfig, LlamaForCausalLM)}[spec.pop("family", "qwen2")]
+    cfg = config_cls(**spec, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2ForCausalLM(cfg).to(dtype)
+        model = model_cls(cfg).to(dtype)
     return model.eval()
 
 
@@ -334,7 +347,7 @@ def emit(result: dict[str, Any], out: str | None) -> None:
 
 def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, tokens: int = 32,
                    kernels: str | None = None) -> dict[str, float]:
-    hf = random_qwen2(shape, device, dtype)
+    hf = random_model(shape, device, dtype)
     engine = Engine(hf, None, max_num_seqs=n, max_model_len=256, device=device, dtype=dtype, kernels=kernels)
     ps = _prompts(n, 48, hf.config.vocab_size, 11)
     outs = engine.generate(ps, SamplingParams(max_tokens=tokens, temperature=1.0, seed=5))
@@ -380,11 +393,11 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
     log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     if parity:
         result["parity"] = {name: logprob_parity(shapes[0], device, d, kernels=kernels)
-                            for name, d in (("float32", torch.float32), (dtype, dt))}
+                            for name, d in {"float32": torch.float32, dtype: dt}.items()}
         log(f"parity {result['parity']}")
     for shape in shapes:
         r: dict[str, Any] = {}
-        hf = random_qwen2(shape, device, dt)
+        hf = random_model(shape, device, dt)
         max_len = prompt_len + decode_steps + 8
         t = time.perf_counter()
         engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
