@@ -90,3 +90,23 @@ def test_first_layers_runs_only_those_layers_and_ends_with_the_block(tiny_hf, pr
     assert first == [c.token_ids for c in Engine(one, None, max_model_len=128).generate(ps, params)]
     assert first != full  # the second layer matters, so the equality above means something
     assert [c.token_ids for c in engine.generate(ps, params)] == full
+
+
+def test_linear_few_rows_on_the_cpu_are_nn_linear():
+    """``Linear`` computes a few rows as W @ x^T on the CPU (a faster BLAS path there): the
+    same parameters, names and numbers as ``nn.Linear`` up to summation order."""
+    from opencomposer.inference.models.transformer import FEW_ROWS, Linear
+
+    torch.manual_seed(0)
+    for bias in (False, True):
+        ref = torch.nn.Linear(96, 200, bias=bias)
+        lin = Linear(96, 200, bias=bias)
+        lin.load_state_dict(ref.state_dict())
+        assert list(lin.state_dict()) == list(ref.state_dict())
+        for rows in (1, 3, FEW_ROWS, FEW_ROWS + 1, 300):
+            x = torch.randn(rows, 96)
+            out = lin(x)
+            assert out.shape == (rows, 200) and out.is_contiguous()
+            torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-5)
+        x = torch.randn(3, 96, dtype=torch.float64)  # other dtypes take F.linear
+        torch.testing.assert_close(lin.double()(x), ref.double()(x))
