@@ -111,9 +111,10 @@ class Linear(nn.Linear):
     a few rows -- a decode step, a short turn -- is computed as ``(W @ x^T)^T``: the same
     numbers up to summation order, through the BLAS's matrix-times-skinny-matrix kernel
     instead of its small-M GEMM. On the 2-core dev VM (AMD EPYC, MKL 2024.2, AVX2;
-    ``benchmarks/RESULTS.md``) SmolLM2-135M's 30 layers of projections at 2-8 rows took
-    30-34 ms instead of 85-93, and its lm_head 8.5-9.4 ms instead of 26-28; one row and
-    128 or more rows cost the same either way."""
+    ``benchmarks/profile_cpu_engine.py``) SmolLM2-135M's 30 layers of projections at 2-4
+    rows took 30 ms instead of 68-86, 64 rows 123 instead of 148, and its lm_head at 2-4 rows
+    7.3-7.5 ms instead of 28-29; one row costs the same either way, and from 256 rows the
+    GEMM is faster (498 against 624 ms)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= FEW_ROWS:
