@@ -39,12 +39,39 @@ def test_bench_engine_tiny_cpu():
     assert same["same_task"] and same["total_prefill_tokens"] <= group["total_prefill_tokens"] - 40 // 16 * 16
 
 
-def test_bench_engine_defaults_to_the_tiny_shape_without_a_gpu():
+def test_bench_engine_defaults_to_the_tiny_shape_in_fp32_without_a_gpu():
     from opencomposer.cli.bench import engine_defaults
     from opencomposer.inference.bench import SHAPES
 
-    assert engine_defaults("cpu", None, None) == ("tiny", "1,8")
-    assert engine_defaults("cuda", None, None) == ("qwen2.5-0.5b,qwen2.5-1.5b", "1,64,256")
+    assert engine_defaults("cpu", None, None) == ("tiny", "1,8", "float32")
+    assert engine_defaults("cuda", None, None) == ("qwen2.5-0.5b,qwen2.5-1.5b", "1,64,256", "bfloat16")
     assert engine_defaults("cuda:1", None, None)[0] == "qwen2.5-0.5b,qwen2.5-1.5b"
-    assert engine_defaults("cpu", "qwen2.5-0.5b", "1") == ("qwen2.5-0.5b", "1")  # what was asked wins
+    # what was asked wins
+    assert engine_defaults("cpu", "smollm2-135m", "1", "bfloat16") == ("smollm2-135m", "1", "bfloat16")
     assert all(s in SHAPES for s in engine_defaults("cuda", None, None)[0].split(","))
+
+
+def test_bench_engine_names_a_bad_shape_dtype_or_batch_list():
+    from typer.testing import CliRunner
+
+    from opencomposer.cli import app
+
+    runner = CliRunner()
+    for args, expect in ((["--shapes", "qwen9"], "unknown shape(s) ['qwen9']"),
+                         (["--dtype", "float16"], "--dtype: expected bfloat16 or float32, got 'float16'"),
+                         (["--batches", "1,x"], "--batches: expected comma-separated integers")):
+        r = runner.invoke(app, ["bench", "engine", "--device", "cpu", *args])
+        assert r.exit_code != 0
+        assert expect in json.loads(r.stdout.strip().splitlines()[-1])["error"], r.stdout
+
+
+def test_the_embedded_models_shape_is_a_llama_of_its_size():
+    import torch
+
+    from opencomposer.inference.bench import random_model
+
+    m = random_model("smollm2-135m", "cpu", torch.float32)
+    assert type(m).__name__ == "LlamaForCausalLM"
+    assert round(sum(p.numel() for p in m.parameters()) / 1e6, 1) == 134.5  # SmolLM2-135M's count (tied head)
+    with pytest.raises(ValueError, match="unknown shape 'x'"):
+        random_model("x", "cpu", torch.float32)
