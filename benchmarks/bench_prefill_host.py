@@ -37,7 +37,7 @@ from opencomposer.inference.engine import Engine, SamplingParams
 from opencomposer.inference.prefill_layout import PrefillLayout
 from opencomposer.inference.sampler import plain_inputs
 from opencomposer.inference.sequence import Sequence
-from opencomposer.inference.triton_prefill import block_m
+from opencomposer.inference.triton_prefill import tile_for
 
 
 def small_qwen2(max_len: int):
@@ -88,7 +88,7 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
     bucket = runner.prefill_bucket(len(inputs[0]))
     lay = PrefillLayout(runner.max_blocks_per_seq, runner.group, runner.scratch_block, runner.block_size,
                         runner.prefill_buckets, runner.prefill_seqs)  # the engine's own layout
-    rows = block_m(bucket, runner.group)
+    rows = tile_for(bucket, runner.group).rows
 
     def planned():
         return runner._tiles(spans, rows)

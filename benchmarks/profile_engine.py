@@ -117,14 +117,14 @@ def _case(shape: str, q_len: int, ctx: int, nseq: int):
 
 def _time_configs(res: dict, q, kc, vc, table, q_len: int, ctx: int, nseq: int, configs, reps: int) -> None:
     """``res["{rows}x{splits} n{key tile} w{warps} s{stages}"]`` = us of ``paged_prefill`` per config."""
-    from opencomposer.inference.triton_prefill import paged_prefill, plan
+    from opencomposer.inference.triton_prefill import Tile, paged_prefill, plan
 
     group = q.shape[1] // kc.shape[2]
     for rows, splits, bn, w, st in configs:
         tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
         tiles, seqs = torch.tensor(tiles, device="cuda"), torch.tensor(seqs, device="cuda")
-        fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, splits, block_n=bn,
-                               num_warps=w, num_stages=st)
+        fn = functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, Tile(rows, bn, w), splits,
+                               num_stages=st)
         key = f"{rows}x{splits} n{bn} w{w} s{st}"
         try:
             res[key] = round(1000 * graph_ms(fn, reps=reps), 1)
@@ -135,9 +135,9 @@ def _time_configs(res: dict, q, kc, vc, table, q_len: int, ctx: int, nseq: int, 
 def attention_grid(shape: str, turn_only: bool = False) -> dict:
     """``paged_prefill`` alone (one layer, CUDA-graph timed, microseconds) for a turn on a
     cached prefix and for fresh prompts: the (rows, splits) the engine picks
-    (``block_m``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages);
+    (``tile_for``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages);
     and torch's SDPA flash and cuDNN backends on the same shapes (``sdpa_reference``)."""
-    from opencomposer.inference.triton_prefill import block_m, splits_for
+    from opencomposer.inference.triton_prefill import splits_for, tile_for
 
     out = {}
     # (new tokens, context, sequences): one turn, 8 turns in one step (bench engine's x8 group), fresh prompts
@@ -145,13 +145,13 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
     for q_len, ctx, nseq in cases:
         q, kc, vc, table, group = _case(shape, q_len, ctx, nseq)
         kvh, d = kc.shape[2], kc.shape[3]
-        rows0 = block_m(nseq * q_len, group, d)
-        sp0 = splits_for(-(-nseq * q_len * group // rows0) * kvh, ctx, d,
+        tile0 = tile_for(nseq * q_len, group, d, 2, ctx)
+        sp0 = splits_for(-(-nseq * q_len * group // tile0.rows) * kvh, ctx, d,
                          torch.cuda.get_device_properties(0).multi_processor_count)
-        res = {"picked": f"{rows0}x{sp0}", **sdpa_reference(q, kc, vc, nseq, q_len, ctx)}
+        res = {"picked": f"{tile0.rows}x{sp0} n{tile0.block_n} w{tile0.warps}", **sdpa_reference(q, kc, vc, nseq, q_len, ctx)}
         # (rows, splits, key tile, warps, pipeline stages)
         configs = [(r, sp, 64, 4, st) for r in (32, 64) for sp in (1, 2, 4, 8) for st in (2, 3)]
-        configs += [(rows0, sp0, bn, w, 3) for bn in (32, 64, 128) for w in (4, 8)]
+        configs += [(tile0.rows, sp0, bn, w, 3) for bn in (32, 64, 128) for w in (4, 8)]
         if turn_only:  # wider: 128-row tiles (half the K/V reads), 8 warps, longer key tiles
             configs = [(r, sp, bn, w, st) for r in (64, 128) for w in (4, 8) for sp in ((1, 2) if nseq > 1 else (2, 4, 8))
                        for bn in (64, 128) for st in (2, 3)]
@@ -168,36 +168,39 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     from opencomposer.inference.prefill_layout import (
         PREFILL_GRAPH_TOKENS,
         bucket_of,
-        bucket_split_counts,
+        bucket_variants,
         tiles_in_bucket,
     )
     from opencomposer.inference.triton_prefill import (
-        block_m,
         paged_prefill,
+        pick_variant,
         plan,
         splits_for,
+        tile_for,
     )
 
     h, kvh, d = q.shape[1], kc.shape[2], q.shape[2]
     group, sms = h // kvh, torch.cuda.get_device_properties(q.device).multi_processor_count
     tokens = nseq * q_len
     bucket = bucket_of(tokens, nseq)
-    rows = block_m(bucket or tokens, group, d)
-    tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, rows, group)
-    pick = splits_for(len(tiles[0]) * kvh, ctx, d, sms)
     dev = q.device
     if bucket is None:
-        return f"eager {rows}x{pick}", functools.partial(paged_prefill, q, kc, vc, table, torch.tensor(seqs, device=dev),
-                                                         torch.tensor(tiles, device=dev), rows, pick)
-    captured = bucket_split_counts(PREFILL_GRAPH_TOKENS, group, kvh, d, max_keys, sms)[bucket]
-    in_bucket = tiles_in_bucket(bucket, group)
+        tile = tile_for(tokens, group, d, 2, ctx)
+        tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, tile.rows, group)
+        pick = splits_for(len(tiles[0]) * kvh, ctx, d, sms)
+        return f"eager {tile.rows}x{pick}", functools.partial(
+            paged_prefill, q, kc, vc, table, torch.tensor(seqs, device=dev), torch.tensor(tiles, device=dev), tile, pick)
+    captured = bucket_variants(PREFILL_GRAPH_TOKENS, group, kvh, d, 2, max_keys, sms)[bucket]
+    tile, used = pick_variant(captured, bucket, [q_len] * nseq, group, kvh, d, 2, ctx, sms)
+    tiles, seqs = plan([i * q_len for i in range(nseq)], [q_len] * nseq, [ctx] * nseq, tile.rows, group)
+    in_bucket = tiles_in_bucket(bucket, group, rows=tile.rows)
     n = len(tiles[0])
     tiles = torch.tensor([tiles[0] + [nseq] * (in_bucket - n), tiles[1] + [0] * (in_bucket - n)], device=dev)
     seqs = torch.tensor([row + [0] for row in seqs], device=dev)  # the padding sequence: no tokens
     table = torch.cat((table, table[:1]))
-    used = splits_for(n * kvh, ctx, d, sms, among=captured)
-    return (f"graph {bucket}: {rows}x{used} of {captured}",
-            functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, rows, used))
+    names = [f"{t.rows}x{k}" for t, k in captured]
+    return (f"graph {bucket}: {tile.rows}x{used} of {names}",
+            functools.partial(paged_prefill, q, kc, vc, table, seqs, tiles, tile, used))
 
 
 def attention_sweep(shape: str) -> dict:
@@ -206,7 +209,7 @@ def attention_sweep(shape: str) -> dict:
     and fresh prompts of 512-16,384 tokens (and 8 x 2,048) with 64- and 128-row tiles; each
     case also as the engine launches it (``engine_attention``), and torch's SDPA flash and
     cuDNN on the single sequences. The data behind ``triton_prefill.splits_for`` and
-    ``block_m``."""
+    ``tile_for``."""
     from opencomposer.inference.triton_prefill import splits_for
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -232,6 +235,35 @@ def attention_sweep(shape: str) -> dict:
         _time_configs(res, q, kc, vc, table, q_len, ctx, nseq, configs, reps=10)
         out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
         print(shape, list(out)[-1], json.dumps(res), flush=True)
+        del kc, vc
+        torch.cuda.empty_cache()
+    return out
+
+
+def rows_sweep(shape: str) -> dict:
+    """``paged_prefill`` alone (one layer, CUDA-graph timed, us): 64-row tiles against both
+    128-row tiles (64-key tiles and 4 warps; 128-key tiles and 8 warps), each at every split
+    count, for lockstep groups of 1-16 turns of 208 tokens on 4,000-60,000-token histories, a
+    1,024-token chunk on a long history and fresh 8,192/16,384-token prompts; with the best of
+    each family and what the engine launches (``engine_attention``). The data behind
+    ``triton_prefill.tile_for``'s long-history rule."""
+    cases = [(208, ctx, n) for n in (1, 4, 8, 16) for ctx in (4000, 8000, 16000, 30000, 60000)]
+    cases += [(1024, 30000, 1), (8192, 8192, 1), (16384, 16384, 1)]
+    families = {"64": (64, 64, 4), "128 n64 w4": (128, 64, 4), "128 n128 w8": (128, 128, 8)}
+    out = {}
+    for q_len, ctx, nseq in cases:
+        q, kc, vc, table, _ = _case(shape, q_len, ctx, nseq)
+        res = {}
+        label, fn = engine_attention(q, kc, vc, table, nseq, q_len, ctx)
+        res["engine"], res["engine_us"] = label, round(1000 * graph_ms(fn, reps=10), 1)
+        configs = [(r, sp, bn, w, 3) for r, bn, w in families.values() for sp in (1, 2, 4, 8, 16)]
+        _time_configs(res, q, kc, vc, table, q_len, ctx, nseq, configs, reps=10)
+        for name, (r, bn, w) in families.items():
+            timed = [(v, k) for k, v in res.items() if k.startswith(f"{r}x") and f"n{bn} w{w} " in k
+                     and isinstance(v, float)]
+            res[f"best {name}"] = min(timed) if timed else None
+        out[f"q{q_len}_ctx{ctx}" + (f"_x{nseq}" if nseq > 1 else "")] = res
+        print(shape, list(out)[-1], {k: v for k, v in res.items() if k.startswith(("engine", "best"))}, flush=True)
         del kc, vc
         torch.cuda.empty_cache()
     return out
@@ -317,11 +349,13 @@ def main() -> None:
     ap.add_argument("--turn-only", action="store_true", help="attention grid: only the agent-turn case, more knobs")
     ap.add_argument("--sweep", action="store_true", help="only the paged-prefill kernel over context lengths "
                     "(turns on 1k-60k histories x key splits; fresh 512-16k prompts x tiles)")
+    ap.add_argument("--rows", action="store_true", help="only the paged-prefill kernel's 64- against 128-row "
+                    "tiles for groups of turns on 4k-60k histories")
     a = ap.parse_args()
     bw = bandwidth("cuda")
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
-    if a.sweep:
-        res["attention_sweep_us"] = attention_sweep(a.shape)
+    if a.sweep or a.rows:
+        res["attention_sweep_us" if a.sweep else "attention_rows_us"] = (attention_sweep if a.sweep else rows_sweep)(a.shape)
         emit(res, a.out)
         return
     if not a.no_attention:

@@ -257,8 +257,9 @@ def test_a_turn_on_a_long_history_splits_its_keys_inside_the_prefill_graph():
         replays = []
         if kernels == "triton":
             graphs = engine.runner.prefill_graphs[engine.runner.prefill_bucket(44)]
-            assert max(graphs) == 16, graphs
-            graphs[max(graphs)] = _Counted(graphs[max(graphs)], replays)
+            most = max(graphs, key=lambda v: v[1])  # (tile, splits)
+            assert most[1] == 16, graphs
+            graphs[most] = _Counted(graphs[most], replays)
         second = engine.generate([history + first.token_ids + list(range(100, 140))],
                                  SamplingParams(max_tokens=6, temperature=0))[0]
         assert second.cached_prompt_tokens >= 19_984
@@ -271,14 +272,21 @@ def test_a_turn_on_a_long_history_splits_its_keys_inside_the_prefill_graph():
 
 
 def test_long_prompts_take_128_row_tiles_that_match_sdpa():
-    """A fresh 8,192-token prompt of a head_dim-128 model (bf16) takes 128-row tiles; they and
-    the 64-row tiles give SDPA's causal attention (fp32 reference) to bf16 precision."""
+    """A fresh 8,192-token prompt of a head_dim-128 model (bf16) takes 128-row tiles; they (both
+    kinds: long steps', long histories') and the 64-row tiles give SDPA's causal attention
+    (fp32 reference) to bf16 precision."""
     import torch.nn.functional as F
 
-    from opencomposer.inference.triton_prefill import block_m, paged_prefill, plan
+    from opencomposer.inference.triton_prefill import (
+        WIDE,
+        Tile,
+        paged_prefill,
+        plan,
+        tile_for,
+    )
 
     h, kvh, d, bs, n = 12, 2, 128, 16, 8192
-    assert block_m(n, h // kvh, d, 2) == 128 and block_m(n, h // kvh, d, 4) == 64
+    assert tile_for(n, h // kvh, d, 2, n) == WIDE[1] and tile_for(n, h // kvh, d, 4, n).rows == 64
     torch.manual_seed(3)
     kc = torch.randn(n // bs + 1, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
@@ -287,11 +295,56 @@ def test_long_prompts_take_128_row_tiles_that_match_sdpa():
     k = kc[table[0]].reshape(n, kvh, d).transpose(0, 1).repeat_interleave(h // kvh, 0).float()
     v = vc[table[0]].reshape(n, kvh, d).transpose(0, 1).repeat_interleave(h // kvh, 0).float()
     ref = F.scaled_dot_product_attention(q.transpose(0, 1).float(), k, v, is_causal=True).transpose(0, 1)
-    for rows in (128, 64):
-        tiles, seqs = plan([0], [n], [n], rows, h // kvh)
+    for tile in (*WIDE, Tile(64)):
+        tiles, seqs = plan([0], [n], [n], tile.rows, h // kvh)
         got = paged_prefill(q, kc, vc, table, torch.tensor(seqs, device="cuda"), torch.tensor(tiles, device="cuda"),
-                            rows)
-        assert (got.float() - ref).abs().max() < 2e-2, rows
+                            tile)
+        assert (got.float() - ref).abs().max() < 2e-2, tile
+
+
+def test_a_group_of_turns_on_long_histories_replays_a_128_row_graph():
+    """Two turns of 1,100 new tokens on 16,400-token histories in one step (bf16, head_dim
+    128): 4,608 (token, head) rows on > 16,000 keys, so the step replays its bucket's graph
+    with 128-row tiles (``tile_for``). Its greedy tokens are those of each turn alone (64-row
+    tiles: 2,204 rows) and of the torch path, and its logprobs are as close to the torch
+    path's as the 64-row path's are (bf16 rounding, not the tile, sets the difference)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from opencomposer.inference.triton_prefill import WIDE
+
+    cfg = Qwen2Config(vocab_size=1000, hidden_size=512, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                      tie_word_embeddings=True, initializer_range=0.1)
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(12)
+    histories = [torch.randint(0, 1000, (16_400,), generator=g).tolist() for _ in range(2)]
+    turns = [torch.randint(0, 1000, (1_100,), generator=g).tolist() for _ in range(2)]
+    outs = {}
+    for name, kernels in (("wide", "triton"), ("narrow", "triton"), ("torch", "torch")):
+        engine = Engine(hf, None, max_num_seqs=4, max_model_len=20_480, dtype=torch.bfloat16, kernels=kernels)
+        first = engine.generate(histories, SamplingParams(max_tokens=2, temperature=0))
+        replays = []
+        if kernels == "triton":
+            graphs = engine.runner.prefill_graphs[engine.runner.prefill_bucket(2 * 1_102, 2)]
+            wide = [v for v in graphs if v[0] == WIDE[0]]
+            assert len(wide) == 1, graphs
+            graphs[wide[0]] = _Counted(graphs[wide[0]], replays)
+        prompts = [h + c.token_ids + t for h, c, t in zip(histories, first, turns)]
+        greedy = SamplingParams(max_tokens=3, temperature=0)
+        second = ([engine.generate([p], greedy)[0] for p in prompts] if name == "narrow"
+                  else engine.generate(prompts, greedy))
+        assert [c.cached_prompt_tokens for c in second] == [16_400, 16_400]
+        assert len(replays) == (name == "wide")  # only the group's step took the 128-row graph
+        outs[name] = second
+        assert engine.stats()["kv_blocks_used"] == 0
+    diff = {}
+    for name in ("wide", "narrow"):
+        for a, b in zip(outs[name], outs["torch"]):
+            assert a.token_ids == b.token_ids, name
+        diff[name] = max(abs(x - y) for a, b in zip(outs[name], outs["torch"]) for x, y in zip(a.logprobs, b.logprobs))
+    print("max |logprob - torch path's|:", diff)
+    assert diff["wide"] <= 1.5 * diff["narrow"] + 1e-2, diff
 
 
 def test_group_sharing_a_prompt_in_one_prefill_step_matches_each_alone():

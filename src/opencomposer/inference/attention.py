@@ -52,7 +52,7 @@ class AttentionBatch:
     prefill_tables: torch.Tensor | None = None  # [S, W] int64 block tables of the step's sequences
     prefill_seqs: torch.Tensor | None = None    # [3, S] int64: first flat row, new tokens, context length
     prefill_tiles: torch.Tensor | None = None   # [2, P] int64: sequence and first row of each program
-    prefill_rows: int = 0                       # query rows per program
+    prefill_tile: tuple | None = None           # the program's shape (``triton_prefill.Tile``)
     prefill_splits: int = 1                     # key splits per program (``triton_prefill.splits_for``)
     kv_written: bool = False                  # the caller already wrote k/v to the cache (fused kernel)
 
@@ -79,7 +79,7 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.T
         from opencomposer.inference.triton_prefill import paged_prefill
 
         return paged_prefill(q, k_cache, v_cache, batch.prefill_tables, batch.prefill_seqs, batch.prefill_tiles,
-                             batch.prefill_rows, batch.prefill_splits)
+                             batch.prefill_tile, batch.prefill_splits)
     out = torch.empty_like(q)
     if batch.fresh_index is not None:
         out[batch.fresh_rows] = _prefill_fresh(q, k, v, batch.fresh_index, batch.fresh_valid)

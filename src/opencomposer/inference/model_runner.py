@@ -64,8 +64,9 @@ from opencomposer.inference.prefill_layout import (
     PREFILL_GRAPH_SEQS,
     PrefillLayout,
     bucket_of,
-    bucket_split_counts,
+    bucket_variants,
     prefill_buckets,
+    tiles_in_bucket,
 )
 from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
 from opencomposer.inference.scheduler import ScheduledBatch
@@ -105,8 +106,8 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
-        # token bucket -> key splits -> graph (``triton_prefill.graph_splits``: one or two per bucket)
-        self.prefill_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}
+        # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to three a bucket)
+        self.prefill_graphs: dict[int, dict[tuple, torch.cuda.CUDAGraph]] = {}
         self.gemv = gemv if self.triton else False
         self.capture_ms: dict[str, float] = {}
         # start-up cost of the graphs: wall seconds by part (decode graphs with the batch-1 plan,
@@ -214,12 +215,12 @@ class ModelRunner:
         padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
         for row, table in zip(padded, tables):
             row[:len(table)] = table
-        rows = self._rows(start)
-        tiles, seqs = self._tiles(spans, rows)
+        tile = self._tile(start, max(c + n for _, n, c, _ in spans))
+        tiles, seqs = self._tiles(spans, tile.rows)
         dev = self.device
         attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
                               prefill_tables=_to(padded, dev),
-                              prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_rows=rows,
+                              prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_tile=tile,
                               prefill_splits=self._splits(len(tiles[0]), max(seqs[2])))
         with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
             hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
@@ -230,19 +231,19 @@ class ModelRunner:
         sequences fits (None: none does); graphs exist where they were captured (CUDA, Triton)."""
         return bucket_of(tokens, seqs, self.prefill_buckets, self.prefill_seqs)
 
-    def _rows(self, tokens: int) -> int:
-        """Rows per tile of the paged-prefill kernel for a step (or graph bucket) of ``tokens``."""
-        from opencomposer.inference.triton_prefill import block_m
+    def _tile(self, tokens: int, keys: int):
+        """The paged-prefill kernel's tile for an eager step of ``tokens`` tokens on contexts of
+        up to ``keys`` keys (``triton_prefill.tile_for``)."""
+        from opencomposer.inference.triton_prefill import tile_for
 
-        return block_m(tokens, self.group, self.model.cfg.head_dim, self.dtype.itemsize)
+        return tile_for(tokens, self.group, self.model.cfg.head_dim, self.dtype.itemsize, keys)
 
-    def _splits(self, tiles: int, keys: int, among: tuple[int, ...] | None = None) -> int:
-        """Key splits for a prefill step of ``tiles`` tiles over contexts of up to ``keys`` keys
-        (``among`` the counts a bucket's graphs were captured with)."""
-        from opencomposer.inference.triton_prefill import SPLIT_COUNTS, splits_for
+    def _splits(self, tiles: int, keys: int) -> int:
+        """Key splits for an eager prefill step of ``tiles`` tiles over contexts of up to ``keys`` keys."""
+        from opencomposer.inference.triton_prefill import splits_for
 
         cfg = self.model.cfg
-        return splits_for(tiles * cfg.num_kv_heads, keys, cfg.head_dim, self.sms, among or SPLIT_COUNTS)
+        return splits_for(tiles * cfg.num_kv_heads, keys, cfg.head_dim, self.sms)
 
     def _tiles(self, spans: list[tuple], rows: int) -> tuple[list[list[int]], list[list[int]]]:
         """``triton_prefill.plan`` for the sequences of ``_prefill_inputs``' spans."""
@@ -253,7 +254,8 @@ class ModelRunner:
 
     def _prefill_replay(self, t: int, batch: ScheduledBatch, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, pos, slots, last, spans = inputs
-        tiles, seqs = self._tiles(spans, self._rows(t))
+        variant = self._graph_variant(t, spans)
+        tiles, seqs = self._tiles(spans, variant[0].rows)
         lay, st = self._prefill_layout, self._pstatic
         lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
         st["flat"].copy_(lay.host_tensor, non_blocking=True)  # the graph's inputs, one copy
@@ -261,10 +263,7 @@ class ModelRunner:
         plain = all(is_plain(s) for s in sampling)
         if plain and sampling:
             _set_sample_in(st, sampling)
-        graphs = self.prefill_graphs[t]  # one graph per bucket unless long histories want more splits
-        graph = graphs[self._splits(len(tiles[0]), max(seqs[2]), tuple(graphs))] if len(graphs) > 1 else \
-            next(iter(graphs.values()))
-        graph.replay()
+        self.prefill_graphs[t][variant].replay()
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
 
@@ -276,8 +275,8 @@ class ModelRunner:
         lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
                                                    self.prefill_buckets, s_max)
         cfg, buckets = self.model.cfg, self.prefill_buckets
-        splits = bucket_split_counts(buckets, self.group, cfg.num_kv_heads, cfg.head_dim,
-                                     self.max_blocks_per_seq * self.block_size, self.sms)
+        variants = bucket_variants(buckets, self.group, cfg.num_kv_heads, cfg.head_dim, self.dtype.itemsize,
+                                   self.max_blocks_per_seq * self.block_size, self.sms)
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
@@ -287,28 +286,38 @@ class ModelRunner:
         # others launch the same variants)
         with parallel_compile(dev), self.model.first_layers(1):
             for t in buckets:
-                for k in splits[t]:
-                    self._prefill_graph_forward(t, k)
+                for v in variants[t]:
+                    self._prefill_graph_forward(t, v)
         for t in sorted(buckets, reverse=True):
             st = self._pstatic
-            for k in splits[t]:
+            for variant in variants[t]:
                 for _ in range(2):
-                    self._prefill_graph_forward(t, k)
+                    self._prefill_graph_forward(t, variant)
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self._pool):
-                    st["logits"][:] = self._prefill_graph_forward(t, k)
+                    st["logits"][:] = self._prefill_graph_forward(t, variant)
                     st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
                 self._pool = g.pool()
-                self.prefill_graphs.setdefault(t, {})[k] = g
+                self.prefill_graphs.setdefault(t, {})[variant] = g
 
-    def _prefill_graph_forward(self, t: int, splits: int) -> torch.Tensor:
+    def _graph_variant(self, t: int, spans: list[tuple]) -> tuple:
+        """The (tile, splits) graph of bucket ``t`` a step of ``spans`` replays (``triton_prefill.pick_variant``)."""
+        from opencomposer.inference.triton_prefill import pick_variant
+
+        cfg, graphs = self.model.cfg, tuple(self.prefill_graphs[t])
+        if len(graphs) == 1:
+            return graphs[0]
+        return pick_variant(graphs, t, [n for _, n, _, _ in spans], self.group, cfg.num_kv_heads, cfg.head_dim,
+                            self.dtype.itemsize, max(c + n for _, n, c, _ in spans), self.sms)
+
+    def _prefill_graph_forward(self, t: int, variant: tuple) -> torch.Tensor:
+        tile, splits = variant
         v = self._pstatic["views"]
-        tiles = v["tiles"][:, :self._prefill_layout.tiles_per_bucket[t]]
+        tiles = v["tiles"][:, :tiles_in_bucket(t, self.group, self.prefill_seqs, tile.rows)]
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
                               prefill_tables=v["tables"], prefill_seqs=v["seqs"],
-                              prefill_tiles=tiles, prefill_rows=self._rows(t),
-                              prefill_splits=splits)
+                              prefill_tiles=tiles, prefill_tile=tile, prefill_splits=splits)
         hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden[v["last"]])
 

@@ -35,21 +35,22 @@ def bucket_of(tokens: int, seqs: int, buckets: tuple[int, ...] = PREFILL_GRAPH_T
     return None if seqs > max_seqs else next((t for t in buckets if t >= tokens), None)
 
 
-def tiles_in_bucket(tokens: int, group: int, seqs: int = PREFILL_GRAPH_SEQS) -> int:
-    """Tiles a ``tokens`` bucket's graph launches: its tokens in one sequence, plus one partial
+def tiles_in_bucket(tokens: int, group: int, seqs: int = PREFILL_GRAPH_SEQS, rows: int | None = None) -> int:
+    """Tiles a ``tokens`` bucket's graph launches (in tiles of ``rows``; by default the
+    bucket's short-history tile, the most tiles): its tokens in one sequence, plus one partial
     tile per other sequence it may hold."""
     from opencomposer.inference.triton_prefill import num_tiles
 
-    return num_tiles(tokens, group) + seqs
+    return num_tiles(tokens, group, rows) + seqs
 
 
-def bucket_split_counts(buckets: tuple[int, ...], group: int, kv_heads: int, head_dim: int, max_keys: int,
-                        sms: int) -> dict[int, tuple[int, ...]]:
-    """Bucket -> the key-split counts its graphs are captured with (``triton_prefill.graph_splits``,
+def bucket_variants(buckets: tuple[int, ...], group: int, kv_heads: int, head_dim: int, elem_bytes: int,
+                    max_keys: int, sms: int) -> dict:
+    """Bucket -> the (tile, key splits) its graphs are captured with (``triton_prefill.graph_variants``,
     each bucket's smallest step being one token more than the bucket below)."""
-    from opencomposer.inference.triton_prefill import graph_splits
+    from opencomposer.inference.triton_prefill import graph_variants
 
-    return {t: graph_splits(t, buckets[i - 1] if i else 0, group, kv_heads, head_dim, max_keys, sms)
+    return {t: graph_variants(t, buckets[i - 1] if i else 0, group, kv_heads, head_dim, elem_bytes, max_keys, sms)
             for i, t in enumerate(buckets)}
 
 
@@ -72,8 +73,7 @@ class PrefillLayout:
         memory would need an event per step to know that, which cost more than it saved."""
         s_max, w = seqs, max_blocks_per_seq
         t_max = max(tokens)
-        self.tiles_per_bucket = {t: tiles_in_bucket(t, group, s_max) for t in tokens}
-        self.max_tiles = max(self.tiles_per_bucket.values())
+        self.max_tiles = max(tiles_in_bucket(t, group, s_max) for t in tokens)
         self.shapes = {"ids": (t_max,), "pos": (t_max,), "slots": (t_max,), "tables": (s_max + 1, w),
                        "seqs": (3, s_max + 1), "tiles": (2, self.max_tiles), "last": (s_max,)}
         self.offsets, o = {}, 0

@@ -22,15 +22,17 @@ same case.
 ``plan`` lays the programs out on the host: ``tiles`` [2, P] (sequence, first row of the
 tile in that sequence's (token, head-in-group) rows) and ``seqs`` [3, S] (first token in
 the flat batch, new tokens, context length). A graph's launch is fixed, so the engine
-captures a small bucket's graph twice when a turn on a short history and one on a long
-history want different split counts (``graph_splits``: 4 and 16 for a 208-token turn of
-Qwen2.5-1.5B on 3,000 and 30,000 keys).
+captures a bucket's graph twice (or three times) when steps on short and long histories want
+different split counts or tiles (``graph_variants``: 4 and 16 splits for a 208-token turn of
+Qwen2.5-1.5B on 3,000 and 30,000 keys; 128-row tiles for a group of turns on 30,000).
 
 Test: ``pytest tests/unit/inference/test_triton_cpu.py`` (interpreter, CPU);
 ``tests/gpu/test_engine_cuda.py`` on a GPU.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -164,31 +166,52 @@ def _paged_prefill_merge(part_acc_ptr, part_ml_ptr, out_ptr, seqs_ptr, tiles_ptr
              (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len * GROUP)[:, None])
 
 
-ROWS = (16, 32, 64, 128)  # the BLOCK_M variants (128: long prompts, head_dim >= 128)
+class Tile(NamedTuple):
+    """A program's shape: ``rows`` (token, head) rows, ``block_n`` keys per inner step, ``warps``."""
+
+    rows: int
+    block_n: int = 64
+    warps: int = 4
+
+
+ROWS = (16, 32, 64, 128)  # the tile heights (128: long prompts and groups on long histories, head_dim >= 128)
 LONG_STEP = 8192  # tokens in a step from which a head_dim >= 128 model takes 128-row tiles
+LONG_HISTORY = 16_000  # keys from which a shorter step of at least LONG_ROWS rows takes them too
+LONG_ROWS = 4096
+WIDE = (Tile(128, 64, 4), Tile(128, 128, 8))  # the two 128-row tiles: long histories, long fresh steps
 
 
-def block_m(num_tokens: int, group: int, head_dim: int = 0, elem_bytes: int = 2) -> int:
-    """(token, head) rows per program: smaller tiles for small steps, so they still fill the
-    GPU. 128-row tiles (with 128-key tiles and 8 warps, ``knobs``) only for long steps of
-    head_dim >= 128 in 16-bit types (H100, Qwen2.5-1.5B, us per layer, ``profile_engine.py
-    --sweep``: 16,384 fresh tokens 2,293 against 2,834 with 64 rows, 8,192 657 against 760,
-    8 x 2,048 386 against 415; at 4,096 and below 64 rows are as fast or faster, and with
-    head_dim 64 at every length; fp32 tiles that size would not fit shared memory)."""
-    if head_dim >= 128 and elem_bytes <= 2 and num_tokens >= LONG_STEP:
-        return 128
+def tile_for(num_tokens: int, group: int, head_dim: int = 0, elem_bytes: int = 2, keys: int = 0) -> Tile:
+    """The tile for a step of ``num_tokens`` new tokens on contexts of up to ``keys`` keys:
+    smaller tiles for small steps, so they still fill the GPU; 128-row tiles only for
+    head_dim >= 128 in 16-bit types (fp32 tiles that size would not fit shared memory), us
+    per layer for Qwen2.5-1.5B on an H100 (``profile_engine.py --rows``, best split count each):
+
+    * a step of ``LONG_STEP`` tokens or more, with 128-key tiles and 8 warps: a fresh
+      8,192-token prompt 667 -> 643 (655 with the other 128-row tile); 16,384 tokens 2,834 ->
+      2,293 in session 10's sweep (``--sweep``); at 4,096 and below 64 rows are as fast or
+      faster, and with head_dim 64 at every length.
+    * a shorter step of at least ``LONG_ROWS`` (token, head) rows on a history of
+      ``LONG_HISTORY`` keys or more (a lockstep group of agent turns on long contexts, a long
+      chunk), with 64-key tiles and 4 warps: 8 turns of 208 tokens on 30,000 keys 910 -> 832,
+      on 60,000 1,765 -> 1,547; 16 turns on 16,000 964 -> 885; a 1,024-token chunk on 30,000
+      549 -> 488 (the other 128-row tile: 879, 1,679, 929, 529). One turn (1,248 rows) loses
+      1-16% at every length (4,000-60,000 keys); on 4,000-8,000 keys groups of 4-16 turns lose
+      up to 3.4% or tie, and 4 turns on 16,000 tie.
+    """
+    wide = head_dim >= 128 and elem_bytes <= 2
+    if wide and num_tokens >= LONG_STEP:
+        return WIDE[1]
+    if wide and keys >= LONG_HISTORY and num_tokens * group >= LONG_ROWS:
+        return WIDE[0]
     rows = num_tokens * group
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+    return Tile(16 if rows <= 16 else 32 if rows <= 32 else 64)
 
 
-def knobs(rows: int) -> tuple[int, int, int]:
-    """(key tile, warps, pipeline stages) of the kernel for a tile of ``rows`` rows."""
-    return (128, 8, 3) if rows >= 128 else (64, 4, 3)
-
-
-def num_tiles(num_tokens: int, group: int) -> int:
-    """Programs per KV head for one sequence of ``num_tokens`` new tokens."""
-    return -(-num_tokens * group // block_m(num_tokens, group))
+def num_tiles(num_tokens: int, group: int, rows: int | None = None) -> int:
+    """Programs per KV head for one sequence of ``num_tokens`` new tokens in tiles of ``rows``
+    (by default its short-history tile's, the most it can take)."""
+    return -(-num_tokens * group // (rows or tile_for(num_tokens, group).rows))
 
 
 def plan(q_starts: list[int], q_lens: list[int], ctx_lens: list[int], rows: int,
@@ -238,30 +261,53 @@ def splits_for(programs: int, keys: int, head_dim: int, sms: int, among: tuple[i
     return min(sorted(among), key=cost)
 
 
-def graph_splits(tokens: int, below: int, group: int, kv_heads: int, head_dim: int, max_keys: int,
-                 sms: int) -> tuple[int, ...]:
-    """The split counts the CUDA graph of a ``tokens`` bucket (above a ``below`` one) is
-    captured with (a graph's launch is fixed): what the bucket's smallest step, one sequence
-    of ``below + 1`` tokens, takes on a 4,096-key history and on the longest, ``max_keys``;
-    and, for buckets of more than 512 tokens (mostly fresh prompts), on ``tokens`` keys. A
-    step replays the one the model prefers for it (``splits_for(..., among=...)``). (Reading
-    the count from device memory in one graph that launches the most cost a 208-token turn
-    on 3,000 keys 26% more.)"""
-    programs = -(-(below + 1) * group // block_m(tokens, group, head_dim)) * kv_heads
+def graph_variants(tokens: int, below: int, group: int, kv_heads: int, head_dim: int, elem_bytes: int,
+                   max_keys: int, sms: int) -> tuple[tuple[Tile, int], ...]:
+    """The (tile, split count) pairs the CUDA graphs of a ``tokens`` bucket (above a ``below``
+    one) are captured with (a graph's launch is fixed): what the bucket's smallest step, one
+    sequence of ``below + 1`` tokens, takes on a 4,096-key history and on the longest,
+    ``max_keys``; for buckets of more than 512 tokens (mostly fresh prompts), on ``tokens``
+    keys; and for buckets that take 128-row tiles on long histories (``tile_for``), also on
+    ``LONG_HISTORY`` keys, where they start (with only ``max_keys``' count, 8 turns on 30,000
+    keys of a 65,536-token engine ran with 16 splits: 907 us against 835 with 8, H100). A
+    step replays the variant ``pick_variant`` prefers for it.
+    (Reading the split count from device memory in one graph that launches the most cost a
+    208-token turn on 3,000 keys 26% more.)"""
     points = {min(4096, max_keys), max_keys} | ({min(tokens, max_keys)} if tokens > 512 else set())
-    return tuple(sorted({splits_for(programs, keys, head_dim, sms) for keys in points}))
+    if tokens * group >= LONG_ROWS and max_keys > LONG_HISTORY:  # 128-row tiles from there on
+        points.add(LONG_HISTORY)
+    out = set()
+    for keys in points:
+        tile = tile_for(tokens, group, head_dim, elem_bytes, keys)
+        programs = num_tiles(below + 1, group, tile.rows) * kv_heads
+        out.add((tile, splits_for(programs, keys, head_dim, sms)))
+    return tuple(sorted(out))
+
+
+def pick_variant(variants: tuple[tuple[Tile, int], ...], tokens: int, q_lens: list[int], group: int, kv_heads: int,
+                 head_dim: int, elem_bytes: int, keys: int, sms: int) -> tuple[Tile, int]:
+    """The captured (tile, splits) that a step of sequences of ``q_lens`` new tokens on
+    contexts of up to ``keys`` keys replays in a ``tokens`` bucket's graphs: the bucket's tile
+    for those keys (the first captured tile if none has it), then the split count
+    ``splits_for`` prefers for the step's programs among those captured with it."""
+    want = tile_for(tokens, group, head_dim, elem_bytes, keys)
+    tile = want if any(t == want for t, _ in variants) else variants[0][0]
+    among = tuple(k for t, k in variants if t == tile)
+    programs = sum(num_tiles(n, group, tile.rows) for n in q_lens) * kv_heads
+    return tile, splits_for(programs, keys, head_dim, sms, among)
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                  seqs: torch.Tensor, tiles: torch.Tensor, rows: int, splits: int = 1, block_n: int | None = None,
-                  num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                  seqs: torch.Tensor, tiles: torch.Tensor, tile: Tile, splits: int = 1,
+                  num_stages: int = 3) -> torch.Tensor:
     """q [T, H, d] (last dim contiguous); caches [N, block_size, kvh, d]; tables [S, W]
-    int64; seqs [3, S] and tiles [2, P] int64 from ``plan`` (rows contiguous, any row
-    stride) -> out [T, H, d]. Rows no tile covers are left unwritten (graph padding)."""
+    int64; seqs [3, S] and tiles [2, P] int64 from ``plan`` with ``tile.rows`` (rows
+    contiguous, any row stride) -> out [T, H, d]. Rows no tile covers are left unwritten
+    (graph padding)."""
     t, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
-    n_tiles = tiles.shape[1]
+    n_tiles, rows = tiles.shape[1], tile.rows
     part_acc = part_ml = out
     if splits > 1:
         part_acc = torch.empty((n_tiles, kvh, splits, rows, d), dtype=torch.float32, device=q.device)
@@ -269,10 +315,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     args = (q, k_cache, v_cache, out, part_acc, part_ml, tables, seqs, tiles, d ** -0.5,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
             tables.stride(0), seqs.stride(0), tiles.stride(0))
-    bn, warps, stages = knobs(rows)
-    meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=block_n or bn, SPLITS=splits,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or warps)
-    launch(_paged_prefill_kernel, (n_tiles, kvh, splits), *args, **meta, STAGES=num_stages or stages, **pdl_args())
+    meta = dict(GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=rows, BLOCK_N=tile.block_n, SPLITS=splits,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tile.warps)
+    launch(_paged_prefill_kernel, (n_tiles, kvh, splits), *args, **meta, STAGES=num_stages, **pdl_args())
     if splits > 1:
         launch(_paged_prefill_merge, (n_tiles, kvh), part_acc, part_ml, out, seqs, tiles, out.stride(0), out.stride(1),
                seqs.stride(0), tiles.stride(0), GROUP=h // kvh, HEAD_DIM=d, BLOCK_M=rows, SPLITS=splits, **pdl_args())
@@ -280,23 +325,24 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def warm_up(k_cache: torch.Tensor, num_heads: int) -> None:
-    """Compile the eager-path variants (each ``block_m`` size x each of ``SPLIT_COUNTS``, kernel
+    """Compile the eager-path variants (each ``tile_for`` tile x each of ``SPLIT_COUNTS``, kernel
     and merge) now, on a step with no work, rather than in the middle of someone's rollout (a
     compile costs ~0.4 s: it showed up as a 20x prefill ratio in a 10-turn rollout). The
     compiles run in parallel (``parallel_compile``): one at a time they took 37 s of a 77 s
     first start of the Qwen2.5-1.5B engine on an H100 box (``benchmarks/RESULTS.md``)."""
     _, _, kvh, d = k_cache.shape
     dev = k_cache.device
-    variants = [(rows, splits) for rows in ROWS for splits in SPLIT_COUNTS
-                if rows < 128 or block_m(LONG_STEP, num_heads // kvh, d, k_cache.element_size()) == 128]
+    wide = tile_for(LONG_STEP, num_heads // kvh, d, k_cache.element_size()).rows == 128
+    tiles = [Tile(rows) for rows in ROWS if rows < 128] + (list(WIDE) if wide else [])
+    variants = [(tile, splits) for tile in tiles for splits in SPLIT_COUNTS]
     qkv = torch.zeros(max(ROWS), (num_heads + 2 * kvh) * d, dtype=k_cache.dtype, device=dev)
     nothing = torch.zeros(3, 1, dtype=torch.long, device=dev)  # one sequence of no tokens
-    tables, tiles = torch.zeros(1, 4, dtype=torch.long, device=dev), torch.zeros(2, 1, dtype=torch.long, device=dev)
+    tables, programs = torch.zeros(1, 4, dtype=torch.long, device=dev), torch.zeros(2, 1, dtype=torch.long, device=dev)
 
     def each() -> None:
-        for rows, splits in variants:
-            q = qkv[:rows].view(rows, num_heads + 2 * kvh, d)[:, :num_heads]
-            paged_prefill(q, k_cache, k_cache, tables, nothing, tiles, rows, splits)
+        for tile, splits in variants:
+            q = qkv[:tile.rows].view(tile.rows, num_heads + 2 * kvh, d)[:, :num_heads]
+            paged_prefill(q, k_cache, k_cache, tables, nothing, programs, tile, splits)
 
     with parallel_compile(dev):
         each()

@@ -130,13 +130,15 @@ def test_paged_prefill_matches_dense_causal_attention(interpreted):
     q = torch.randn(total, h + 2 * kvh, d)[:, :h]  # a strided view, as the model passes it
     starts = [sum(n for n, _ in shapes[:i]) for i in range(len(shapes))]
     tp.warm_up(kc, h)  # the engine's start-up compile of every eager variant: a no-work step each
-    # 2 padding tiles of a padding sequence, as a CUDA graph's step has; 128-row tiles
-    for rows, splits in ((16, 1), (32, 1), (16, 4), (64, 2), (128, 2), (64, 16)):
-        tiles, seqs = tp.plan(starts, [n for n, _ in shapes], [c for _, c in shapes], rows, h // kvh)
+    # 2 padding tiles of a padding sequence, as a CUDA graph's step has; both 128-row tiles
+    T = tp.Tile
+    for tile, splits in ((T(16), 1), (T(32), 1), (T(16), 4), (T(64), 2), (tp.WIDE[0], 2), (tp.WIDE[1], 2),
+                         (T(64), 16)):
+        tiles, seqs = tp.plan(starts, [n for n, _ in shapes], [c for _, c in shapes], tile.rows, h // kvh)
         width = max(map(len, tables))
         padded = torch.tensor([tiles[0] + [len(shapes)] * 2, tiles[1] + [0] * 2])
         got = tp.paged_prefill(q, kc, vc, torch.tensor([t + [0] * (width - len(t)) for t in tables] + [[0] * width]),
-                               torch.tensor([row + [0] for row in seqs]), padded, rows, splits)
+                               torch.tensor([row + [0] for row in seqs]), padded, tile, splits)
         for (n, c), table, s in zip(shapes, tables, starts):
             slots = torch.tensor([table[i // bs] * bs + i % bs for i in range(c)])
             k = kc.view(-1, kvh, d)[slots].transpose(0, 1).repeat_interleave(h // kvh, 0)

@@ -87,7 +87,7 @@ def _reference_buffer(lay, w: int, scratch: int, inputs, seqs, tiles) -> list[in
 def test_layout_fill_matches_the_definition_and_leaves_nothing_of_the_step_before(runner):
     pytest.importorskip("triton")
     from opencomposer.inference.prefill_layout import PrefillLayout
-    from opencomposer.inference.triton_prefill import block_m
+    from opencomposer.inference.triton_prefill import tile_for
 
     group, scratch, w = runner.group, runner.scratch_block, runner.max_blocks_per_seq
     lay = PrefillLayout(w, group, scratch, BS)
@@ -99,7 +99,7 @@ def test_layout_fill_matches_the_definition_and_leaves_nothing_of_the_step_befor
         inputs = runner._prefill_inputs(batch)
         ids, pos, slots, last, spans = inputs
         bucket = next(t for t in PREFILL_GRAPH_TOKENS if t >= len(ids))
-        rows = block_m(bucket, group)
+        rows = tile_for(bucket, group).rows
         tiles, seqs = runner._tiles(spans, rows)
         assert tiles[0] == [i for i, (_, n, _, _) in enumerate(spans) for _ in range(-(-n * group // rows))]
         lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
@@ -308,26 +308,70 @@ def test_key_splits_are_the_fastest_measured_on_an_h100():
 
 
 def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
-    """``graph_splits``: a 208-token turn's bucket (Qwen2.5-1.5B shape on an H100) is captured
+    """``graph_variants``: a 208-token turn's bucket (Qwen2.5-1.5B shape on an H100) is captured
     with 4 splits (3,000-key histories) and 16 (30,000); large buckets with 1 (fresh prompts)
-    and more (long histories: the last wave of programs would run nearly empty); one graph
-    where the model's context is short; a step replays the captured count the model prefers
-    for it."""
+    and more (long histories: the last wave of programs would run nearly empty), with 128-row
+    tiles for long histories where a bucket has 4,096 rows or more; one graph where the
+    model's context is short; a step replays the captured variant the model prefers for it."""
     pytest.importorskip("triton")
-    from opencomposer.inference.triton_prefill import graph_splits, splits_for
+    from opencomposer.inference.triton_prefill import (
+        WIDE,
+        Tile,
+        graph_variants,
+        pick_variant,
+        splits_for,
+    )
 
-    assert graph_splits(224, 192, 6, 2, 128, 32768, 132) == (4, 16)
-    assert graph_splits(4096, 3840, 6, 2, 128, 32768, 132) == (1, 4)
-    assert graph_splits(3584, 3328, 6, 2, 128, 32768, 132) == (1, 2)  # 1: a fresh 3,376-token prompt
-    assert graph_splits(224, 192, 6, 2, 128, 2048, 132) == (4,)  # a short max_model_len: one graph
-    # every bucket's counts, as the runner captures them (each bucket above the one below it)
-    from opencomposer.inference.prefill_layout import PREFILL_GRAPH_TOKENS, bucket_split_counts
+    narrow = Tile(64)
+    assert graph_variants(224, 192, 6, 2, 128, 2, 32768, 132) == ((narrow, 4), (narrow, 16))
+    assert graph_variants(4096, 3840, 6, 2, 128, 2, 32768, 132) == ((narrow, 1), (WIDE[0], 2))
+    # 1: a fresh 3,376-token prompt; 2: on a 4,096-key history; 4: on the longest (128-row tiles)
+    assert graph_variants(3584, 3328, 6, 2, 128, 2, 32768, 132) == ((narrow, 1), (narrow, 2), (WIDE[0], 4))
+    assert graph_variants(224, 192, 6, 2, 128, 2, 2048, 132) == ((narrow, 4),)  # a short max_model_len: one graph
+    # fp32 and head_dim 64 keep 64-row tiles (the 128-row ones would not fit / measured no faster)
+    assert {t for t, _ in graph_variants(4096, 3840, 6, 2, 128, 4, 32768, 132)} == {narrow}
+    assert {t for t, _ in graph_variants(4096, 3840, 7, 2, 64, 2, 32768, 132)} == {narrow}
+    # every bucket's variants, as the runner captures them (each bucket above the one below it)
+    from opencomposer.inference.prefill_layout import (
+        PREFILL_GRAPH_TOKENS,
+        bucket_variants,
+    )
 
-    counts = bucket_split_counts(PREFILL_GRAPH_TOKENS, 6, 2, 128, 32768, 132)
-    assert list(counts) == list(PREFILL_GRAPH_TOKENS)
-    assert counts[224] == (4, 16) and counts[3584] == (1, 2) and counts[4096] == (1, 4)
+    variants = bucket_variants(PREFILL_GRAPH_TOKENS, 6, 2, 128, 2, 32768, 132)
+    assert list(variants) == list(PREFILL_GRAPH_TOKENS)
+    assert variants[224] == ((narrow, 4), (narrow, 16)) and variants[4096] == ((narrow, 1), (WIDE[0], 2))
+    # from the 768-token bucket up (4,608 rows) the long-history graph has 128-row tiles
+    assert [t for t, v in variants.items() if any(tile == WIDE[0] for tile, _ in v)] == \
+        [t for t in PREFILL_GRAPH_TOKENS if t >= 768]
     assert [splits_for(40, keys, 128, 132, among=(4, 16)) for keys in (1000, 3000, 16000, 30000, 60000)] == \
         [4, 4, 4, 16, 16]
     # 8 turns (320 programs) on 30,000 keys in a bucket captured with 2 and 8 (measured: 4 would
     # be 910 us, 8 942, 2 1,057): the model takes 8
     assert splits_for(320, 30000, 128, 132) == 4 and splits_for(320, 30000, 128, 132, among=(2, 8)) == 8
+    # 8 turns of 208 tokens in the 1,792-token bucket: 64-row tiles on 3,000 keys, 128-row tiles
+    # with 8 splits (the fastest measured, 824 us against 919 with 64 rows) on 30,000
+    v = variants[1792]
+    assert pick_variant(v, 1792, [208] * 8, 6, 2, 128, 2, 3000, 132)[0] == narrow
+    assert pick_variant(v, 1792, [208] * 8, 6, 2, 128, 2, 30000, 132) == (WIDE[0], 8)
+    # a 65,536-token engine: the bucket also has a 128-row graph for 16,000 keys (8 splits),
+    # which 8 turns on 30,000 keys take (835 us against 907 with the 16 of 65,536 keys', H100)
+    v = bucket_variants(PREFILL_GRAPH_TOKENS, 6, 2, 128, 2, 65536, 132)[1792]
+    assert v == ((narrow, 2), (WIDE[0], 8), (WIDE[0], 16))
+    assert pick_variant(v, 1792, [208] * 8, 6, 2, 128, 2, 30000, 132) == (WIDE[0], 8)
+
+
+def test_tile_for_takes_128_rows_for_long_histories_and_long_steps():
+    """``tile_for``: 128-row tiles with 128-key tiles and 8 warps for steps of >= 8,192 tokens;
+    with 64-key tiles and 4 warps for shorter steps of >= 4,096 (token, head) rows on >= 16,000
+    keys; else by size (16, 32, 64); never for fp32 or head_dim 64."""
+    pytest.importorskip("triton")
+    from opencomposer.inference.triton_prefill import WIDE, Tile, tile_for
+
+    assert tile_for(208 * 8, 6, 128, 2, 30000) == WIDE[0]
+    assert tile_for(208, 6, 128, 2, 60000) == Tile(64)  # one turn: 1,248 rows
+    assert tile_for(208 * 8, 6, 128, 2, 12000) == Tile(64)  # a group on a short history
+    assert tile_for(7000, 6, 128, 2, 30000) == WIDE[0]  # a chunk on a long history
+    assert tile_for(8192, 6, 128, 2, 8192) == WIDE[1] and tile_for(16384, 6, 128, 2, 16384) == WIDE[1]
+    assert tile_for(8192, 6, 128, 2, 30000) == WIDE[1]  # long steps keep theirs on any history
+    assert tile_for(8192, 6, 128, 4, 30000) == Tile(64) and tile_for(8192, 7, 64, 2, 30000) == Tile(64)
+    assert [tile_for(n, 6, 128, 2).rows for n in (1, 2, 5, 6, 100)] == [16, 16, 32, 64, 64]
