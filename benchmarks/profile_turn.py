@@ -176,6 +176,9 @@ def main() -> None:
     ap.add_argument("--prefix", default="1200,3000")
     ap.add_argument("--new", type=int, default=208)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the turn engine's context (default: the rollout benchmark's 3,632); e.g. 32768 with "
+                         "--prefix 16000,30000 for turns on long histories")
     ap.add_argument("--no-startup", action="store_true")
     ap.add_argument("--startup-only", action="store_true")
     ap.add_argument("--out", default=None)
@@ -198,8 +201,8 @@ def main() -> None:
         del e
         torch.cuda.empty_cache()
     t = time.perf_counter()
-    engine = Engine(hf, None, max_num_seqs=8, max_model_len=3376 + 128 + 128, device="cuda", dtype=torch.bfloat16,
-                    max_num_batched_tokens=8192)
+    engine = Engine(hf, None, max_num_seqs=8, max_model_len=a.max_model_len or 3376 + 128 + 128, device="cuda",
+                    dtype=torch.bfloat16, max_num_batched_tokens=8192)
     res["startup_rollout_engine"] = startup(engine, t)
     print("startup", json.dumps(res), flush=True)
     if a.startup_only:
