@@ -265,17 +265,17 @@ def graph_variants(tokens: int, below: int, group: int, kv_heads: int, head_dim:
                    max_keys: int, sms: int) -> tuple[tuple[Tile, int], ...]:
     """The (tile, split count) pairs the CUDA graphs of a ``tokens`` bucket (above a ``below``
     one) are captured with (a graph's launch is fixed): what the bucket's smallest step, one
-    sequence of ``below + 1`` tokens, takes on a 4,096-key history and on the longest,
-    ``max_keys``; for buckets of more than 512 tokens (mostly fresh prompts), on ``tokens``
-    keys; and for buckets that take 128-row tiles on long histories (``tile_for``), also on
-    ``LONG_HISTORY`` keys, where they start (with only ``max_keys``' count, 8 turns on 30,000
-    keys of a 65,536-token engine ran with 16 splits: 907 us against 835 with 8, H100). A
-    step replays the variant ``pick_variant`` prefers for it.
+    sequence of ``below + 1`` tokens, takes on histories of 4,096, 8,192 and ``LONG_HISTORY``
+    keys (where large buckets' 128-row tiles start, ``tile_for``) and on the longest,
+    ``max_keys``; and, for buckets of more than 512 tokens (mostly fresh prompts), on
+    ``tokens`` keys. A step replays the variant ``pick_variant`` prefers for it. (With fewer
+    points, steps between them ran with too few or too many splits, H100, us per layer: 4
+    turns of 208 tokens on 8,000 keys took 1 split, 202 against 164 with 4; 8 turns on 30,000
+    keys of a 65,536-token engine 16, 907 against 835 with 8.)
     (Reading the split count from device memory in one graph that launches the most cost a
     208-token turn on 3,000 keys 26% more.)"""
     points = {min(4096, max_keys), max_keys} | ({min(tokens, max_keys)} if tokens > 512 else set())
-    if tokens * group >= LONG_ROWS and max_keys > LONG_HISTORY:  # 128-row tiles from there on
-        points.add(LONG_HISTORY)
+    points |= {k for k in (8192, LONG_HISTORY) if k < max_keys}
     out = set()
     for keys in points:
         tile = tile_for(tokens, group, head_dim, elem_bytes, keys)

@@ -356,8 +356,12 @@ def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
     # a 65,536-token engine: the bucket also has a 128-row graph for 16,000 keys (8 splits),
     # which 8 turns on 30,000 keys take (835 us against 907 with the 16 of 65,536 keys', H100)
     v = bucket_variants(PREFILL_GRAPH_TOKENS, 6, 2, 128, 2, 65536, 132)[1792]
-    assert v == ((narrow, 2), (WIDE[0], 8), (WIDE[0], 16))
+    assert v == ((narrow, 2), (narrow, 4), (WIDE[0], 8), (WIDE[0], 16))
     assert pick_variant(v, 1792, [208] * 8, 6, 2, 128, 2, 30000, 132) == (WIDE[0], 8)
+    # groups on 8,000 keys: the buckets' graphs for 8,192 keys give them 4 splits (H100, us per
+    # layer: 4 turns 164 against 202 with the 1 split of 4,096 keys'; 8 turns 281 against 301 with 2)
+    assert pick_variant(variants[896], 896, [208] * 4, 6, 2, 128, 2, 8000, 132) == (narrow, 4)
+    assert pick_variant(variants[1792], 1792, [208] * 8, 6, 2, 128, 2, 8000, 132) == (narrow, 4)
 
 
 def test_tile_for_takes_128_rows_for_long_histories_and_long_steps():
