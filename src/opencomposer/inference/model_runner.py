@@ -106,7 +106,7 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
-        # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to three a bucket)
+        # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to four a bucket)
         self.prefill_graphs: dict[int, dict[tuple, torch.cuda.CUDAGraph]] = {}
         self.gemv = gemv if self.triton else False
         self.capture_ms: dict[str, float] = {}

@@ -22,7 +22,7 @@ same case.
 ``plan`` lays the programs out on the host: ``tiles`` [2, P] (sequence, first row of the
 tile in that sequence's (token, head-in-group) rows) and ``seqs`` [3, S] (first token in
 the flat batch, new tokens, context length). A graph's launch is fixed, so the engine
-captures a bucket's graph twice (or three times) when steps on short and long histories want
+captures a bucket's graph up to four times when steps on short and long histories want
 different split counts or tiles (``graph_variants``: 4 and 16 splits for a 208-token turn of
 Qwen2.5-1.5B on 3,000 and 30,000 keys; 128-row tiles for a group of turns on 30,000).
 
