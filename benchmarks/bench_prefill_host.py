@@ -15,9 +15,11 @@ scheduled and laid out as the graph path would. Per phase, the median of ``--rep
   the rest -- and block allocation), undone after each call; ``schedule_branch``:
   the same for turns that differ in their new tokens (as retries of one turn);
 * ``prefill_inputs``: ``ModelRunner._prefill_inputs`` (token ids, positions, slots, tables);
-* ``plan``: ``triton_prefill.plan`` for the graph's token bucket;
+* ``pick``: ``triton_prefill.pick_variant``, which of the bucket's graphs (tile, key splits)
+  the step replays, among those a CUDA engine of this context captures (H100: 132 SMs);
+* ``plan``: ``triton_prefill.plan`` for the picked tile;
 * ``fill``: ``PrefillLayout.fill``, the graph input buffer's host array;
-* ``host_total``: the three after ``schedule`` in a row, plus the sampling key.
+* ``host_total``: the four after ``schedule`` in a row, plus the sampling key.
 
 The H100 box's CPU is ~2-3x faster than a small cloud VM's. Last line: one JSON object.
 """
@@ -34,10 +36,10 @@ import torch
 
 from opencomposer.inference.bench import time_ms
 from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.prefill_layout import PrefillLayout
+from opencomposer.inference.prefill_layout import PrefillLayout, bucket_variants
 from opencomposer.inference.sampler import plain_inputs
 from opencomposer.inference.sequence import Sequence
-from opencomposer.inference.triton_prefill import tile_for
+from opencomposer.inference.triton_prefill import pick_variant
 
 
 def small_qwen2(max_len: int):
@@ -88,7 +90,15 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
     bucket = runner.prefill_bucket(len(inputs[0]))
     lay = PrefillLayout(runner.max_blocks_per_seq, runner.group, runner.scratch_block, runner.block_size,
                         runner.prefill_buckets, runner.prefill_seqs)  # the engine's own layout
-    rows = tile_for(bucket, runner.group).rows
+    cfg = runner.model.cfg
+    captured = bucket_variants(runner.prefill_buckets, runner.group, cfg.num_kv_heads, cfg.head_dim, 2,
+                               runner.max_blocks_per_seq * runner.block_size, runner.sms)[bucket]
+
+    def pick(spans):  # as ModelRunner._graph_variant does on CUDA (bf16: 2-byte elements)
+        return pick_variant(captured, bucket, [n for _, n, _, _ in spans], runner.group, cfg.num_kv_heads,
+                            cfg.head_dim, 2, max(c + n for _, n, c, _ in spans), runner.sms)
+
+    rows = pick(spans)[0].rows
 
     def planned():
         return runner._tiles(spans, rows)
@@ -97,14 +107,14 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
 
     def host():
         ids, pos, slots, last, spans = runner._prefill_inputs(batch)
-        tiles, seqs = runner._tiles(spans, rows)
+        tiles, seqs = runner._tiles(spans, pick(spans)[0].rows)
         lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         return (len(sampling), *map(tuple, plain_inputs(sampling)))
 
     out["prefill_inputs"] = median_ms(lambda: runner._prefill_inputs(batch), reps)
     out["plan"] = median_ms(planned, reps)
-    out["splits"] = median_ms(lambda: runner._splits(len(tiles[0]), max(seqs[2])), reps)
+    out["pick"] = median_ms(lambda: pick(spans), reps)
     out["fill"] = median_ms(lambda: lay.fill(*inputs[:4], [sp[3] for sp in spans], seqs, tiles), reps)
     out["host_total"] = median_ms(host, reps)
     sched.finish(seq)
