@@ -36,10 +36,9 @@ import torch
 
 from opencomposer.inference.bench import time_ms
 from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.prefill_layout import PrefillLayout, bucket_variants
+from opencomposer.inference.prefill_layout import PrefillLayout
 from opencomposer.inference.sampler import plain_inputs
 from opencomposer.inference.sequence import Sequence
-from opencomposer.inference.triton_prefill import pick_variant
 
 
 def small_qwen2(max_len: int):
@@ -90,13 +89,10 @@ def turn(engine: Engine, prefix: int, new: int, reps: int) -> dict:
     bucket = runner.prefill_bucket(len(inputs[0]))
     lay = PrefillLayout(runner.max_blocks_per_seq, runner.group, runner.scratch_block, runner.block_size,
                         runner.prefill_buckets, runner.prefill_seqs)  # the engine's own layout
-    cfg = runner.model.cfg
-    captured = bucket_variants(runner.prefill_buckets, runner.group, cfg.num_kv_heads, cfg.head_dim, 2,
-                               runner.max_blocks_per_seq * runner.block_size, runner.sms)[bucket]
+    captured = runner.graph_variants(elem_bytes=2)[bucket]  # the graphs a bf16 engine of this context captures
 
-    def pick(spans):  # as ModelRunner._graph_variant does on CUDA (bf16: 2-byte elements)
-        return pick_variant(captured, bucket, [n for _, n, _, _ in spans], runner.group, cfg.num_kv_heads,
-                            cfg.head_dim, 2, max(c + n for _, n, c, _ in spans), runner.sms)
+    def pick(spans):  # the runner's own pick on CUDA
+        return runner._graph_variant(bucket, spans, captured, elem_bytes=2)
 
     rows = pick(spans)[0].rows
 

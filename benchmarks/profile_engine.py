@@ -354,8 +354,11 @@ def main() -> None:
     a = ap.parse_args()
     bw = bandwidth("cuda")
     res: dict = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": round(bw / 1e9, 1), "shape": a.shape}
+    if a.sweep:
+        res["attention_sweep_us"] = attention_sweep(a.shape)
+    if a.rows:
+        res["attention_rows_us"] = rows_sweep(a.shape)
     if a.sweep or a.rows:
-        res["attention_sweep_us" if a.sweep else "attention_rows_us"] = (attention_sweep if a.sweep else rows_sweep)(a.shape)
         emit(res, a.out)
         return
     if not a.no_attention:

@@ -274,9 +274,8 @@ class ModelRunner:
         dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
         lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
                                                    self.prefill_buckets, s_max)
-        cfg, buckets = self.model.cfg, self.prefill_buckets
-        variants = bucket_variants(buckets, self.group, cfg.num_kv_heads, cfg.head_dim, self.dtype.itemsize,
-                                   self.max_blocks_per_seq * self.block_size, self.sms)
+        buckets = self.prefill_buckets
+        variants = self.graph_variants()
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
@@ -301,15 +300,25 @@ class ModelRunner:
                 self._pool = g.pool()
                 self.prefill_graphs.setdefault(t, {})[variant] = g
 
-    def _graph_variant(self, t: int, spans: list[tuple]) -> tuple:
-        """The (tile, splits) graph of bucket ``t`` a step of ``spans`` replays (``triton_prefill.pick_variant``)."""
+    def graph_variants(self, elem_bytes: int | None = None) -> dict:
+        """Bucket -> the (tile, splits) its prefill graphs are captured with (``prefill_layout.bucket_variants``
+        for this engine; ``elem_bytes``: another KV element size than the engine's, e.g. 2 to
+        plan a bf16 engine's graphs on a CPU one)."""
+        cfg = self.model.cfg
+        return bucket_variants(self.prefill_buckets, self.group, cfg.num_kv_heads, cfg.head_dim,
+                               elem_bytes or self.dtype.itemsize, self.max_blocks_per_seq * self.block_size, self.sms)
+
+    def _graph_variant(self, t: int, spans: list[tuple], variants: tuple | None = None,
+                       elem_bytes: int | None = None) -> tuple:
+        """The (tile, splits) graph of bucket ``t`` a step of ``spans`` replays (``triton_prefill.pick_variant``)
+        among ``variants`` (by default the captured graphs')."""
         from opencomposer.inference.triton_prefill import pick_variant
 
-        cfg, graphs = self.model.cfg, tuple(self.prefill_graphs[t])
+        cfg, graphs = self.model.cfg, variants or tuple(self.prefill_graphs[t])
         if len(graphs) == 1:
             return graphs[0]
         return pick_variant(graphs, t, [n for _, n, _, _ in spans], self.group, cfg.num_kv_heads, cfg.head_dim,
-                            self.dtype.itemsize, max(c + n for _, n, c, _ in spans), self.sms)
+                            elem_bytes or self.dtype.itemsize, max(c + n for _, n, c, _ in spans), self.sms)
 
     def _prefill_graph_forward(self, t: int, variant: tuple) -> torch.Tensor:
         tile, splits = variant

@@ -181,11 +181,17 @@ LONG_ROWS = 4096
 WIDE = (Tile(128, 64, 4), Tile(128, 128, 8))  # the two 128-row tiles: long histories, long fresh steps
 
 
+def takes_wide(head_dim: int, elem_bytes: int) -> bool:
+    """Whether a model's steps may take the 128-row tiles: head_dim >= 128 in a 16-bit type (fp32
+    tiles that size would not fit shared memory; with head_dim 64 they were at best 4% faster, up to
+    16% slower)."""
+    return head_dim >= 128 and elem_bytes <= 2
+
+
 def tile_for(num_tokens: int, group: int, head_dim: int = 0, elem_bytes: int = 2, keys: int = 0) -> Tile:
     """The tile for a step of ``num_tokens`` new tokens on contexts of up to ``keys`` keys:
-    smaller tiles for small steps, so they still fill the GPU; 128-row tiles only for
-    head_dim >= 128 in 16-bit types (fp32 tiles that size would not fit shared memory), us
-    per layer for Qwen2.5-1.5B on an H100 (``profile_engine.py --rows``, best split count each):
+    smaller tiles for small steps, so they still fill the GPU; 128-row tiles only where the
+    model ``takes_wide`` them, us per layer for Qwen2.5-1.5B on an H100 (``profile_engine.py --rows``, best split count each):
 
     * a step of ``LONG_STEP`` tokens or more, with 128-key tiles and 8 warps: a fresh
       8,192-token prompt 667 -> 643 (655 with the other 128-row tile); 16,384 tokens 2,834 ->
@@ -199,7 +205,7 @@ def tile_for(num_tokens: int, group: int, head_dim: int = 0, elem_bytes: int = 2
       1-16% at every length (4,000-60,000 keys); on 4,000-8,000 keys groups of 4-16 turns lose
       up to 3.4% or tie, and 4 turns on 16,000 tie.
     """
-    wide = head_dim >= 128 and elem_bytes <= 2
+    wide = takes_wide(head_dim, elem_bytes)
     if wide and num_tokens >= LONG_STEP:
         return WIDE[1]
     if wide and keys >= LONG_HISTORY and num_tokens * group >= LONG_ROWS:
@@ -332,8 +338,7 @@ def warm_up(k_cache: torch.Tensor, num_heads: int) -> None:
     first start of the Qwen2.5-1.5B engine on an H100 box (``benchmarks/RESULTS.md``)."""
     _, _, kvh, d = k_cache.shape
     dev = k_cache.device
-    wide = tile_for(LONG_STEP, num_heads // kvh, d, k_cache.element_size()).rows == 128
-    tiles = [Tile(rows) for rows in ROWS if rows < 128] + (list(WIDE) if wide else [])
+    tiles = [Tile(rows) for rows in ROWS if rows < 128] + (list(WIDE) if takes_wide(d, k_cache.element_size()) else [])
     variants = [(tile, splits) for tile in tiles for splits in SPLIT_COUNTS]
     qkv = torch.zeros(max(ROWS), (num_heads + 2 * kvh) * d, dtype=k_cache.dtype, device=dev)
     nothing = torch.zeros(3, 1, dtype=torch.long, device=dev)  # one sequence of no tokens
