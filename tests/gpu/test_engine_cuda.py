@@ -16,11 +16,12 @@ from opencomposer.inference.engine import Engine, SamplingParams
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def _tiny(seed: int = 0, dtype=torch.float32):
+def _tiny(seed: int = 0, dtype=torch.float32, hidden: int = 128, intermediate: int = 256, positions: int = 1024):
+    """A 2-layer Qwen2 (4 query heads, 2 KV heads: head_dim ``hidden`` / 4) on the GPU."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    cfg = Qwen2Config(vocab_size=1000, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                       tie_word_embeddings=True, initializer_range=0.1)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).to(device="cuda", dtype=dtype).eval()
@@ -242,13 +243,7 @@ def test_a_turn_on_a_long_history_splits_its_keys_inside_the_prefill_graph():
     """A 20,000-token history, then a turn of ~40 new tokens on it: the turn replays its
     bucket's graph with the most key splits (16: this tiny model's short turns take 16 on
     any history), and its greedy tokens and logprobs are the torch path's."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
-                      tie_word_embeddings=True, initializer_range=0.1)
-    torch.manual_seed(0)
-    hf = Qwen2ForCausalLM(cfg).to("cuda").eval()
+    hf = _tiny(positions=32768)
     history = torch.randint(0, 1000, (20_000,), generator=torch.Generator().manual_seed(11)).tolist()
     outs = {}
     for kernels in ("triton", "torch"):
@@ -308,15 +303,9 @@ def test_a_group_of_turns_on_long_histories_replays_a_128_row_graph():
     with 128-row tiles (``tile_for``). Its greedy tokens are those of each turn alone (64-row
     tiles: 2,204 rows) and of the torch path, and its logprobs are as close to the torch
     path's as the 64-row path's are (bf16 rounding, not the tile, sets the difference)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from opencomposer.inference.triton_prefill import WIDE
 
-    cfg = Qwen2Config(vocab_size=1000, hidden_size=512, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
-                      tie_word_embeddings=True, initializer_range=0.1)
-    torch.manual_seed(0)
-    hf = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    hf = _tiny(dtype=torch.bfloat16, hidden=512, intermediate=512, positions=32768)
     g = torch.Generator().manual_seed(12)
     histories = [torch.randint(0, 1000, (16_400,), generator=g).tolist() for _ in range(2)]
     turns = [torch.randint(0, 1000, (1_100,), generator=g).tolist() for _ in range(2)]
