@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from opencomposer.inference.decode_mirror import MirrorView
+
 _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -55,6 +57,10 @@ class AttentionBatch:
     prefill_tile: tuple | None = None           # the program's shape (``triton_prefill.Tile``)
     prefill_splits: int = 1                     # key splits per program (``triton_prefill.splits_for``)
     kv_written: bool = False                  # the caller already wrote k/v to the cache (fused kernel)
+    # CPU decode: each sequence's K/V also held contiguous (``decode_mirror.py``); ``layer`` (set
+    # by the model's forward) picks the layer's part of it
+    mirror: MirrorView | None = None
+    layer: int = 0
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -72,6 +78,8 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.T
             from opencomposer.inference.triton_kernels import paged_decode
 
             return paged_decode(q, k_cache, v_cache, batch.block_tables, batch.context_lens, batch.decode_counters)
+        if batch.mirror is not None:
+            return _decode_mirrored(q, k, v, batch.mirror, batch.layer)
         if batch.decode_mask is None:
             batch.decode_mask = decode_mask(batch.block_tables, batch.context_lens, k_cache.shape[1], q.dtype)
         return _decode(q, k_cache, v_cache, batch.block_tables, batch.decode_mask)
@@ -123,6 +131,23 @@ def _decode(q, k_cache, v_cache, block_tables, mask):
     vv = v_cache.index_select(0, blocks).view(b, width, kvh, d).transpose(1, 2)
     qq = q.reshape(b, kvh, h // kvh, d)
     out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
+    return out.reshape(b, h, d)
+
+
+def _decode_mirrored(q, k, v, m, layer: int):
+    """Decode attention over the mirror's contiguous K/V (``decode_mirror.MirrorView``): write
+    the new tokens' K/V there, then one SDPA over its slots (rows in slot order, then back)."""
+    b, h, d = q.shape
+    kvh = k.shape[1]
+    mk, mv = m.k[layer], m.v[layer]  # [slots, kvh, cap, d]
+    mk[m.slot, :, m.pos] = k.to(mk.dtype)
+    mv[m.slot, :, m.pos] = v.to(mv.dtype)
+    qq = q.reshape(b, kvh, h // kvh, d)
+    if m.order is not None:
+        qq = qq.index_select(0, m.order)
+    out = F.scaled_dot_product_attention(qq, mk[:b, :, :m.width], mv[:b, :, :m.width], attn_mask=m.mask)
+    if m.order is not None:
+        out = out.index_select(0, m.slot)
     return out.reshape(b, h, d)
 
 

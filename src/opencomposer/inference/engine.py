@@ -446,6 +446,7 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq)
+        self.runner.release([seq])
         seq.finish_reason = reason
         seq.text = self._text(seq, reason)
         self._finished[seq.request_id] = seq

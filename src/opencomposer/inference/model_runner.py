@@ -59,6 +59,7 @@ from opencomposer.inference.attention import (
     attention_backends,
 )
 from opencomposer.inference.batch1_plan import capture_batch1
+from opencomposer.inference.decode_mirror import DecodeMirror, MirrorView
 from opencomposer.inference.models.transformer import DecoderLM
 from opencomposer.inference.prefill_layout import (
     PREFILL_GRAPH_SEQS,
@@ -105,6 +106,9 @@ class ModelRunner:
         shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # CPU decode reads each sequence's K/V from a contiguous copy, not gathered blocks
+        self.mirror = DecodeMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, max_model_len,
+                                   max_num_seqs) if self.device.type == "cpu" else None
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
         # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to four a bucket)
         self.prefill_graphs: dict[int, dict[tuple, torch.cuda.CUDAGraph]] = {}
@@ -156,7 +160,14 @@ class ModelRunner:
         with attention_backends(), _pdl(self.pdl):
             if batch.decode:
                 return self._decode(batch)
+            self.release(batch.seqs)  # a (re)computed prompt: a held copy may be stale
             return self._prefill(batch), None
+
+    @torch.inference_mode()  # the mirror's tensors are inference tensors: moved only in this mode
+    def release(self, seqs) -> None:
+        """These sequences left decoding (finished, aborted, recomputed): their mirror slots are free."""
+        if self.mirror is not None:
+            self.mirror.forget(seqs)
 
     # ------------------------------------------------------------------ prefill
 
@@ -367,7 +378,8 @@ class ModelRunner:
         ids, pos, slots, tables, lens = self._decode_inputs(batch, width, n)
         dev = self.device
         vec = _to([ids, pos, slots, lens], dev)
-        return self._decode_forward(vec, _to(tables, dev)), None
+        mirror = self.mirror.step(batch.seqs, self.k_cache, self.v_cache) if self.mirror is not None else None
+        return self._decode_forward(vec, _to(tables, dev), mirror), None
 
     # ------------------------------------------------------------------ run-ahead decode
 
@@ -412,11 +424,11 @@ class ModelRunner:
             event.record()
         return Launch(n, bucket, host, event)
 
-    def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor, mirror: MirrorView | None = None) -> torch.Tensor:
         """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W]."""
         attn = AttentionBatch(slot_mapping=vec[2], decode=True, block_tables=tables, context_lens=vec[3],
                               num_tokens=vec.shape[1], triton_decode=self.triton, kv_written=self.triton,
-                              decode_counters=self._split_counters)
+                              decode_counters=self._split_counters, mirror=mirror)
         hidden = self.model(vec[0], vec[1], attn, self.k_cache, self.v_cache)
         return self.model.logits(hidden)
 

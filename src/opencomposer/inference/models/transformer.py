@@ -301,6 +301,7 @@ class DecoderLM(nn.Module):
             return self._forward_gemv(x, rope, batch, k_caches, v_caches)
         residual = None
         for i, layer in enumerate(islice(self.model.layers, self._layers_run)):
+            batch.layer = i
             x, residual = layer(x, residual, rope, batch, k_caches[i], v_caches[i])
         return add_norm(x, residual, self.model.norm, self.fused)[0]
 
