@@ -468,7 +468,9 @@ OOM_SCRIPT = r"""
 import gc, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from opencomposer.inference.engine import Engine, SamplingParams
-cfg = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+# 16 layers: the cache the engine wants (2 x 256 sequences x 32,768 tokens, 275 GB) exceeds any
+# one GPU's memory, so it takes all that is free (with 8 layers it wanted 137 GB: an H200 had room)
+cfg = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=16,
                   num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=32768, tie_word_embeddings=True)
 hf = Qwen2ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
 try:  # the KV cache takes all free memory: the graphs captured after it cannot fit
