@@ -15,8 +15,10 @@ decode step still writes its new K/V there too.
 
 Slots ``0 .. n-1`` hold the step's ``n`` sequences (a sequence that leaves decoding hands its
 slot to the one in the last slot), so one SDPA call covers the batch; its rows are put in slot
-order and back. Memory: the held tokens' K/V once more (at most ``max_num_seqs`` x the longest
-context), grown by doubling.
+order and back. Memory: every slot has room for the longest context (in steps of ``GROW``
+positions), at most ``budget`` bytes -- the runner gives the paged cache's size; a step that
+would need more (many long sequences at once) decodes through the gathers, as on any device
+without the mirror.
 
 Test: ``pytest tests/unit/inference/test_decode_mirror.py``.
 """
@@ -45,13 +47,12 @@ class MirrorView:
 
 class DecodeMirror:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, max_len: int,
-                 max_seqs: int):
+                 budget: int):
+        """``budget``: bytes the mirror may take (the runner gives the paged cache's own size); a
+        step whose sequences would need more decodes through the block gathers instead."""
         self.shape = (num_layers, kv_heads, head_dim)
-        self.dtype, self.max_len, self.max_seqs = dtype, max_len, max_seqs
-        self.k = torch.empty(num_layers, 0, kv_heads, 0, head_dim, dtype=dtype)
-        self.v = torch.empty_like(self.k)
-        self.slots: dict = {}    # sequence -> slot
-        self.held: dict = {}     # sequence -> tokens held (positions 0 .. held-1)
+        self.dtype, self.max_len, self.budget = dtype, max_len, budget
+        self._clear()
 
     def forget(self, seqs) -> None:
         """Drop these sequences (a prefill step recomputes their K/V: the copy may be stale)."""
@@ -59,17 +60,20 @@ class DecodeMirror:
             if s in self.slots:
                 self._release(s)
 
-    def step(self, seqs: list, k_cache: torch.Tensor, v_cache: torch.Tensor) -> MirrorView:
+    def step(self, seqs: list, k_cache: torch.Tensor, v_cache: torch.Tensor) -> MirrorView | None:
         """Make the slots hold each of ``seqs`` up to (not including) its newest token, whose
         K/V this step computes; ``k_cache``/``v_cache`` [L, blocks, block_size, kv_heads, d]
-        are the paged caches it copies joining sequences from."""
+        are the paged caches it copies joining sequences from. None (and nothing held) if the
+        step's slots would take more than the budget."""
         members = set(seqs)
         for s in [s for s in self.slots if s not in members]:
             self._release(s)
         for s in seqs:  # a sequence whose count does not match (it cannot, short of a bug) is copied afresh
             if s in self.slots and self.held[s] != len(s) - 1:
                 self._release(s)
-        self._reserve(len(seqs), max(len(s) for s in seqs))
+        if not self._reserve(len(seqs), max(len(s) for s in seqs)):
+            self._clear()
+            return None
         for s in seqs:
             if s not in self.slots:
                 self._join(s, k_cache, v_cache)
@@ -105,15 +109,19 @@ class DecodeMirror:
             self.v[:, free, :, :n] = self.v[:, last, :, :n]
             self.slots[mover] = free
 
-    def _reserve(self, slots: int, positions: int) -> None:
+    def _reserve(self, slots: int, positions: int) -> bool:
+        """Room for ``slots`` sequences of up to ``positions`` tokens (capacity in steps of ``GROW``
+        positions, slots as needed); False if that is over the budget."""
         have_slots, have_cap = self.k.shape[1], self.k.shape[3]
         if slots <= have_slots and positions <= have_cap:
-            return
+            return True
         if positions > self.max_len:
             raise ValueError(f"a decoding sequence has {positions} tokens, over max_model_len={self.max_len}")
-        cap = have_cap if positions <= have_cap else min(self.max_len, -(-max(positions, 2 * have_cap) // GROW) * GROW)
-        n = have_slots if slots <= have_slots else max(slots, min(self.max_seqs, 2 * have_slots))
+        cap = max(have_cap, min(self.max_len, -(-positions // GROW) * GROW))
+        n = max(have_slots, slots)
         layers, kvh, d = self.shape
+        if 2 * layers * n * kvh * cap * d * self.k.element_size() > self.budget:
+            return False
         # zeroed: SDPA reads the masked positions past each context too, and 0 x NaN is NaN
         k = torch.zeros(layers, n, kvh, cap, d, dtype=self.dtype)
         v = torch.zeros_like(k)
@@ -121,6 +129,14 @@ class DecodeMirror:
             k[:, i, :, :self.held[s]] = self.k[:, i, :, :self.held[s]]
             v[:, i, :, :self.held[s]] = self.v[:, i, :, :self.held[s]]
         self.k, self.v = k, v
+        return True
+
+    def _clear(self) -> None:
+        layers, kvh, d = self.shape
+        self.k = torch.empty(layers, 0, kvh, 0, d, dtype=self.dtype)
+        self.v = torch.empty_like(self.k)
+        self.slots: dict = {}    # sequence -> slot
+        self.held: dict = {}     # sequence -> tokens held (positions 0 .. held-1)
 
     def _join(self, s, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Copy ``s``'s first ``len(s) - 1`` tokens from the paged cache into the next free slot."""

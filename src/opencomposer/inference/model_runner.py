@@ -106,9 +106,10 @@ class ModelRunner:
         shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        # CPU decode reads each sequence's K/V from a contiguous copy, not gathered blocks
+        # CPU decode reads each sequence's K/V from a contiguous copy (at most the paged cache's
+        # size again), not from blocks gathered every layer
         self.mirror = DecodeMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, max_model_len,
-                                   max_num_seqs) if self.device.type == "cpu" else None
+                                   self.kv_bytes) if self.device.type == "cpu" else None
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
         # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to four a bucket)
         self.prefill_graphs: dict[int, dict[tuple, torch.cuda.CUDAGraph]] = {}

@@ -17,12 +17,15 @@ def hf(tiny_hf):
     return tiny_hf("qwen2")
 
 
-def _both(hf, run, **engine_kw):
-    """``run(engine)`` -> completions, with the mirror (the CPU default) and with gathers."""
+def _both(hf, run, budget=None, **engine_kw):
+    """``run(engine)`` -> completions, with the mirror (the CPU default; ``budget``: its bytes)
+    and with gathers."""
     out = {}
     for mirrored in (True, False):
         engine = Engine(hf, None, **engine_kw)
         assert engine.runner.mirror is not None  # on by default on the CPU
+        if budget is not None:
+            engine.runner.mirror.budget = budget
         if not mirrored:
             engine.runner.mirror = None
         out[mirrored] = (run(engine), engine)
@@ -35,7 +38,10 @@ def _same(a, b):
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
 
 
-def test_ragged_finishes_and_joins_mid_run_match_the_gather_path(hf, prompts):
+# the tiny model's K and V take 512 bytes a position and slot: room for 3 slots of 128 positions,
+# so when 4 sequences decode at once the step goes through the gathers, and back after
+@pytest.mark.parametrize("budget", [None, 3 * 128 * 512])
+def test_ragged_finishes_and_joins_mid_run_match_the_gather_path(hf, prompts, budget):
     ps = prompts(5, seed=21)
     lengths = [3, 14, 6, 20, 9]  # finish out of order: slots are handed on, rows permuted
 
@@ -49,10 +55,27 @@ def test_ragged_finishes_and_joins_mid_run_match_the_gather_path(hf, prompts):
             engine.step()
         return [engine.completion(r) for r in rids]
 
-    out = _both(hf, run, max_num_seqs=4, max_model_len=128, block_size=4)
+    steps = []
+
+    def watch(engine):  # each decode step's size, and whether the mirror took it
+        mirror = engine.runner.mirror
+        if mirror is not None:
+            step = mirror.step
+
+            def recorded(seqs, *caches):
+                steps.append((len(seqs), step(seqs, *caches)))
+                return steps[-1][1]
+
+            mirror.step = recorded
+        return run(engine)
+
+    out = _both(hf, watch, budget, max_num_seqs=4, max_model_len=128, block_size=4)
     _same(out[True][0], out[False][0])
     engine = out[True][1]
     assert engine.runner.mirror.slots == {} and engine.stats()["kv_blocks_used"] == 0
+    used = [n for n, view in steps if view is not None]
+    over = [n for n, view in steps if view is None]
+    assert 4 in used if budget is None else (max(used) == 3 and set(over) == {4})
 
 
 def test_preemption_and_sampling_match_the_gather_path(hf, prompts):
@@ -109,7 +132,7 @@ def test_the_mirror_holds_each_sequence_in_its_slot_after_moves():
     layers, blocks, bs, kvh, d = 2, 12, 4, 2, 3
     k_cache = torch.randn(layers, blocks, bs, kvh, d)
     v_cache = torch.randn(layers, blocks, bs, kvh, d)
-    mirror = DecodeMirror(layers, kvh, d, torch.float32, max_len=64, max_seqs=4)
+    mirror = DecodeMirror(layers, kvh, d, torch.float32, max_len=64, budget=1 << 20)
 
     def expect(s):  # the sequence's first len - 1 tokens from the paged cache, head-major
         idx = torch.tensor(s.block_table)
@@ -144,3 +167,8 @@ def test_the_mirror_holds_each_sequence_in_its_slot_after_moves():
     mirror.forget([b])
     assert mirror.slots == {} and mirror.held == {}
     assert mirror.k.isfinite().all()
+    # over the budget: nothing held, the caller gathers (room for 3 slots of 64 positions, max_len)
+    mirror.budget = 3 * 64 * 2 * layers * kvh * d * 4
+    seqs = [_Seq(5, [1, 2]) for _ in range(4)]
+    assert mirror.step(seqs, k_cache, v_cache) is None and mirror.slots == {} and mirror.k.numel() == 0
+    assert mirror.step(seqs[:3], k_cache, v_cache) is not None and mirror.k.shape[1::2] == (3, 64)
