@@ -91,10 +91,6 @@ class DecodeMirror:
         return MirrorView(self.k, self.v, torch.tensor(slot, dtype=torch.long),
                           torch.tensor([len(s) - 1 for s in seqs], dtype=torch.long), order, mask, width)
 
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
     # ------------------------------------------------------------------ internals
 
     def _release(self, s) -> None:
@@ -110,15 +106,16 @@ class DecodeMirror:
             self.slots[mover] = free
 
     def _reserve(self, slots: int, positions: int) -> bool:
-        """Room for ``slots`` sequences of up to ``positions`` tokens (capacity in steps of ``GROW``
-        positions, slots as needed); False if that is over the budget."""
+        """Room for ``slots`` sequences of up to ``positions`` tokens; if it must grow, exactly
+        ``slots`` slots (the ones held are among them: ``step`` released the others) of capacity
+        rounded up to ``GROW`` positions. False if that is over the budget."""
         have_slots, have_cap = self.k.shape[1], self.k.shape[3]
         if slots <= have_slots and positions <= have_cap:
             return True
         if positions > self.max_len:
             raise ValueError(f"a decoding sequence has {positions} tokens, over max_model_len={self.max_len}")
         cap = max(have_cap, min(self.max_len, -(-positions // GROW) * GROW))
-        n = max(have_slots, slots)
+        n = slots
         layers, kvh, d = self.shape
         if 2 * layers * n * kvh * cap * d * self.k.element_size() > self.budget:
             return False
