@@ -8,6 +8,8 @@ attends to.
 
 This is the portable torch path (gather blocks + SDPA), used on CPU and CUDA. Decode is
 fixed-shape (block tables padded to a width, a length mask), so CUDA graphs can capture it.
+On the CPU, decode reads the runner's contiguous copy of each sequence's K/V instead when it
+holds one (``decode_mirror.py``): no gather in every layer of every step.
 Grouped-query attention is done by viewing the query heads of one KV head as that head's
 "queries" ([B, kv_heads, group, d]) instead of repeating K/V, which is the same sum.
 
