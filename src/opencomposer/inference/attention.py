@@ -19,12 +19,14 @@ Test: ``pytest tests/unit/inference/test_attention.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from opencomposer.inference.decode_mirror import MirrorView
+if TYPE_CHECKING:
+    from opencomposer.inference.decode_mirror import MirrorView
 
 _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -117,11 +119,15 @@ def _prefill_fresh(q, k, v, index, valid):
 
 
 def decode_mask(block_tables, context_lens, block_size: int, dtype) -> torch.Tensor:
-    """Additive [B, 1, 1, S] mask: 0 for the context, -inf for padding (shared by all layers)."""
-    b, width = block_tables.shape[0], block_tables.shape[1] * block_size
-    keep = torch.arange(width, device=block_tables.device)[None, :] < context_lens[:, None]
-    zero = torch.zeros((), dtype=dtype, device=block_tables.device)
-    return torch.where(keep, zero, float("-inf")).view(b, 1, 1, width)
+    """Additive [B, 1, 1, S] mask over the gathered blocks (shared by all layers)."""
+    return length_mask(context_lens, block_tables.shape[1] * block_size, dtype)
+
+
+def length_mask(lens: torch.Tensor, width: int, dtype) -> torch.Tensor:
+    """Additive [B, 1, 1, width] mask: 0 for each row's first ``lens`` keys, -inf after them."""
+    keep = torch.arange(width, device=lens.device)[None, :] < lens[:, None]
+    zero = torch.zeros((), dtype=dtype, device=lens.device)
+    return torch.where(keep, zero, float("-inf")).view(len(lens), 1, 1, width)
 
 
 def _decode(q, k_cache, v_cache, block_tables, mask):

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from opencomposer.inference.attention import length_mask
+
 GROW = 256  # capacity in positions is a multiple of this
 
 
@@ -86,10 +88,9 @@ class DecodeMirror:
             order[torch.tensor(slot)] = torch.arange(len(seqs))
             lens = lens[order]
         width = int(lens.max())
-        keep = torch.arange(width)[None, :] < lens[:, None]
-        mask = torch.where(keep, torch.zeros((), dtype=self.dtype), float("-inf")).view(len(seqs), 1, 1, width)
         return MirrorView(self.k, self.v, torch.tensor(slot, dtype=torch.long),
-                          torch.tensor([len(s) - 1 for s in seqs], dtype=torch.long), order, mask, width)
+                          torch.tensor([len(s) - 1 for s in seqs], dtype=torch.long), order,
+                          length_mask(lens, width, self.dtype), width)
 
     # ------------------------------------------------------------------ internals
 

@@ -164,11 +164,11 @@ class ModelRunner:
             self.release(batch.seqs)  # a (re)computed prompt: a held copy may be stale
             return self._prefill(batch), None
 
-    @torch.inference_mode()  # the mirror's tensors are inference tensors: moved only in this mode
     def release(self, seqs) -> None:
         """These sequences left decoding (finished, aborted, recomputed): their mirror slots are free."""
-        if self.mirror is not None:
-            self.mirror.forget(seqs)
+        if self.mirror is not None:  # (no mirror, as on a GPU: nothing to do, not even the mode switch)
+            with torch.inference_mode():  # the mirror's tensors are inference tensors: moved only in this mode
+                self.mirror.forget(seqs)
 
     # ------------------------------------------------------------------ prefill
 
