@@ -64,6 +64,9 @@ class PolicyOutput:
     logprobs: list[float] = field(default_factory=list)
     policy_version: int = 0
     finish_reason: str = "stop"
+    # MoE models on the engine: the experts each token of prompt + completion went to
+    # (``models.moe_replay.encode_routes``), replayed by the trainer; "" otherwise
+    routes: str = ""
 
 
 @runtime_checkable

@@ -182,6 +182,7 @@ class Agent:
             completion_tokens=out.completion_tokens or estimate_tokens(out.text), tokens_estimated=estimated,
             finish_reason=out.finish_reason, token_ids=list(out.token_ids),
             logprobs=list(out.logprobs), policy_version=out.policy_version, segment=len(traj.segments),
+            routes=out.routes,
         )
         traj.steps.append(step)
         return step, out

@@ -58,6 +58,7 @@ class Step:
     policy_version: int = 0
     segment: int = 0  # which context segment the turn belongs to (see harness/summarize.py)
     summary: bool = False  # the turn answered the summary request; its text is the summary
+    routes: str = ""  # MoE: experts per token of the turn's prompt + completion (PolicyOutput.routes)
 
 
 @dataclass

@@ -81,6 +81,7 @@ import torch
 from opencomposer.inference.block_manager import BlockManager
 from opencomposer.inference.model_runner import Launch, ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
+from opencomposer.inference.moe import read_routes
 from opencomposer.inference.prefill_layout import prefill_buckets
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
@@ -113,6 +114,9 @@ class Completion:
     cached_prompt_tokens: int
     # per generated token: [(token id, logprob), ...] most likely first (SamplingParams.top_logprobs)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # MoE models: the experts each token of prompt + completion was routed to, [n, sparse layers, k]
+    # int16, for the n tokens the model ran (all but the last sampled one); None for a dense model
+    routes: torch.Tensor | None = None
 
 
 @dataclass
@@ -162,6 +166,8 @@ class Engine:
         budget = max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.scheduler = Scheduler(self.blocks, max_num_seqs, budget)
         pow2 = cfg.head_dim & (cfg.head_dim - 1) == 0
+        if cfg.sparse_layers and self.device.type == "cuda" and cuda_graphs is True:
+            cuda_graphs, gemv = False, False  # the experts' loop syncs with the host (``moe.py``)
         kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
@@ -383,7 +389,8 @@ class Engine:
             request_id=seq.request_id, prompt_token_ids=seq.token_ids[:seq.num_prompt],
             token_ids=seq.completion_ids, logprobs=list(seq.logprobs), policy_versions=list(seq.versions),
             text=seq.text, finish_reason=seq.finish_reason or "abort",
-            cached_prompt_tokens=max(seq.cached_prompt_tokens, 0), top_logprobs=list(seq.top_logprobs))
+            cached_prompt_tokens=max(seq.cached_prompt_tokens, 0), top_logprobs=list(seq.top_logprobs),
+            routes=seq.routes)
 
     # ------------------------------------------------------------------ weights
 
@@ -445,6 +452,8 @@ class Engine:
         return None
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self.runner.routes is not None and seq.block_table:  # read before its blocks are freed
+            seq.routes = read_routes(self.runner.routes, seq.block_table, seq.num_computed, self.blocks.block_size)
         self.scheduler.finish(seq)
         self.runner.release([seq])
         seq.finish_reason = reason

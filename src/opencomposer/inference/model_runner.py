@@ -106,6 +106,8 @@ class ModelRunner:
         shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # a MoE model's routes, indexed like the cache (``moe.py``); None for a dense model
+        self.routes = model.route_buffer((num_blocks + 1) * block_size)
         # CPU decode reads each sequence's K/V from a contiguous copy (at most the paged cache's
         # size again), not from blocks gathered every layer
         self.mirror = DecodeMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, max_model_len,

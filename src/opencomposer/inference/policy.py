@@ -34,6 +34,7 @@ from typing import Any
 
 from opencomposer.harness import codec
 from opencomposer.inference.engine import Completion, Engine, SamplingParams
+from opencomposer.models.moe_replay import encode_routes
 from opencomposer.models.policy import PromptPolicy
 from opencomposer.protocols import PolicyOutput
 
@@ -85,6 +86,7 @@ class EnginePolicy(PromptPolicy):
             text=c.text, tool_calls=calls, prompt_tokens=len(c.prompt_token_ids), completion_tokens=len(c.token_ids),
             token_ids=c.token_ids, logprobs=c.logprobs,
             policy_version=c.policy_versions[0] if c.policy_versions else self.engine.policy_version,
-            finish_reason="stop" if c.finish_reason == "stop" else "length")
+            finish_reason="stop" if c.finish_reason == "stop" else "length",
+            routes=encode_routes(c.routes) if c.routes is not None else "")
         out.policy_versions = c.policy_versions  # type: ignore[attr-defined]  # per token; see module doc
         return out

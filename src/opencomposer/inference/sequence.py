@@ -66,6 +66,7 @@ class Sequence:
         self.logprobs: list[float] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []  # per generated token, when asked for
         self.versions: list[int] = []
+        self.routes: torch.Tensor | None = None  # MoE: set when finished (``moe.read_routes``)
         self.finish_reason: str | None = None
         self.text = ""                 # final text, set when finished
         self.generator: torch.Generator | None = None

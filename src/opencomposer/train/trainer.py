@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from opencomposer.models.moe_replay import pad_routes, replay_routes
 from opencomposer.rl.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
 from opencomposer.rl.samples import Sample
 from opencomposer.train.config import TrainConfig
@@ -245,14 +246,16 @@ class Trainer:
         keep = (mask[:, 1:].sum(0) > 0).nonzero().squeeze(1)
         adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
         dev = self.device
+        routes = pad_routes([s.routes for s in batch], width)
         return _Batch(
             ids.to(dev), attn.to(dev), keep.to(dev), ids[:, keep + 1].to(dev), mask[:, keep + 1].to(dev),
-            old[:, keep + 1].to(dev), adv.to(dev), float(attn.sum()),
+            old[:, keep + 1].to(dev), adv.to(dev), float(attn.sum()), None if routes is None else routes.to(dev),
         )
 
     def _logits(self, model: Any, b: _Batch) -> torch.Tensor:
-        """(rows, len(keep), vocab) logits at the kept positions only."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        """(rows, len(keep), vocab) logits at the kept positions only; a MoE model's tokens go to the
+        experts the sampler chose where the samples recorded them (``models.moe_replay``)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16), replay_routes(model, b.routes):
             if self._keeps_logits:
                 return model(input_ids=b.ids, attention_mask=b.attn, use_cache=False, logits_to_keep=b.keep).logits
             # older transformers: every position's logits, then the kept ones
@@ -282,6 +285,7 @@ class _Batch:
     old: torch.Tensor
     adv: torch.Tensor
     tokens: float  # real (unpadded) tokens
+    routes: torch.Tensor | None = None  # MoE: (rows, width, sparse layers, k) recorded experts, -1 = free
 
 
 def _timed(metrics: dict[str, float], t0: float) -> dict[str, float]:

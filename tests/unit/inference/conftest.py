@@ -1,4 +1,4 @@
-"""Tiny Llama / Qwen2 / Qwen3 models built in-test (random weights, fixed seed, fp32, CPU)."""
+"""Tiny Llama / Qwen2 / Qwen3 / Qwen3-MoE models built in-test (random weights, fixed seed, fp32, CPU)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32}),  # != hidden / heads, as in real Qwen3
+    # 8 experts, 2 a token; layer 0 dense, layer 1 sparse (as ``mlp_only_layers`` allows)
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, {"head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                                                        "moe_intermediate_size": 48, "norm_topk_prob": True,
+                                                        "mlp_only_layers": [0]}),
 }
 
 

@@ -1,4 +1,4 @@
-"""A compact decoder-only transformer for the Llama, Qwen2 and Qwen3 families, with paged attention.
+"""A compact decoder-only transformer for the Llama, Qwen2, Qwen3 and Qwen3-MoE families, with paged attention.
 
 The engine runs this module instead of the Hugging Face one: its attention reads and
 writes the engine's paged KV cache (``inference/attention.py``), and it takes a flat
@@ -10,6 +10,8 @@ parameter, or to its slice of a fused q/k/v or gate/up projection), so
 What differs between the three families is read from the config and the state dict:
 Qwen2 has q/k/v biases (found as ``*.q_proj.bias`` keys), Qwen3 has per-head RMSNorm
 on q and k (``*.q_norm.weight``), and any of them may tie ``lm_head`` to the embedding.
+Qwen3-MoE layers replace the MLP by a sparse mixture of experts (``inference/moe.py``),
+whose routes the engine records for the trainer.
 
     cfg = DecoderConfig.from_hf(hf_model.config, hf_model.state_dict())
     model = DecoderLM(cfg); model.load_hf_state_dict(hf_model.state_dict())
@@ -22,6 +24,7 @@ so that logprobs match the trainer's forward pass; tested in
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -32,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from opencomposer.inference.attention import AttentionBatch, paged_attention
+from opencomposer.inference.moe import SparseMoE, hf_expert_views, route_buffer
 
-SUPPORTED = ("llama", "qwen2", "qwen3")
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,12 @@ class DecoderConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # llama3-style scaling, as items
+    # mixture of experts (Qwen3-MoE): the layers whose MLP is sparse, and its shape
+    sparse_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     @classmethod
     def from_hf(cls, config: Any, state_dict: Mapping[str, torch.Tensor] | None = None) -> DecoderConfig:
@@ -75,7 +85,17 @@ class DecoderConfig:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         qkv_bias = ("model.layers.0.self_attn.q_proj.bias" in keys) if keys else (
             model_type == "qwen2" or bool(getattr(config, "attention_bias", False)))
-        qk_norm = ("model.layers.0.self_attn.q_norm.weight" in keys) if keys else model_type == "qwen3"
+        qk_norm = ("model.layers.0.self_attn.q_norm.weight" in keys) if keys else model_type.startswith("qwen3")
+        moe = {}
+        if model_type == "qwen3_moe" and config.num_experts > 0:
+            step, dense = config.decoder_sparse_step, set(config.mlp_only_layers or ())
+            moe = {"sparse_layers": tuple(i for i in range(config.num_hidden_layers)
+                                          if i not in dense and (i + 1) % step == 0),
+                   "num_experts": config.num_experts, "experts_per_token": config.num_experts_per_tok,
+                   "moe_intermediate_size": config.moe_intermediate_size,
+                   "norm_topk_prob": bool(config.norm_topk_prob)}
+            if getattr(config, "hidden_act", "silu") != "silu":
+                raise ValueError(f"hidden_act={config.hidden_act!r} is not supported by the engine; expected 'silu'")
         return cls(
             model_type=model_type,
             vocab_size=config.vocab_size,
@@ -92,6 +112,7 @@ class DecoderConfig:
             qkv_bias=qkv_bias,
             qk_norm=qk_norm,
             rope_scaling=scaling,
+            **moe,
         )
 
 
@@ -101,6 +122,9 @@ class DecoderConfig:
         return {"qkv": (qkv, self.hidden_size), "o": (self.hidden_size, self.num_heads * self.head_dim),
                 "gate_up": (2 * self.intermediate_size, self.hidden_size),
                 "down": (self.hidden_size, self.intermediate_size), "lm_head": (self.vocab_size, self.hidden_size)}
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")  # a checkpoint with one module per expert
 
 
 FEW_ROWS = 64  # CPU fp32 products of at most this many rows take ``Linear``'s W @ x^T form
@@ -253,10 +277,12 @@ def _norm_proj(x, residual, norm: RMSNorm, proj: nn.Linear, config):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, index: int = 0):
         super().__init__()
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.sparse = index in cfg.sparse_layers
+        self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.experts_per_token,
+                             cfg.norm_topk_prob) if self.sparse else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -267,14 +293,14 @@ class DecoderLayer(nn.Module):
         h, residual = add_norm(x, residual, self.input_layernorm, self.fused)
         h = self.self_attn(h, rope, batch, k_cache, v_cache)
         h, residual = add_norm(h, residual, self.post_attention_layernorm, self.fused)
-        return self.mlp(h), residual
+        return (self.mlp(h, batch.slot_mapping) if self.sparse else self.mlp(h)), residual
 
 
 class _Body(nn.Module):  # named "model" inside DecoderLM so parameter names match HF
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -358,12 +384,20 @@ class DecoderLM(nn.Module):
             return gemv(hidden, self.lm_head.weight, config=self.gemv_plan["lm_head"])
         return self.lm_head(hidden)
 
-    def hf_views(self) -> dict[str, torch.Tensor]:
-        """HF parameter name -> the tensor (a parameter or a slice of a fused one) holding it."""
+    def route_buffer(self, num_slots: int) -> torch.Tensor | None:
+        """Record every token's experts from now on (``moe.route_buffer``); None for a dense model."""
+        return route_buffer(list(self.model.layers), num_slots, next(self.parameters()).device)
+
+    def hf_views(self, per_expert: bool = False) -> dict[str, torch.Tensor]:
+        """HF parameter name -> the tensor (a parameter or a slice of a fused one) holding it.
+        Experts: one 3-D tensor per layer (transformers 5.x), or with ``per_expert`` one module
+        per expert (transformers 4.x, published checkpoints)."""
         cfg = self.cfg
         views: dict[str, torch.Tensor] = {}
         for name, p in self.named_parameters(remove_duplicate=False):
-            if ".qkv_proj." in name:
+            if per_expert and ".mlp.experts." in name:
+                views.update(hf_expert_views(name, p, cfg.moe_intermediate_size))
+            elif ".qkv_proj." in name:
                 kind = name.rsplit(".", 1)[1]
                 q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
                 base = name.replace("qkv_proj", "{}")
@@ -387,7 +421,7 @@ class DecoderLM(nn.Module):
         keys and shape mismatches are always errors naming the key, raised before any
         weight changes.
         """
-        own = self.hf_views()
+        own = self.hf_views(per_expert=any(_PER_EXPERT.search(name) for name in state_dict))
         tied = self.cfg.tie_word_embeddings
         todo = []
         for name, tensor in state_dict.items():

@@ -1,0 +1,105 @@
+"""A MoE model's routes from the engine to the trainer: a real episode (``harness.loop.Agent``
+in a local sandbox) on a tiny Qwen3-MoE behind ``EnginePolicy``, its trajectory saved and
+loaded, turned into samples, and the trainer's forward pass replaying the recorded routes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opencomposer.config import AgentConfig
+from opencomposer.harness.loop import Agent
+from opencomposer.harness.prompt import agent_tools
+from opencomposer.harness.trajectory import Trajectory
+from opencomposer.inference.engine import Engine
+from opencomposer.inference.policy import EnginePolicy
+from opencomposer.models import load_model
+from opencomposer.models.moe_replay import decode_routes, encode_routes, routers
+from opencomposer.protocols import SandboxSpec
+from opencomposer.rl.samples import SampleError, trajectory_samples
+from opencomposer.sandbox import make_sandbox
+from opencomposer.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def moe():
+    """A 2-layer Qwen3-MoE (8 experts, 2 a token) with tiny-random's tokenizer, fp32."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    _, tok = load_model("tiny-random")
+    cfg = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                         initializer_range=0.1, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen3MoeForCausalLM(cfg).eval()
+    return model, tok
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path):
+    (tmp_path / "repo" / "calc").mkdir(parents=True)
+    (tmp_path / "repo" / "calc" / "core.py").write_text("def add(a, b):\n    return a - b\n")
+    with make_sandbox(SandboxSpec(base_dir=tmp_path / "repo", env_dir=Path(sys.prefix)), "local") as sb:
+        yield sb
+
+
+def test_routes_travel_from_the_engine_to_the_trainers_forward_pass(moe, sandbox, tmp_path):
+    model, tok = moe
+    engine = Engine(model, tok, max_num_seqs=2, max_model_len=2048)
+    policy = EnginePolicy(engine, temperature=1.0, max_new_tokens=24, seed=0)
+    traj = Agent(sandbox, policy, AgentConfig(max_turns=3)).run("Fix add in calc/core.py.", task_id="t1")
+    assert traj.turns >= 2 and all(s.routes for s in traj.steps)
+    traj.save(tmp_path / "t.json")  # routes survive the transcript file
+    again = Trajectory.load(tmp_path / "t.json")
+    samples = trajectory_samples(again, tok, agent_tools(), advantage=1.0)
+    assert samples and all(s.routes is not None for s in samples)
+    for s in samples:
+        assert tuple(s.routes.shape) == (len(s) - 1, 2, 2)
+
+    trainer = Trainer(model, tok)
+    for s in samples:
+        b = trainer._collate([s])
+        replayed, _ = trainer._logprobs(model, b, 1.0)
+        # the trainer's logprobs of the sampled tokens are the sampler's (same weights, fp32)
+        assert (replayed - b.old).mul(b.mask).abs().max() < 1e-4
+
+    # a trainer a step ahead (its routers moved): the recorded routes keep it on the sampler's experts
+    with torch.no_grad():
+        for r in routers(model):
+            r.weight.add_(0.02 * torch.randn(r.weight.shape, generator=torch.Generator().manual_seed(1)))
+    gaps = {True: [], False: []}
+    for s in samples:
+        for replay in (True, False):
+            b = trainer._collate([s] if replay else [_without_routes(s)])
+            lp, _ = trainer._logprobs(model, b, 1.0)
+            gaps[replay].append(((lp - b.old).abs() * b.mask).sum() / b.mask.sum())
+    assert torch.stack(gaps[True]).mean() < torch.stack(gaps[False]).mean()
+
+
+def test_routes_that_do_not_fit_the_sequence_are_refused(moe, sandbox):
+    model, tok = moe
+    engine = Engine(model, tok, max_num_seqs=2, max_model_len=2048)
+    traj = Agent(sandbox, EnginePolicy(engine, max_new_tokens=8, seed=1), AgentConfig(max_turns=1)).run("Hi", task_id="t2")
+    step = traj.steps[0]
+    good = step.routes
+    n = decode_routes(good).shape[0]
+    step.routes = encode_routes(decode_routes(good)[:-1])  # a token short
+    with pytest.raises(SampleError, match=rf"trajectory t2: routes of {n - 1} tokens .* expected {n}"):
+        trajectory_samples(traj, tok, agent_tools(), advantage=0.0)
+    step.routes = good[:-3]  # a damaged transcript
+    with pytest.raises(SampleError, match=r"trajectory t2: routes .* expected 'n,layers,k:<base64 int16>'"):
+        trajectory_samples(traj, tok, agent_tools(), advantage=0.0)
+    step.routes = good
+    assert trajectory_samples(traj, tok, agent_tools(), advantage=0.0)[0].routes.shape[0] == n
+
+
+def _without_routes(s):
+    from dataclasses import replace
+
+    return replace(s, routes=None)
