@@ -1,5 +1,6 @@
-"""Qwen3-MoE in the engine on CUDA (eager: the experts' loop syncs with the host): greedy tokens,
-routes and logprobs against Hugging Face on the same weights, and the trainer replaying them.
+"""Qwen3-MoE in the engine on CUDA: greedy tokens, routes and logprobs against Hugging Face on the
+same weights (fp32; bf16 with the experts as grouped GEMMs inside CUDA graphs), and the trainer
+replaying the routes.
 
 Run on a GPU box: ``PYTHONPATH=src python -m pytest -q tests/gpu/test_moe_cuda.py``.
 """
@@ -44,7 +45,10 @@ def _hf(hf, ids):
 def test_moe_fp32_matches_hf_tokens_routes_and_logprobs(kernels):
     hf = _moe()
     engine = Engine(hf, None, max_num_seqs=8, max_model_len=256, kernels=kernels)
-    assert engine.stats()["cuda_graph_batch_sizes"] == [] and engine.stats()["kernels"] == kernels
+    st = engine.stats()
+    assert st["kernels"] == kernels and st["moe_experts"] in ("grouped_mm", "loop")
+    assert bool(st["cuda_graph_batch_sizes"]) == (st["moe_experts"] == "grouped_mm")  # the loop syncs: no graphs
+    print(f"fp32 {kernels}: experts {st['moe_experts']}")
     ps = _prompts(8, seed=1)
     outs = engine.generate(ps, SamplingParams(max_tokens=16, temperature=1.0, seed=2))
     diffs = []
@@ -68,6 +72,10 @@ def test_moe_fp32_matches_hf_tokens_routes_and_logprobs(kernels):
 def test_moe_bf16_routes_replay_in_the_trainers_forward():
     hf = _moe(dtype=torch.bfloat16, seed=3)
     engine = Engine(hf, None, max_num_seqs=8, max_model_len=256)
+    st = engine.stats()
+    # bf16 on an H100: grouped GEMMs, so decode and prefill run as CUDA graphs
+    assert st["moe_experts"] == "grouped_mm" and st["cuda_graph_batch_sizes"] == [1, 2, 4, 8], st
+    assert st["prefill_graphs"] > 0 and st["run_ahead"]
     ps = _prompts(6, seed=4)
     outs = engine.generate(ps, SamplingParams(max_tokens=16, temperature=1.0, seed=5))
     agree, total, free_gap, replay_gap = 0, 0, [], []
@@ -92,3 +100,16 @@ def test_moe_bf16_routes_replay_in_the_trainers_forward():
           f"{torch.cat(free_gap).mean():.4f} replayed {torch.cat(replay_gap).mean():.4f}")
     assert agree / total >= 0.9
     assert torch.cat(replay_gap).mean() < 0.05
+
+
+def test_moe_bf16_graphs_give_the_eager_engines_tokens_and_routes():
+    hf = _moe(dtype=torch.bfloat16, seed=6)
+    ps = _prompts(6, seed=7)
+    params = SamplingParams(max_tokens=16, temperature=0)
+    graphs = Engine(hf, None, max_num_seqs=8, max_model_len=256)
+    eager = Engine(hf, None, max_num_seqs=8, max_model_len=256, cuda_graphs=False)
+    assert graphs.stats()["cuda_graph_batch_sizes"] and not eager.stats()["cuda_graph_batch_sizes"]
+    for a, b in zip(graphs.generate(ps, params), eager.generate(ps, params)):
+        assert a.token_ids == b.token_ids
+        assert torch.equal(a.routes, b.routes)
+    assert graphs.stats()["kv_blocks_used"] == eager.stats()["kv_blocks_used"] == 0

@@ -81,7 +81,7 @@ import torch
 from opencomposer.inference.block_manager import BlockManager
 from opencomposer.inference.model_runner import Launch, ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
-from opencomposer.inference.moe import read_routes
+from opencomposer.inference.moe import grouped_mm_works, read_routes
 from opencomposer.inference.prefill_layout import prefill_buckets
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
@@ -166,8 +166,12 @@ class Engine:
         budget = max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.scheduler = Scheduler(self.blocks, max_num_seqs, budget)
         pow2 = cfg.head_dim & (cfg.head_dim - 1) == 0
-        if cfg.sparse_layers and self.device.type == "cuda" and cuda_graphs is True:
-            cuda_graphs, gemv = False, False  # the experts' loop syncs with the host (``moe.py``)
+        if cfg.sparse_layers:  # MoE: grouped GEMMs where this build runs them, else a loop (``moe.py``)
+            grouped = grouped_mm_works(self.device, next(self.model.parameters()).dtype)
+            self.model.use_grouped_mm(grouped)
+            gemv = False  # the batch-1 GEMV plan is for dense MLPs
+            if not grouped and self.device.type == "cuda" and cuda_graphs is True:
+                cuda_graphs = False  # the loop syncs with the host every layer
         kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
@@ -409,6 +413,7 @@ class Engine:
     # ------------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, Any]:
+        cfg = self.model.cfg
         return {
             "kv_blocks_total": self.blocks.num_blocks,
             "kv_blocks_used": self.blocks.num_used,
@@ -430,6 +435,7 @@ class Engine:
             "graph_memory_bytes": self.runner.graph_memory_bytes,
             "kernels": "triton" if self.runner.triton else "torch",
             "gemv_batch1": bool(self.runner.gemv),
+            "moe_experts": ("grouped_mm" if self.model.grouped_mm else "loop") if cfg.sparse_layers else None,
             "pdl": self.runner.pdl,
             "capture_b1_ms": dict(self.runner.capture_ms),
             "gemv_plan": {k: ",".join(map(str, v)) if v else "cublas" for k, v in (self.model.gemv_plan or {}).items()},

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opencomposer.inference.attention import AttentionBatch, paged_attention
-from opencomposer.inference.moe import SparseMoE, hf_expert_views, route_buffer
+from opencomposer.inference.moe import Experts, SparseMoE, hf_expert_views, route_buffer
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
@@ -383,6 +383,15 @@ class DecoderLM(nn.Module):
 
             return gemv(hidden, self.lm_head.weight, config=self.gemv_plan["lm_head"])
         return self.lm_head(hidden)
+
+    def use_grouped_mm(self, on: bool = True) -> None:
+        """Experts as two grouped GEMMs a layer (no host sync) instead of a loop (``moe.Experts``)."""
+        self.grouped_mm = on
+        for m in self.modules():
+            if isinstance(m, Experts):
+                m.grouped = on
+
+    grouped_mm = False
 
     def route_buffer(self, num_slots: int) -> torch.Tensor | None:
         """Record every token's experts from now on (``moe.route_buffer``); None for a dense model."""
