@@ -46,8 +46,9 @@ def test_moe_fp32_matches_hf_tokens_routes_and_logprobs(kernels):
     hf = _moe()
     engine = Engine(hf, None, max_num_seqs=8, max_model_len=256, kernels=kernels)
     st = engine.stats()
+    # fp32: grouped GEMMs run through torch's fallback, which syncs with the host: no graphs
     assert st["kernels"] == kernels and st["moe_experts"] in ("grouped_mm", "loop")
-    assert bool(st["cuda_graph_batch_sizes"]) == (st["moe_experts"] == "grouped_mm")  # the loop syncs: no graphs
+    assert st["cuda_graph_batch_sizes"] == []
     print(f"fp32 {kernels}: experts {st['moe_experts']}")
     ps = _prompts(8, seed=1)
     outs = engine.generate(ps, SamplingParams(max_tokens=16, temperature=1.0, seed=2))

@@ -81,7 +81,7 @@ import torch
 from opencomposer.inference.block_manager import BlockManager
 from opencomposer.inference.model_runner import Launch, ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
-from opencomposer.inference.moe import grouped_mm_works, read_routes
+from opencomposer.inference.moe import grouped_mm_capturable, grouped_mm_works, read_routes
 from opencomposer.inference.prefill_layout import prefill_buckets
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
@@ -170,8 +170,9 @@ class Engine:
             grouped = grouped_mm_works(self.device, next(self.model.parameters()).dtype)
             self.model.use_grouped_mm(grouped)
             gemv = False  # the batch-1 GEMV plan is for dense MLPs
-            if not grouped and self.device.type == "cuda" and cuda_graphs is True:
-                cuda_graphs = False  # the loop syncs with the host every layer
+            if cuda_graphs is True and self.device.type == "cuda" and not (
+                    grouped and grouped_mm_capturable(self.device, next(self.model.parameters()).dtype)):
+                cuda_graphs = False  # the experts' loop (or grouped GEMMs' fallback) syncs with the host
         kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")

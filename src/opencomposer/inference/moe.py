@@ -20,8 +20,8 @@ whose forward pass then reuses them (``opencomposer.models.moe_replay``).
 
 The experts run on tokens sorted by expert: two grouped GEMMs a layer (``torch._grouped_mm``,
 as torchtitan's MoE does) where the build supports them for the model's device and dtype,
-else a loop over the experts that got tokens, which syncs with the host each layer, so
-that a MoE engine then runs without CUDA graphs.
+else a loop over the experts that got tokens. Only the grouped GEMMs' native kernel (bf16 on
+Hopper or later) runs without a host sync, so only there does a MoE engine use CUDA graphs.
 
 Test: ``pytest tests/unit/inference/test_moe.py``.
 """
@@ -85,6 +85,14 @@ class Experts(nn.Module):
                 out[start:start + n] = F.linear(h, self.down_proj[e])
                 start += n
         return out
+
+
+def grouped_mm_capturable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether CUDA graphs can capture ``torch._grouped_mm`` here: its native kernel (bf16 on a
+    Hopper-or-later GPU). Elsewhere it falls back to a loop that copies the group offsets to
+    the host (measured on an H100 in fp32: the capture fails), so the engine runs eagerly."""
+    return (device.type == "cuda" and dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
