@@ -1,4 +1,4 @@
-"""`opencomposer bench sandbox|engine`: measure components on this machine."""
+"""`opencomposer bench sandbox|engine|moe`: measure components on this machine."""
 
 from __future__ import annotations
 
@@ -82,6 +82,38 @@ def bench_engine(
         fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
     try:
         res = run(names, dev, dtype, bs, decode_steps=decode_steps, kernels=kernels,
+                  log=lambda m: err.print(m, highlight=False))
+    except ValueError as e:
+        fail(e)
+    emit(res)
+
+
+@bench_app.command("moe")
+def bench_moe(
+    shape: str = typer.Option("qwen3-30b-a3b", help="qwen3-30b-a3b, or tiny-moe (for a CPU check)"),
+    layers: int = typer.Option(8, min=1, help="layers of the shape to build (HF generate runs beside the engine)"),
+    full: bool = typer.Option(False, help="every layer of the shape, engine only (30.5B: one 80 GB GPU)"),
+    batches: str = typer.Option("1,8,64", help="decode batch sizes"),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 or float32"),
+    decode_steps: int = typer.Option(64, min=4, help="timed decode steps per batch size"),
+) -> None:
+    """MoE decode (Qwen3-MoE): the engine's grouped GEMMs in CUDA graphs vs its experts' loop, HF generate, the roofline."""
+    import torch
+
+    from opencomposer.inference.bench_moe import MOE_SHAPES, run
+
+    if shape not in MOE_SHAPES:
+        fail(ValueError(f"--shape: unknown MoE shape {shape!r}; expected one of {','.join(MOE_SHAPES)}"))
+    if dtype not in ("bfloat16", "float32"):
+        fail(ValueError(f"--dtype: expected bfloat16 or float32, got {dtype!r}"))
+    try:
+        bs = tuple(int(b) for b in batches.split(","))
+    except ValueError:
+        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        res = run(shape, layers, bs, dev, dtype, decode_steps=decode_steps, full=full,
                   log=lambda m: err.print(m, highlight=False))
     except ValueError as e:
         fail(e)
