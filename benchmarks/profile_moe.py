@@ -18,11 +18,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_engine import kernel_table  # noqa: E402  (a sibling benchmark script)
+from profile_engine import kernel_table
 
-from opencomposer.inference.bench import bandwidth, emit, engine_decode  # noqa: E402
-from opencomposer.inference.bench_moe import experts_hit, moe_config, moe_roofline, random_engine_model  # noqa: E402
-from opencomposer.inference.engine import Engine  # noqa: E402
+from opencomposer.inference.bench import bandwidth, emit, engine_decode
+from opencomposer.inference.bench_moe import (
+    experts_hit,
+    moe_config,
+    moe_roofline,
+    random_engine_model,
+)
+from opencomposer.inference.engine import Engine
 
 
 def main() -> None:

@@ -6,8 +6,10 @@ Face ``generate`` on the same weights, and the memory-bandwidth roofline.
     PYTHONPATH=src python benchmarks/bench_moe.py --full    # all 48 layers (30.5B), engine only
 
 Decode tokens/s at each batch size (bf16, random weights of the real shape), for
-* ``engine``: as it runs by default -- the experts as two grouped GEMMs a layer
-  (``torch._grouped_mm``), decode and prefill in CUDA graphs;
+* ``engine``: as it runs by default -- steps of at most ``triton_moe.FUSED_MAX_TOKENS`` tokens
+  through three Triton kernels a sparse layer (routing, gate/up, down), larger ones as two
+  grouped GEMMs (``torch._grouped_mm``); decode and prefill in CUDA graphs;
+* ``engine_grouped``: every step through the grouped GEMMs (what the Triton path replaced);
 * ``engine_loop``: the experts as a loop over the experts hit (eager: the loop syncs with the
   host every layer, so no graphs), the fallback where grouped GEMMs do not run;
 * ``hf``: ``generate`` with transformers' own experts implementation (its name is recorded);
@@ -26,9 +28,22 @@ from typing import Any
 
 import torch
 
-from opencomposer.inference.bench import _figures, _prompts, _sync, bandwidth, emit, engine_decode, hf_decode
+from opencomposer.inference.bench import (
+    _figures,
+    _prompts,
+    _sync,
+    bandwidth,
+    emit,
+    engine_decode,
+    hf_decode,
+)
 from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.models.transformer import DecoderConfig, DecoderLM, rope_inv_freq
+from opencomposer.inference.models.transformer import (
+    DecoderConfig,
+    DecoderLM,
+    rope_inv_freq,
+)
+from opencomposer.inference.moe import SparseMoE
 
 MOE_SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
@@ -114,9 +129,16 @@ def moe_roofline(engine: Engine, batch: int, context: float, hit: float, bw: flo
     return batch / (step_bytes / bw)
 
 
+VARIANTS = ("engine", "engine_grouped", "engine_loop", "hf")
+
+
 def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int, ...] = (1, 8, 64),
         device: str = "cuda", dtype: str = "bfloat16", prompt_len: int = 256, decode_steps: int = 64,
-        full: bool = False, hf_new_tokens: int = 32, log=print) -> dict[str, Any]:
+        full: bool = False, hf_new_tokens: int = 32, variants: tuple[str, ...] = VARIANTS,
+        log=print) -> dict[str, Any]:
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad or "engine" not in variants:
+        raise ValueError(f"variants {list(variants)}: expected 'engine' and any of {list(VARIANTS[1:])}")
     dt = getattr(torch, dtype)
     config = moe_config(shape, None if full else layers)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
@@ -152,10 +174,27 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
         log(f"b{b} engine: {r['engine']}")
     assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
     del engine
-    if not full:
+    if "engine_grouped" in variants and device.startswith("cuda"):
+        from opencomposer.inference import triton_moe
+
+        keep, triton_moe.FUSED_MAX_TOKENS = triton_moe.FUSED_MAX_TOKENS, 0  # read when the graphs are captured
+        try:
+            grouped = Engine(model, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt)
+        finally:
+            triton_moe.FUSED_MAX_TOKENS = keep
+        for b in batches:
+            r = result[f"decode_b{b}"]
+            r["engine_grouped"] = _figures(engine_decode(grouped, b, prompt_len, decode_steps))
+            r["speedup_vs_grouped"] = round(r["engine"]["tokens_per_s"] / r["engine_grouped"]["tokens_per_s"], 2)
+            log(f"b{b} engine, grouped GEMMs only: {r['engine_grouped']}")
+        del grouped
+    if not full and "engine_loop" in variants:
         loop = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
                       cuda_graphs=False)
         loop.model.use_grouped_mm(False)
+        for m in loop.model.modules():  # and not the few-token Triton path either: the loop alone
+            if isinstance(m, SparseMoE):
+                m.fused = False
         for b in batches:
             r = result[f"decode_b{b}"]
             r["engine_loop"] = _figures(engine_decode(loop, b, prompt_len, max(8, decode_steps // 4)))
@@ -163,9 +202,12 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
         del loop
         for b in batches:
             r = result[f"decode_b{b}"]
+            r["speedup_vs_loop"] = round(r["engine"]["tokens_per_s"] / r["engine_loop"]["tokens_per_s"], 2)
+    if not full and "hf" in variants:
+        for b in batches:
+            r = result[f"decode_b{b}"]
             r["hf"] = _figures(hf_decode(hf, b, prompt_len, hf_new_tokens, device))
             r["speedup_vs_hf"] = round(r["engine"]["tokens_per_s"] / r["hf"]["tokens_per_s"], 2)
-            r["speedup_vs_loop"] = round(r["engine"]["tokens_per_s"] / r["engine_loop"]["tokens_per_s"], 2)
             log(f"b{b} HF generate: {r['hf']}")
     _sync(device)
     return result
@@ -183,10 +225,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="engine plus any of the others")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
     res = run(a.shape, a.layers, tuple(int(b) for b in a.batches.split(",")), a.device, a.dtype, a.prompt_len,
-              a.decode_steps, a.full)
+              a.decode_steps, a.full, variants=tuple(a.variants.split(",")))
     emit(res, a.out)
 
 

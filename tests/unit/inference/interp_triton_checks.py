@@ -40,12 +40,13 @@ def interpreted():
     from opencomposer.inference import (
         triton_gemv,
         triton_kernels,
+        triton_moe,
         triton_prefill,
         triton_sample,
     )
 
     return {"triton_gemv": triton_gemv, "triton_kernels": triton_kernels, "triton_prefill": triton_prefill,
-            "triton_sample": triton_sample}
+            "triton_sample": triton_sample, "triton_moe": triton_moe}
 
 
 def test_gemv_prologues_match_torch(interpreted):
@@ -114,6 +115,42 @@ def test_fused_gemv_decode_step_matches_torch_path(interpreted, tiny_hf):
         part = _decode_logits(model, prompt, fused=True, plan=mixed)
     for got in (fused, small, part):
         assert torch.allclose(got, ref, atol=1e-4), (got - ref).abs().max()
+
+
+def test_moe_kernels_match_the_general_path(interpreted):
+    """Routing (with the route buffer) and the experts for a few tokens against ``moe.SparseMoE``'s
+    torch path; a non-power-of-two expert count and top-k, and a token with tied scores."""
+    from opencomposer.inference.moe import SparseMoE
+
+    tm = interpreted["triton_moe"]
+    torch.manual_seed(0)
+    for experts, k, norm in ((8, 2, True), (12, 3, False)):
+        moe = SparseMoE(48, 40, experts, k, norm)
+        with torch.no_grad():
+            for p in moe.parameters():
+                p.normal_(0, 0.2)
+        x = torch.randn(5, 48)
+        logits = torch.nn.functional.linear(x, moe.gate.weight)
+        logits[4] = 0.0  # all tied: the kernel takes the lowest indices (torch.topk's pick among ties is its own)
+        routes = torch.full((20, k), -1, dtype=torch.int16)
+        slots = torch.tensor([3, 7, 11, 2, 19])
+        idx, weights = tm.moe_route(logits, k, norm, torch.float32, routes, slots)
+        probs = torch.softmax(logits, -1)
+        want_w, want_i = torch.topk(probs, k, -1)
+        if norm:
+            want_w = want_w / want_w.sum(-1, keepdim=True)
+        want_i[4] = torch.arange(k)
+        assert torch.equal(idx.long(), want_i) and torch.allclose(weights, want_w, atol=1e-6)
+        assert torch.equal(routes[slots].long(), want_i) and (routes[[0, 1, 4]] == -1).all()
+        with torch.no_grad():
+            got = tm.moe_experts(x, idx, weights, moe.experts.gate_up_proj, moe.experts.down_proj)
+            ref = moe.experts(x, want_i, want_w)
+        assert torch.allclose(got, ref, atol=1e-5), (got - ref).abs().max()
+        with torch.no_grad():  # the module's own switch, on its own logits
+            plain = moe(x)
+            moe.fused, moe.routes = True, torch.full((20, k), -1, dtype=torch.int16)
+            assert torch.allclose(moe(x, slots), plain, atol=1e-5)
+        assert torch.equal(moe.routes[slots[:4]].long(), want_i[:4])
 
 
 def test_paged_prefill_matches_dense_causal_attention(interpreted):

@@ -374,7 +374,7 @@ class DecoderLM(nn.Module):
         if on and (d & (d - 1)):
             raise ValueError(f"the Triton kernels need a power-of-two head_dim, got {d}")
         for m in self.modules():
-            if isinstance(m, (DecoderLM, DecoderLayer, Attention, MLP)):
+            if isinstance(m, (DecoderLM, DecoderLayer, Attention, MLP, SparseMoE)):
                 m.fused = on
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
