@@ -160,7 +160,14 @@ def hf_decode(hf, batch: int, prompt_len: int, new_tokens: int, device: str) -> 
         return time.perf_counter() - t
 
     run(2)  # warm-up
-    dt = run(new_tokens) - run(1)
+    # the time of new_tokens - 1 decode steps: the difference of two runs, each the fastest of
+    # three on the CPU (a tiny model on a busy 2-core machine: one run of each could come out
+    # with the short run slower than the long one)
+    reps = 3 if torch.device(device).type == "cpu" else 1
+    dt = min(run(new_tokens) for _ in range(reps)) - min(run(1) for _ in range(reps))
+    if dt <= 0:
+        raise RuntimeError(f"HF generate timing: {new_tokens} tokens took no longer than 1 ({dt:.4f} s); "
+                           "the machine is too busy to measure, or new_tokens is too small")
     return {"tokens_per_s": batch * (new_tokens - 1) / dt, "step_ms": 1000 * dt / (new_tokens - 1)}
 
 
