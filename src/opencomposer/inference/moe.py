@@ -137,7 +137,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
         if self.fused:
-            from opencomposer.inference.triton_moe import FUSED_MAX_TOKENS, moe_experts, moe_route
+            from opencomposer.inference.triton_moe import (
+                FUSED_MAX_TOKENS,
+                moe_experts,
+                moe_route,
+            )
 
             if x.shape[0] <= FUSED_MAX_TOKENS:
                 idx, weights = moe_route(F.linear(x, self.gate.weight), self.top_k, self.norm_topk_prob, x.dtype,
