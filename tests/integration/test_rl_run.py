@@ -18,14 +18,16 @@ from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint
 from opencomposer.train.trainer import Trainer
 
 
-def write_cfg(tmp: Path, tasks: Path, out: Path, steps: int, kl: float) -> Path:
+def write_cfg(tmp: Path, tasks: Path, out: Path, steps: int, kl: float, model: str = "tiny-random",
+              engine: str = "hf") -> Path:
     text = f"""
 [model]
-name = "tiny-random"
+name = "{model}"
 [tasks]
 dir = "{tasks}"
 heldout = 1
 [rollout]
+engine = "{engine}"
 k = 2
 tasks_per_step = 1
 temperature = 1.0
@@ -191,3 +193,18 @@ coef = 1.0
     load_checkpoint(out / "checkpoints", trainer)
     assert not torch.equal(start, torch.nn.utils.parameters_to_vector(trainer.model.parameters()))
     assert row["policy_version"] == 1  # the engine sampled from version 0, the update made 1
+
+
+def test_a_moe_models_routes_are_replayed_in_training(toolz_tasks: Path, tmp_path: Path):
+    """tiny-random-moe sampled by the built-in engine: every training sequence carries the
+    experts the engine routed its tokens to, and the trainer's forward pass reuses them (the
+    KL term keeps the sequences of a group whose rewards are equal: an untrained model's are)."""
+    out = tmp_path / "moe"
+    cfg = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=1, kl=0.05, model="tiny-random-moe",
+                                engine="builtin"), RLRunConfig)
+    run_pipeline(cfg, log=lambda m: None)
+    [row] = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["samples"] > 0 and not row["update_skipped"]
+    # every token of every trained sequence but its last had its routes recorded
+    assert row["replayed_route_tokens"] > 0 and row["replayed_route_tokens"] <= row["train_tokens"]
+    assert row["replayed_route_tokens"] >= row["train_tokens"] - row["samples"]

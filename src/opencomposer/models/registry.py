@@ -8,6 +8,8 @@
   tokenizer + chat template); later loads read that directory and take about a second.
 * ``tiny-random``: a 2-layer, hidden-64 Llama with SmolLM2's tokenizer and random
   weights from a fixed seed, cached the same way. For tests: fast, real, deterministic.
+  ``tiny-random-moe``: the same as a Qwen3-MoE (8 experts, 2 a token), for the MoE paths
+  (the engine's recorded routes, the trainer's router replay).
 * a local path: an HF causal-LM directory (Llama, Qwen2, Qwen3, ... anything
   ``AutoModelForCausalLM`` reads), a full fine-tuning checkpoint of ``train/checkpoint.py``
   (a ``step-NNNN`` dir, or the dir whose ``latest`` names one: its ``model/`` is loaded), or
@@ -39,14 +41,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from opencomposer.models.chat import ensure_chat_template
 
 DEFAULT_MODEL = "smollm2-135m"
-KNOWN_NAMES = ("smollm2-135m", "tiny-random")
+KNOWN_NAMES = ("smollm2-135m", "tiny-random", "tiny-random-moe")
 # Bump when the conversion below changes, so stale caches are rebuilt rather than trusted.
 CACHE_VERSION = 1
 MARKER = "opencomposer.json"
 TINY_SEED = 0
 
 _HINT = (
-    "Known names: 'smollm2-135m' (embedded default), 'tiny-random' (for tests), a local "
+    "Known names: 'smollm2-135m' (embedded default), 'tiny-random' and 'tiny-random-moe' (for tests), a local "
     "HF model directory or .gguf file, or a Hugging Face hub id such as "
     "'HuggingFaceTB/SmolLM2-135M-Instruct'."
 )
@@ -80,6 +82,8 @@ def load_model(
         path = build_cached("smollm2-135m", _build_smollm2)
     elif name == "tiny-random":
         path = build_cached("tiny-random", _build_tiny_random)
+    elif name == "tiny-random-moe":
+        path = build_cached("tiny-random-moe", _build_tiny_random_moe)
     elif Path(name).expanduser().exists():
         path = Path(name).expanduser()
     elif name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
@@ -249,6 +253,34 @@ def _build_tiny_random(out: Path) -> dict[str, Any]:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
+
+
+def _build_tiny_random_moe(out: Path) -> dict[str, Any]:
+    tokenizer = _smollm2_tokenizer()
+    model = tiny_random_moe_model(tokenizer)
+    _prepare_tokenizer(tokenizer, model.config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
+
+
+def tiny_random_moe_model(tokenizer: Any) -> Any:
+    """A 2-layer Qwen3-MoE (8 experts of 64, 2 a token), hidden 64: a function of the tokenizer
+    and ``TINY_SEED`` only."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = Qwen3MoeForCausalLM(config)
+    model.config._name_or_path = "tiny-random-moe"
+    return model
 
 
 def tiny_random_model(tokenizer: Any) -> Any:

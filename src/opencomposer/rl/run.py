@@ -233,6 +233,7 @@ class RLRun:
             "samples": len(samples), "train_tokens": train.get("tokens", 0.0),
             **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},
             **{k: v for k, v in train.items() if k.startswith(("distill_", "feedback_"))},
+            "replayed_route_tokens": train.get("replayed_route_tokens", 0.0),  # MoE: router replay
             "update_skipped": bool(train.get("skipped", 0.0)),
             "time_rollout": round(t1 - t0, 2), "time_generate": round(self.policy.stats.get("generate_seconds", 0.0), 2),
             "time_reward_cpu": round(reward_s, 2), "time_samples": round(t2 - t1, 2), "time_train": round(t3 - t2, 2),

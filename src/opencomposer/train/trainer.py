@@ -117,6 +117,9 @@ class Trainer:
         cfg = replace(loss_cfg, normalizer=normalizer)
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "ratio_mean"), 0.0)
         sums.update(ratio_max=0.0, tokens=0.0, loss_tokens=0.0)
+        # MoE: tokens whose experts the sampler recorded, routed there again (models/moe_replay.py)
+        sums["replayed_route_tokens"] = float(sum(s.routes.shape[0] for s in samples
+                                                  if s.routes is not None and s.loss_tokens))
         with self._training():
             for b in self._micro_batches(samples):
                 ref = self._reference_logprobs(b, ref_model) if use_ref else None
