@@ -97,6 +97,8 @@ def bench_moe(
     device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
     dtype: str = typer.Option("bfloat16", help="bfloat16 or float32"),
     decode_steps: int = typer.Option(64, min=4, help="timed decode steps per batch size"),
+    prompt_len: int = typer.Option(256, min=1, help="prompt tokens of each decoding sequence"),
+    prefill: str = typer.Option("4x2048", help="prompts x tokens prefilled together (0x0: none)"),
 ) -> None:
     """MoE decode (Qwen3-MoE): the engine's grouped GEMMs in CUDA graphs vs its experts' loop, HF generate, the roofline."""
     import torch
@@ -111,10 +113,14 @@ def bench_moe(
         bs = tuple(int(b) for b in batches.split(","))
     except ValueError:
         fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+    try:
+        pn, plen = (int(v) for v in prefill.split("x"))
+    except ValueError:
+        fail(ValueError(f"--prefill: expected PROMPTSxTOKENS such as 4x2048, got {prefill!r}"))
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        res = run(shape, layers, bs, dev, dtype, decode_steps=decode_steps, full=full,
-                  log=lambda m: err.print(m, highlight=False))
+        res = run(shape, layers, bs, dev, dtype, prompt_len=prompt_len, decode_steps=decode_steps, full=full,
+                  prefill_batch=pn, prefill_len=plen, log=lambda m: err.print(m, highlight=False))
     except ValueError as e:
         fail(e)
     emit(res)

@@ -176,16 +176,36 @@ class Agent:
         """Query the policy and record the turn as a new step (its tool calls not yet run)."""
         out, seconds = self._query(traj)
         estimated = not (out.prompt_tokens or out.completion_tokens)
+        routes, routes_from = self._new_routes(traj, out)
         step = Step(
             turn=traj.turns, text=out.text, policy_seconds=seconds,
             prompt_tokens=out.prompt_tokens or self._estimate_prompt(traj.messages),
             completion_tokens=out.completion_tokens or estimate_tokens(out.text), tokens_estimated=estimated,
             finish_reason=out.finish_reason, token_ids=list(out.token_ids),
             logprobs=list(out.logprobs), policy_version=out.policy_version, segment=len(traj.segments),
-            routes=out.routes,
+            routes=routes, routes_from=routes_from,
         )
         traj.steps.append(step)
         return step, out
+
+    @staticmethod
+    def _new_routes(traj: Trajectory, out: PolicyOutput) -> tuple[str, int]:
+        """(routes, first token they cover): a MoE turn whose prompt extends the previous turn's
+        prompt + completion token for token (``out.prompt_ids``, which ``EnginePolicy`` sets)
+        stores only its new tokens' routes; ``rl.samples`` joins them to the previous turn's.
+        So a transcript holds each token's routes once instead of once per turn."""
+        prompt = getattr(out, "prompt_ids", None)
+        prev_ids = getattr(traj, "_routed_ids", None)  # the previous turn's prompt + completion
+        same_segment = bool(traj.steps) and traj.steps[-1].segment == len(traj.segments)
+        traj._routed_ids = list(prompt) + list(out.token_ids) if out.routes and prompt is not None else None
+        if not (out.routes and prompt is not None and prev_ids and same_segment
+                and len(prompt) > len(prev_ids) and prompt[:len(prev_ids)] == prev_ids):
+            return out.routes, 0
+        # imported here: torch is only needed for MoE policies
+        from opencomposer.models.moe_replay import routes_after
+
+        start = len(prev_ids) - 1  # the previous request ran all its tokens but the last
+        return routes_after(out.routes, start), start
 
     def _step(self, traj: Trajectory) -> None:
         step, out = self._policy_turn(traj)

@@ -58,7 +58,10 @@ class Step:
     policy_version: int = 0
     segment: int = 0  # which context segment the turn belongs to (see harness/summarize.py)
     summary: bool = False  # the turn answered the summary request; its text is the summary
-    routes: str = ""  # MoE: experts per token of the turn's prompt + completion (PolicyOutput.routes)
+    # MoE: the experts of the turn's prompt + completion tokens from ``routes_from`` on (the
+    # earlier ones are the previous turn's: see ``harness.loop``; ``models.moe_replay`` encoding)
+    routes: str = ""
+    routes_from: int = 0
 
 
 @dataclass

@@ -182,6 +182,8 @@ def roofline(engine: Engine, batch: int, context: float, bw: float) -> float:
 
 
 def prefill(engine: Engine, hf, n: int, length: int, device: str) -> dict[str, float]:
+    """Prefill tokens/s of ``n`` prompts of ``length`` tokens submitted together, and of HF's
+    forward pass over the same batch (``hf`` None: the engine alone)."""
     ps = _prompts(n, length, engine.model.cfg.vocab_size, 7)
     engine.generate(ps[:1], SamplingParams(max_tokens=1))  # warm-up
     engine.blocks.invalidate()
@@ -189,6 +191,8 @@ def prefill(engine: Engine, hf, n: int, length: int, device: str) -> dict[str, f
     engine.generate(ps, SamplingParams(max_tokens=1))
     dt = engine.stats()["prefill_seconds"] - before
     out = {"engine_tokens_per_s": n * length / dt}
+    if hf is None:
+        return out
     ids = torch.tensor(ps, device=device)
     with torch.inference_mode():
         hf(ids[:1, :64], logits_to_keep=1)

@@ -15,7 +15,9 @@ Decode tokens/s at each batch size (bf16, random weights of the real shape), for
 * ``hf``: ``generate`` with transformers' own experts implementation (its name is recorded);
 * ``roofline``: a step reading only what it must -- the dense weights, the experts the
   batch's tokens were routed to (counted from the routes the engine recorded, per layer
-  and position) and the K/V -- at the measured copy bandwidth.
+  and position) and the K/V -- at the measured copy bandwidth;
+* ``prefill``: tokens/s of 4 prompts of 2,048 tokens submitted together (the grouped GEMMs;
+  HF's forward pass over the same batch beside it when HF is loaded).
 ``--full`` builds the model at its real depth directly in the engine's own module (the HF
 copy it is otherwise loaded from would not fit beside it on one 80 GB GPU) and times the
 engine alone. Last line: one JSON object.
@@ -36,6 +38,7 @@ from opencomposer.inference.bench import (
     emit,
     engine_decode,
     hf_decode,
+    prefill,
 )
 from opencomposer.inference.engine import Engine, SamplingParams
 from opencomposer.inference.models.transformer import (
@@ -135,7 +138,7 @@ VARIANTS = ("engine", "engine_grouped", "engine_loop", "hf")
 def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int, ...] = (1, 8, 64),
         device: str = "cuda", dtype: str = "bfloat16", prompt_len: int = 256, decode_steps: int = 64,
         full: bool = False, hf_new_tokens: int = 32, variants: tuple[str, ...] = VARIANTS,
-        log=print) -> dict[str, Any]:
+        prefill_batch: int = 4, prefill_len: int = 2048, log=print) -> dict[str, Any]:
     bad = sorted(set(variants) - set(VARIANTS))
     if bad or "engine" not in variants:
         raise ValueError(f"variants {list(variants)}: expected 'engine' and any of {list(VARIANTS[1:])}")
@@ -146,7 +149,7 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
                               "layers": config.num_hidden_layers, "full_depth": full}
     bw = bandwidth(device)
     result["bandwidth_GBps"] = round(bw / 1e9, 1)
-    max_len = prompt_len + decode_steps + 32
+    max_len = max(prompt_len + decode_steps + 32, prefill_len + 8)
     hf = None
     if full:
         model = random_engine_model(config, device, dt)
@@ -172,6 +175,9 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
         r["engine"] = _figures(e)
         result[f"decode_b{b}"] = r
         log(f"b{b} engine: {r['engine']}")
+    if prefill_batch:  # prompts of prefill_len tokens, submitted together; HF's forward pass on the same
+        result["prefill"] = _figures(prefill(engine, hf, prefill_batch, prefill_len, device))
+        log(f"prefill {prefill_batch} x {prefill_len}: {result['prefill']}")
     assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
     del engine
     if "engine_grouped" in variants and device.startswith("cuda"):
@@ -225,11 +231,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--prefill", default="4x2048", help="prompts x tokens prefilled together (0x0: none)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="engine plus any of the others")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
     res = run(a.shape, a.layers, tuple(int(b) for b in a.batches.split(",")), a.device, a.dtype, a.prompt_len,
-              a.decode_steps, a.full, variants=tuple(a.variants.split(",")))
+              a.decode_steps, a.full, variants=tuple(a.variants.split(",")),
+              prefill_batch=int(a.prefill.split("x")[0]), prefill_len=int(a.prefill.split("x")[1]))
     emit(res, a.out)
 
 

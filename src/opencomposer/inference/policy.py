@@ -89,4 +89,5 @@ class EnginePolicy(PromptPolicy):
             finish_reason="stop" if c.finish_reason == "stop" else "length",
             routes=encode_routes(c.routes) if c.routes is not None else "")
         out.policy_versions = c.policy_versions  # type: ignore[attr-defined]  # per token; see module doc
+        out.prompt_ids = c.prompt_token_ids  # type: ignore[attr-defined]  # lets the harness store routes once
         return out

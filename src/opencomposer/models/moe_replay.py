@@ -16,7 +16,9 @@ last sampled token of a turn, tokens another policy produced) route as usual.
 
 Works on Hugging Face models whose routers return ``(logits, weights, experts)``
 (transformers 5.x ``Qwen3MoeTopKRouter``), also inside a peft wrapper. Routes travel in
-trajectories as text (``encode_routes`` / ``decode_routes``: int16, base64).
+trajectories as text (``encode_routes`` / ``decode_routes``: int16, base64); a turn that
+continues the previous one keeps only the routes of its new tokens (``routes_after``), so a
+transcript holds each token's routes once, not once per turn.
 
 Test: ``pytest tests/unit/models/test_moe_replay.py``.
 """
@@ -100,6 +102,12 @@ def encode_routes(routes: torch.Tensor) -> str:
     shape = ",".join(map(str, routes.shape))
     data = routes.to(torch.int16).numpy().astype("<i2").tobytes()
     return f"{shape}:{base64.b64encode(data).decode('ascii')}"
+
+
+def routes_after(text: str, start: int) -> str:
+    """Encoded routes without their first ``start`` tokens (a turn's routes past what the
+    previous turn of the conversation already recorded)."""
+    return encode_routes(decode_routes(text)[start:])
 
 
 def decode_routes(text: str) -> torch.Tensor:

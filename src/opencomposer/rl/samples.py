@@ -89,7 +89,8 @@ class _Turn:
     completion: list[int]
     logprobs: list[float]
     version: int
-    routes: str = ""  # the turn's request: experts of its prompt + completion (Step.routes)
+    routes: torch.Tensor | None = None  # the turn's request: experts of its prompt + completion
+    joined: bool = False  # routes joined to the previous turn's (valid only if its prompt extends that turn)
 
 
 # --------------------------------------------------------------------------- conversations
@@ -155,8 +156,10 @@ def trajectory_samples(
     (see ``assert_prompt_matches``).
     """
     turns = []
+    routes = None  # the last turn's full routes, which the next turn's may continue
     for k, (history, _) in enumerate(turn_contexts(traj)):
         step = traj.steps[k]
+        routes = _turn_routes(traj, k, routes)
         if not step.token_ids:
             continue
         if len(step.logprobs) != len(step.token_ids):
@@ -167,7 +170,8 @@ def trajectory_samples(
         prompt = encode_prompt(tokenizer, render_prompt(tokenizer, history, tools))
         if check:
             _check_prompt(traj, k, prompt)
-        turns.append(_Turn(prompt, list(step.token_ids), list(step.logprobs), step.policy_version, step.routes))
+        turns.append(_Turn(prompt, list(step.token_ids), list(step.logprobs), step.policy_version, routes,
+                           step.routes_from > 0))
     return _pack(turns, advantage, traj.task_id, group_id)
 
 
@@ -232,7 +236,7 @@ def _pack(turns: list[_Turn], advantage: float, task_id: str = "", group_id: str
     mask: list[int] = []
     old: list[float] = []
     ver: list[int] = []
-    routes = ""  # of the last turn merged: it ran the whole sequence so far
+    routes: torch.Tensor | None = None  # of the last turn merged: it ran the whole sequence so far
 
     def flush() -> None:
         if ids:
@@ -250,19 +254,34 @@ def _pack(turns: list[_Turn], advantage: float, task_id: str = "", group_id: str
         mask += [0] * len(new) + [1] * len(turn.completion)
         old += [0.0] * len(new) + turn.logprobs
         ver += [NOT_GENERATED] * len(new) + [turn.version] * len(turn.completion)
-        routes = turn.routes
+        # a turn starting a sequence afresh (its prompt does not extend the last turn) cannot use
+        # routes that were joined to the last turn's on the assumption that it did
+        routes = turn.routes if len(new) < len(turn.prompt) or not turn.joined else None
     flush()
     return samples
 
 
-def _sample_routes(text: str, n: int, task_id: str) -> torch.Tensor | None:
-    """A sequence's recorded routes: its last turn's request ran all ``n`` tokens but the last."""
-    if not text:
+def _turn_routes(traj: Trajectory, k: int, prev: torch.Tensor | None) -> torch.Tensor | None:
+    """Turn k's full routes: its own record, joined to the previous turn's when it holds only
+    its new tokens' (``Step.routes_from``; None where that cannot be joined)."""
+    step = traj.steps[k]
+    if not step.routes:
         return None
     try:
-        routes = decode_routes(text)
+        routes = decode_routes(step.routes)
     except ValueError as e:
-        raise SampleError(f"trajectory {task_id or '(no task id)'}: {e}") from e
+        raise SampleError(f"trajectory {traj.task_id or '(no task id)'} turn {k}: {e}") from e
+    if step.routes_from == 0:
+        return routes
+    if prev is None or prev.shape[0] != step.routes_from:
+        return None
+    return torch.cat([prev, routes])
+
+
+def _sample_routes(routes: torch.Tensor | None, n: int, task_id: str) -> torch.Tensor | None:
+    """A sequence's recorded routes: its last turn's request ran all ``n`` tokens but the last."""
+    if routes is None:
+        return None
     if routes.shape[0] != n - 1:
         raise SampleError(f"trajectory {task_id or '(no task id)'}: routes of {routes.shape[0]} tokens for a "
                           f"sequence of {n}; expected {n - 1} (every token but the last sampled one)")

@@ -12,7 +12,8 @@ from opencomposer.cli import app
 
 def test_bench_moe_tiny_cpu_through_the_cli():
     r = CliRunner().invoke(app, ["bench", "moe", "--shape", "tiny-moe", "--layers", "2", "--device", "cpu",
-                                 "--dtype", "float32", "--batches", "1,4", "--decode-steps", "4"])
+                                 "--dtype", "float32", "--batches", "1,4", "--decode-steps", "4", "--prompt-len", "16",
+                                 "--prefill", "2x64"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout.strip().splitlines()[-1])  # the last line: one JSON object
     assert res["shape"] == "tiny-moe" and res["layers"] == 2 and res["moe_experts"] == "grouped_mm"
@@ -24,6 +25,7 @@ def test_bench_moe_tiny_cpu_through_the_cli():
         assert 0 < d["engine"]["fraction_of_roofline"] and d["engine"]["tokens_per_s"] > 0, d
         assert d["engine_loop"]["tokens_per_s"] > 0 and d["hf"]["tokens_per_s"] > 0, d
         assert d["speedup_vs_hf"] > 0 and d["speedup_vs_loop"] > 0, d
+    assert res["prefill"]["engine_tokens_per_s"] > 0 and res["prefill"]["hf_tokens_per_s"] > 0
 
 
 def test_bench_moe_refuses_bad_options():
@@ -32,3 +34,5 @@ def test_bench_moe_refuses_bad_options():
     r = CliRunner().invoke(app, ["bench", "moe", "--shape", "tiny-moe", "--layers", "5", "--device", "cpu",
                                  "--dtype", "float32"])
     assert r.exit_code != 0 and "--layers 5: expected 1 to 2 for tiny-moe" in r.output
+    r = CliRunner().invoke(app, ["bench", "moe", "--shape", "tiny-moe", "--device", "cpu", "--prefill", "four"])
+    assert r.exit_code != 0 and "--prefill: expected PROMPTSxTOKENS such as 4x2048, got 'four'" in r.output

@@ -93,10 +93,66 @@ def test_routes_that_do_not_fit_the_sequence_are_refused(moe, sandbox):
     with pytest.raises(SampleError, match=rf"trajectory t2: routes of {n - 1} tokens .* expected {n}"):
         trajectory_samples(traj, tok, agent_tools(), advantage=0.0)
     step.routes = good[:-3]  # a damaged transcript
-    with pytest.raises(SampleError, match=r"trajectory t2: routes .* expected 'n,layers,k:<base64 int16>'"):
+    with pytest.raises(SampleError, match=r"trajectory t2 turn 0: routes .* expected 'n,layers,k:<base64 int16>'"):
         trajectory_samples(traj, tok, agent_tools(), advantage=0.0)
     step.routes = good
     assert trajectory_samples(traj, tok, agent_tools(), advantage=0.0)[0].routes.shape[0] == n
+
+
+class RoutedScript:
+    """Scripted turns (canonical renderings, so each prompt extends the last turn) that report
+    what a MoE engine would: prompt ids and routes of prompt + completion, here a known
+    function of each token and its position, so joined routes can be checked exactly."""
+
+    def __init__(self, tok, broken_turn: int | None = None):
+        from opencomposer.harness.codec import format_assistant
+        from opencomposer.harness.scripted import tool_call
+
+        self.tok, self.broken, self.seen = tok, broken_turn, []
+        self.turns = [format_assistant("Let me look.", [tool_call("list_dir")]),
+                      format_assistant("", [tool_call("read_file", path="calc/core.py")]),
+                      format_assistant("Fixed.", [tool_call("submit", message="done")])]
+
+    def act(self, messages, tools):
+        from opencomposer.harness.codec import parse_tool_calls
+        from opencomposer.models import encode_prompt, render_prompt
+        from opencomposer.protocols import PolicyOutput
+
+        k = len(self.seen)
+        self.seen.append(list(messages))
+        prompt = encode_prompt(self.tok, render_prompt(self.tok, messages, tools))
+        text = f"  {self.turns[k]}" if k == self.broken else self.turns[k]  # stray spaces break the prefix
+        ids = encode_prompt(self.tok, text) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        out = PolicyOutput(text, parse_tool_calls(text)[1], prompt_tokens=len(prompt), completion_tokens=len(ids),
+                           token_ids=ids, logprobs=[-0.5] * len(ids), routes=encode_routes(expected(prompt + ids)[:-1]))
+        out.prompt_ids = prompt
+        return out
+
+
+def expected(ids: list[int]) -> torch.Tensor:
+    pos = torch.arange(len(ids))
+    t = torch.tensor(ids)
+    return torch.stack([torch.stack([(t + pos) % 8, (t * 3 + pos) % 8], -1),
+                        torch.stack([(t * 5 + pos) % 8, (t + 7 * pos) % 8], -1)], 1).to(torch.int16)
+
+
+@pytest.mark.parametrize("broken", [None, 1])
+def test_a_transcript_keeps_each_tokens_routes_once_and_samples_join_them(moe, sandbox, tmp_path, broken):
+    _, tok = moe
+    policy = RoutedScript(tok, broken_turn=broken)
+    traj = Agent(sandbox, policy).run("Fix add.", task_id="t3")
+    assert traj.exit_reason == "submitted" and len(traj.steps) == 3
+    froms = [s.routes_from for s in traj.steps]
+    if broken is None:  # each turn extends the last: turns 2 and 3 store only their new tokens
+        assert froms[0] == 0 and 0 < froms[1] < froms[2]
+        assert decode_routes(traj.steps[2].routes).shape[0] < traj.steps[2].prompt_tokens // 2
+    else:  # turn 2's sampled text does not re-render as sampled: turn 3 cannot extend it
+        assert froms[2] == 0
+    traj.save(tmp_path / "t.json")
+    samples = trajectory_samples(Trajectory.load(tmp_path / "t.json"), tok, agent_tools(), advantage=1.0)
+    assert len(samples) == (1 if broken is None else 2)
+    for s in samples:  # joined or not, every sequence's routes are its tokens' own
+        assert torch.equal(s.routes, expected(s.input_ids)[:-1])
 
 
 def _without_routes(s):
