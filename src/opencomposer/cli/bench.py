@@ -76,16 +76,20 @@ def bench_engine(
     bad = [s for s in names if s not in SHAPES]
     if bad or not names:
         fail(ValueError(f"--shapes: unknown shape(s) {bad or names}; expected some of {','.join(SHAPES)}"))
-    try:
-        bs = tuple(int(b) for b in batches.split(","))
-    except ValueError:
-        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+    bs = _batch_sizes(batches)
     try:
         res = run(names, dev, dtype, bs, decode_steps=decode_steps, kernels=kernels,
                   log=lambda m: err.print(m, highlight=False))
     except ValueError as e:
         fail(e)
     emit(res)
+
+
+def _batch_sizes(batches: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(b) for b in batches.split(","))
+    except ValueError:
+        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
 
 
 @bench_app.command("moe")
@@ -109,10 +113,7 @@ def bench_moe(
         fail(ValueError(f"--shape: unknown MoE shape {shape!r}; expected one of {','.join(MOE_SHAPES)}"))
     if dtype not in ("bfloat16", "float32"):
         fail(ValueError(f"--dtype: expected bfloat16 or float32, got {dtype!r}"))
-    try:
-        bs = tuple(int(b) for b in batches.split(","))
-    except ValueError:
-        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+    bs = _batch_sizes(batches)
     try:
         pn, plen = (int(v) for v in prefill.split("x"))
     except ValueError:

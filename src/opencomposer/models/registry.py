@@ -81,9 +81,9 @@ def load_model(
     if name == "smollm2-135m":
         path = build_cached("smollm2-135m", _build_smollm2)
     elif name == "tiny-random":
-        path = build_cached("tiny-random", _build_tiny_random)
+        path = build_cached("tiny-random", _build_tiny(tiny_random_model))
     elif name == "tiny-random-moe":
-        path = build_cached("tiny-random-moe", _build_tiny_random_moe)
+        path = build_cached("tiny-random-moe", _build_tiny(tiny_random_moe_model))
     elif Path(name).expanduser().exists():
         path = Path(name).expanduser()
     elif name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
@@ -246,22 +246,18 @@ def _build_smollm2(out: Path) -> dict[str, Any]:
     return {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size}
 
 
-def _build_tiny_random(out: Path) -> dict[str, Any]:
-    tokenizer = _smollm2_tokenizer()
-    model = tiny_random_model(tokenizer)
-    _prepare_tokenizer(tokenizer, model.config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
+def _build_tiny(make: Callable[[Any], Any]) -> Callable[[Path], dict[str, Any]]:
+    """A cache builder for a tiny model ``make(tokenizer)`` with SmolLM2's tokenizer."""
 
+    def build(out: Path) -> dict[str, Any]:
+        tokenizer = _smollm2_tokenizer()
+        model = make(tokenizer)
+        _prepare_tokenizer(tokenizer, model.config)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
 
-def _build_tiny_random_moe(out: Path) -> dict[str, Any]:
-    tokenizer = _smollm2_tokenizer()
-    model = tiny_random_moe_model(tokenizer)
-    _prepare_tokenizer(tokenizer, model.config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
+    return build
 
 
 def tiny_random_moe_model(tokenizer: Any) -> Any:

@@ -4,9 +4,6 @@ loaded, turned into samples, and the trainer's forward pass replaying the record
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -18,9 +15,7 @@ from opencomposer.inference.engine import Engine
 from opencomposer.inference.policy import EnginePolicy
 from opencomposer.models import load_model
 from opencomposer.models.moe_replay import decode_routes, encode_routes, routers
-from opencomposer.protocols import SandboxSpec
 from opencomposer.rl.samples import SampleError, trajectory_samples
-from opencomposer.sandbox import make_sandbox
 from opencomposer.train.trainer import Trainer
 
 
@@ -39,14 +34,6 @@ def moe():
         torch.manual_seed(0)
         model = Qwen3MoeForCausalLM(cfg).eval()
     return model, tok
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path):
-    (tmp_path / "repo" / "calc").mkdir(parents=True)
-    (tmp_path / "repo" / "calc" / "core.py").write_text("def add(a, b):\n    return a - b\n")
-    with make_sandbox(SandboxSpec(base_dir=tmp_path / "repo", env_dir=Path(sys.prefix)), "local") as sb:
-        yield sb
 
 
 def test_routes_travel_from_the_engine_to_the_trainers_forward_pass(moe, sandbox, tmp_path):

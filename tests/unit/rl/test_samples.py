@@ -7,8 +7,6 @@ policies (tokens in the canonical rendering, or no tokens at all, like the oracl
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,11 +18,15 @@ from opencomposer.harness.prompt import agent_tools
 from opencomposer.harness.scripted import ScriptedPolicy, tool_call
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models import ModelPolicy, encode_prompt, load_model, render_prompt
-from opencomposer.protocols import PolicyOutput, SandboxSpec
+from opencomposer.protocols import PolicyOutput
 from opencomposer.rl.samples import (
-    Sample, SampleError, assert_prompt_matches, sft_samples, trajectory_samples, turn_contexts,
+    Sample,
+    SampleError,
+    assert_prompt_matches,
+    sft_samples,
+    trajectory_samples,
+    turn_contexts,
 )
-from opencomposer.sandbox import make_sandbox
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +43,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path):
-    (tmp_path / "repo" / "calc").mkdir(parents=True)
-    (tmp_path / "repo" / "calc" / "core.py").write_text("def add(a, b):\n    return a - b\n")
-    with make_sandbox(SandboxSpec(base_dir=tmp_path / "repo", env_dir=Path(sys.prefix)), "local") as sb:
-        yield sb
 
 
 class RecordingModel:
