@@ -7,7 +7,7 @@ names (``model.layers.3.self_attn.q_proj.weight``; ``hf_views`` maps each to its
 parameter, or to its slice of a fused q/k/v or gate/up projection), so
 ``Engine.update_weights`` takes the trainer's state dict unchanged.
 
-What differs between the three families is read from the config and the state dict:
+What differs between the families is read from the config and the state dict:
 Qwen2 has q/k/v biases (found as ``*.q_proj.bias`` keys), Qwen3 has per-head RMSNorm
 on q and k (``*.q_norm.weight``), and any of them may tie ``lm_head`` to the embedding.
 Qwen3-MoE layers replace the MLP by a sparse mixture of experts (``inference/moe.py``),
