@@ -16,6 +16,9 @@ Decode tokens/s at each batch size (bf16, random weights of the real shape), for
 * ``roofline``: a step reading only what it must -- the dense weights, the experts the
   batch's tokens were routed to (counted from the routes the engine recorded, per layer
   and position) and the K/V -- at the measured copy bandwidth;
+* ``parity``: the engine's routes and logprobs against HF's forward pass on the same weights
+  (``route_parity``): how often a token's experts differ, and the logprob gap with HF routing
+  freely and with the engine's routes replayed;
 * ``prefill``: tokens/s of 4 prompts of 2,048 tokens submitted together (the grouped GEMMs;
   HF's forward pass over the same batch beside it when HF is loaded).
 ``--full`` builds the model at its real depth directly in the engine's own module (the HF
@@ -118,6 +121,40 @@ def experts_hit(engine: Engine, batch: int, prompt_len: int, tokens: int = 16) -
     return sum(distinct) / len(distinct)
 
 
+def route_parity(engine: Engine, hf, n: int = 8, prompt_len: int = 128, tokens: int = 32) -> dict[str, float]:
+    """The sampler (engine) against the trainer (HF's forward pass) on the same weights: the
+    share of (token, sparse layer) pairs whose expert sets differ, and the mean / max
+    |logprob difference| of the sampled tokens with HF routing freely and with the engine's
+    routes replayed (``models.moe_replay``)."""
+    from opencomposer.models.moe_replay import pad_routes, replay_routes
+
+    device = next(hf.parameters()).device
+    ps = _prompts(n, prompt_len, engine.model.cfg.vocab_size, 13)
+    outs = engine.generate(ps, SamplingParams(max_tokens=tokens, temperature=1.0, seed=3))
+    k = hf.config.num_experts_per_tok
+    differ = pairs = 0
+    gaps: dict[str, list[torch.Tensor]] = {"free": [], "replayed": []}
+    with torch.inference_mode():
+        for p, c in zip(ps, outs):
+            ids = torch.tensor([p + c.token_ids], device=device)
+            target = torch.tensor(c.token_ids, device=device)[:, None]
+            sampler = torch.tensor(c.logprobs)
+            for mode in ("free", "replayed"):
+                rec = pad_routes([c.routes], ids.shape[1]).to(device) if mode == "replayed" else None
+                with replay_routes(hf, rec):
+                    out = hf(ids, output_router_logits=mode == "free")
+                lp = torch.log_softmax(out.logits[0, len(p) - 1:-1].float(), -1).gather(1, target)[:, 0].cpu()
+                gaps[mode].append((lp - sampler).abs())
+                if mode == "free":
+                    mine = torch.stack([torch.topk(r.float(), k, -1).indices for r in out.router_logits], 1)[:-1].cpu()
+                    differ += int((mine.sort(-1).values != c.routes.long().sort(-1).values).any(-1).sum())
+                    pairs += c.routes.shape[0] * c.routes.shape[1]
+    free, replayed = torch.cat(gaps["free"]), torch.cat(gaps["replayed"])
+    return {"route_pairs": pairs, "routes_differ": differ / pairs, "logprob_diff_mean_free": free.mean().item(),
+            "logprob_diff_max_free": free.max().item(), "logprob_diff_mean_replayed": replayed.mean().item(),
+            "logprob_diff_max_replayed": replayed.max().item()}
+
+
 def moe_roofline(engine: Engine, batch: int, context: float, hit: float, bw: float) -> float:
     """Decode tokens/s if a step read only the dense weights, ``hit`` experts per sparse layer
     and the batch's K/V, once."""
@@ -132,7 +169,7 @@ def moe_roofline(engine: Engine, batch: int, context: float, hit: float, bw: flo
     return batch / (step_bytes / bw)
 
 
-VARIANTS = ("engine", "engine_grouped", "engine_loop", "hf")
+VARIANTS = ("engine", "engine_grouped", "engine_loop", "hf", "parity")
 
 
 def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int, ...] = (1, 8, 64),
@@ -149,7 +186,7 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
                               "layers": config.num_hidden_layers, "full_depth": full}
     bw = bandwidth(device)
     result["bandwidth_GBps"] = round(bw / 1e9, 1)
-    max_len = max(prompt_len + decode_steps + 32, prefill_len + 8)
+    max_len = max(prompt_len + decode_steps + 32, prefill_len + 8, 128 + 32 + 8)  # decode, prefill, parity
     hf = None
     if full:
         model = random_engine_model(config, device, dt)
@@ -175,6 +212,9 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
         r["engine"] = _figures(e)
         result[f"decode_b{b}"] = r
         log(f"b{b} engine: {r['engine']}")
+    if hf is not None and "parity" in variants:
+        result["parity"] = _figures(route_parity(engine, hf))
+        log(f"sampler vs trainer: {result['parity']}")
     if prefill_batch:  # prompts of prefill_len tokens, submitted together; HF's forward pass on the same
         result["prefill"] = _figures(prefill(engine, hf, prefill_batch, prefill_len, device))
         log(f"prefill {prefill_batch} x {prefill_len}: {result['prefill']}")
