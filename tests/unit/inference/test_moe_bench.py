@@ -26,6 +26,9 @@ def test_bench_moe_tiny_cpu_through_the_cli():
         assert d["engine_loop"]["tokens_per_s"] > 0 and d["hf"]["tokens_per_s"] > 0, d
         assert d["speedup_vs_hf"] > 0 and d["speedup_vs_loop"] > 0, d
     assert res["prefill"]["engine_tokens_per_s"] > 0 and res["prefill"]["hf_tokens_per_s"] > 0
+    # fp32 on the CPU: the engine routes every token as HF does, and its logprobs match
+    assert res["parity"]["route_pairs"] > 0 and res["parity"]["routes_differ"] == 0
+    assert res["parity"]["logprob_diff_mean_free"] < 1e-5 and res["parity"]["logprob_diff_mean_replayed"] < 1e-5
 
 
 def test_bench_moe_refuses_bad_options():
