@@ -164,9 +164,9 @@ def test_shaping_feedback_and_summaries_in_one_step(toolz_tasks: Path, tmp_path:
     though all test rewards are 0."""
     from opencomposer.models.registry import load_model
     out = tmp_path / "shaped"
-    text = write_cfg(tmp_path, toolz_tasks, out, steps=1, kl=0.0).read_text()
+    # the inference engine samples
+    text = write_cfg(tmp_path, toolz_tasks, out, steps=1, kl=0.0, engine="builtin").read_text()
     text = text.replace("max_turns = 2", "max_turns = 3\nsummarize_at = 1050\nmax_summaries = 1")
-    text = text.replace('backend = "local"', 'backend = "local"\nengine = "builtin"')  # the inference engine samples
     text += """
 [reward.length]
 enabled = true
