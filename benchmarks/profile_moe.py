@@ -20,11 +20,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_engine import kernel_table
 
-from opencomposer.inference.bench import bandwidth, emit, engine_decode
+from opencomposer.inference.bench import bandwidth, emit, engine_decode, roofline
 from opencomposer.inference.bench_moe import (
     experts_hit,
     moe_config,
-    moe_roofline,
     random_engine_model,
 )
 from opencomposer.inference.engine import Engine
@@ -53,7 +52,7 @@ def main() -> None:
         grouped = sum(us for name, _, us in table["top"] if "grouped" in name.lower() or "cutlass" in name.lower())
         out[f"b{b}"] = {"step_ms": round(d["step_ms"], 3), "replay_ms": round(d.get("graph_replay_ms", 0), 3),
                         "experts_hit_per_layer": hit,
-                        "roofline_ms": round(1000 * b / moe_roofline(engine, b, d["mean_context"], hit, bw), 3),
+                        "roofline_ms": round(1000 * b / roofline(engine, b, d["mean_context"], bw, experts_read=hit), 3),
                         "grouped_gemm_us": round(grouped, 1),
                         "grouped_gemm_GBps": round(hit * a.layers * expert_bytes / (grouped * 1e-6) / 1e9, 1)
                         if grouped else None,

@@ -171,14 +171,19 @@ def hf_decode(hf, batch: int, prompt_len: int, new_tokens: int, device: str) -> 
     return {"tokens_per_s": batch * (new_tokens - 1) / dt, "step_ms": 1000 * dt / (new_tokens - 1)}
 
 
-def roofline(engine: Engine, batch: int, context: float, bw: float) -> float:
-    """Decode tokens/s if a step only had to read the weights and the batch's K/V once."""
+def roofline(engine: Engine, batch: int, context: float, bw: float, experts_read: float | None = None) -> float:
+    """Decode tokens/s if a step only had to read the weights and the batch's K/V once. A MoE
+    model's step reads ``experts_read`` experts per sparse layer (those its tokens were routed
+    to; default all of them)."""
     cfg = engine.model.cfg
     p = next(engine.model.parameters())
-    weight_bytes = sum(t.numel() for t in engine.model.parameters()) * p.element_size()  # tied counted once
-    weight_bytes -= cfg.vocab_size * cfg.hidden_size * p.element_size() * (0 if cfg.tie_word_embeddings else 1)
+    weights = sum(t.numel() for t in engine.model.parameters())  # tied counted once
+    weights -= cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_word_embeddings else 1)  # the embedding: B rows
+    if cfg.sparse_layers and experts_read is not None:
+        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+        weights -= len(cfg.sparse_layers) * (cfg.num_experts - experts_read) * per_expert
     kv_bytes = batch * context * engine.kv_block_bytes(1)
-    return batch / ((weight_bytes + kv_bytes) / bw)
+    return batch / ((weights * p.element_size() + kv_bytes) / bw)
 
 
 def prefill(engine: Engine, hf, n: int, length: int, device: str) -> dict[str, float]:

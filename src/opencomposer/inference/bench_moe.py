@@ -42,12 +42,13 @@ from opencomposer.inference.bench import (
     engine_decode,
     hf_decode,
     prefill,
+    roofline,
 )
 from opencomposer.inference.engine import Engine, SamplingParams
 from opencomposer.inference.models.transformer import (
     DecoderConfig,
     DecoderLM,
-    rope_inv_freq,
+    empty_model,
 )
 from opencomposer.inference.moe import SparseMoE
 
@@ -92,10 +93,7 @@ def random_hf(config, device: str, dtype: torch.dtype, seed: int = 0):
 
 def random_engine_model(config, device: str, dtype: torch.dtype, seed: int = 0) -> DecoderLM:
     """The engine's module with random weights, allocated once in ``dtype`` on ``device``."""
-    cfg = DecoderConfig.from_hf(config)
-    with torch.device("meta"):
-        model = DecoderLM(cfg).to(dtype)
-    model = model.to_empty(device=device)
+    model = empty_model(DecoderConfig.from_hf(config), device, dtype)
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -103,9 +101,6 @@ def random_engine_model(config, device: str, dtype: torch.dtype, seed: int = 0) 
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, config.initializer_range, generator=g)
-    model.inv_freq = rope_inv_freq(cfg).to(device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
 
 
@@ -155,20 +150,6 @@ def route_parity(engine: Engine, hf, n: int = 8, prompt_len: int = 128, tokens: 
             "logprob_diff_max_replayed": replayed.max().item()}
 
 
-def moe_roofline(engine: Engine, batch: int, context: float, hit: float, bw: float) -> float:
-    """Decode tokens/s if a step read only the dense weights, ``hit`` experts per sparse layer
-    and the batch's K/V, once."""
-    cfg = engine.model.cfg
-    p = next(engine.model.parameters())
-    elem = p.element_size()
-    total = sum(t.numel() for t in engine.model.parameters())
-    experts = sum(t.numel() for n, t in engine.model.named_parameters() if ".experts." in n)
-    dense = total - experts - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)  # embedding: B rows
-    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    step_bytes = (dense + len(cfg.sparse_layers) * hit * per_expert) * elem + batch * context * engine.kv_block_bytes(1)
-    return batch / (step_bytes / bw)
-
-
 VARIANTS = ("engine", "engine_grouped", "engine_loop", "hf", "parity")
 
 
@@ -207,7 +188,7 @@ def run(shape: str = "qwen3-30b-a3b", layers: int | None = 8, batches: tuple[int
         e = engine_decode(engine, b, prompt_len, decode_steps)
         hit = experts_hit(engine, b, prompt_len)
         e["experts_hit_per_layer"] = hit
-        e["roofline_tokens_per_s"] = moe_roofline(engine, b, e["mean_context"], hit, bw)
+        e["roofline_tokens_per_s"] = roofline(engine, b, e["mean_context"], bw, experts_read=hit)
         e["fraction_of_roofline"] = e["tokens_per_s"] / e["roofline_tokens_per_s"]
         r["engine"] = _figures(e)
         result[f"decode_b{b}"] = r

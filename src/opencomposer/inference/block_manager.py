@@ -36,6 +36,12 @@ from collections import OrderedDict
 from opencomposer.inference.sequence import Sequence
 
 
+def kv_slots(table, positions, block_size: int):
+    """The cache slots of a sequence's tokens at ``positions`` (an int, or a numpy / torch
+    array) given its block table: block ``table[p // block_size]``, offset ``p % block_size``."""
+    return table[positions // block_size] * block_size + positions % block_size
+
+
 class NoFreeBlocks(RuntimeError):
     """The cache has no free block; the scheduler preempts a sequence and retries."""
 

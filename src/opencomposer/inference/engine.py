@@ -81,7 +81,11 @@ import torch
 from opencomposer.inference.block_manager import BlockManager
 from opencomposer.inference.model_runner import Launch, ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
-from opencomposer.inference.moe import grouped_mm_capturable, grouped_mm_works, read_routes
+from opencomposer.inference.moe import (
+    grouped_mm_capturable,
+    grouped_mm_works,
+    read_routes,
+)
 from opencomposer.inference.prefill_layout import prefill_buckets
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
@@ -167,11 +171,12 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_num_seqs, budget)
         pow2 = cfg.head_dim & (cfg.head_dim - 1) == 0
         if cfg.sparse_layers:  # MoE: grouped GEMMs where this build runs them, else a loop (``moe.py``)
-            grouped = grouped_mm_works(self.device, next(self.model.parameters()).dtype)
+            model_dtype = next(self.model.parameters()).dtype
+            grouped = grouped_mm_works(self.device, model_dtype)
             self.model.use_grouped_mm(grouped)
             gemv = False  # the batch-1 GEMV plan is for dense MLPs
             if cuda_graphs is True and self.device.type == "cuda" and not (
-                    grouped and grouped_mm_capturable(self.device, next(self.model.parameters()).dtype)):
+                    grouped and grouped_mm_capturable(self.device, model_dtype)):
                 cuda_graphs = False  # the experts' loop (or grouped GEMMs' fallback) syncs with the host
         kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
@@ -395,7 +400,7 @@ class Engine:
             token_ids=seq.completion_ids, logprobs=list(seq.logprobs), policy_versions=list(seq.versions),
             text=seq.text, finish_reason=seq.finish_reason or "abort",
             cached_prompt_tokens=max(seq.cached_prompt_tokens, 0), top_logprobs=list(seq.top_logprobs),
-            routes=seq.routes)
+            routes=None if seq.routes is None else seq.routes.cpu())  # the only host sync for them
 
     # ------------------------------------------------------------------ weights
 

@@ -59,6 +59,7 @@ from opencomposer.inference.attention import (
     attention_backends,
 )
 from opencomposer.inference.batch1_plan import capture_batch1
+from opencomposer.inference.block_manager import kv_slots
 from opencomposer.inference.decode_mirror import DecodeMirror, MirrorView
 from opencomposer.inference.models.transformer import DecoderLM
 from opencomposer.inference.prefill_layout import (
@@ -190,7 +191,7 @@ class ModelRunner:
             p = np.arange(c, c + n, dtype=np.int64)
             ids.append(np.fromiter(seq.token_ids[c:c + n], np.int64, n))
             pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
+            slots.append(kv_slots(table, p, bs))
             spans.append((start, n, c, table))
             start += n
             if batch.samples(i):
@@ -351,7 +352,7 @@ class ModelRunner:
         n = len(batch.seqs)
         ids = [s.token_ids[-1] for s in batch.seqs] + [0] * (rows - n)
         pos = [len(s) - 1 for s in batch.seqs] + [0] * (rows - n)
-        slots = [s.block_table[(len(s) - 1) // bs] * bs + (len(s) - 1) % bs for s in batch.seqs]
+        slots = [kv_slots(s.block_table, len(s) - 1, bs) for s in batch.seqs]
         slots += [self.scratch_block * bs] * (rows - n)
         tables = [s.block_table + [self.scratch_block] * (width - len(s.block_table)) for s in batch.seqs]
         tables += [[self.scratch_block] * width] * (rows - n)

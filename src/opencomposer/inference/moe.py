@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from opencomposer.inference.block_manager import kv_slots
+
 ROUTE_DTYPE = torch.int16  # expert ids (up to 32,767 experts)
 
 
@@ -180,8 +182,7 @@ def route_buffer(layers: list[Any], num_slots: int, device: torch.device) -> tor
 
 
 def read_routes(buf: torch.Tensor, block_table: list[int], n: int, block_size: int) -> torch.Tensor:
-    """The routes of a sequence's first ``n`` tokens: [n, sparse layers, k] on the CPU."""
-    pos = torch.arange(n)
-    table = torch.tensor(block_table, dtype=torch.long)
-    slots = table[pos // block_size] * block_size + pos % block_size
-    return buf.index_select(1, slots.to(buf.device)).permute(1, 0, 2).cpu()
+    """The routes of a sequence's first ``n`` tokens: [n, sparse layers, k], copied on the
+    buffer's device (queued after the steps that wrote them; no host sync)."""
+    slots = kv_slots(torch.tensor(block_table, dtype=torch.long), torch.arange(n), block_size)
+    return buf.index_select(1, slots.to(buf.device)).permute(1, 0, 2)

@@ -454,18 +454,22 @@ class DecoderLM(nn.Module):
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
 
 
+def empty_model(cfg: DecoderConfig, device: torch.device | str, dtype: torch.dtype) -> DecoderLM:
+    """A ``DecoderLM`` with uninitialised weights, allocated once, in ``dtype`` on ``device``."""
+    with torch.device("meta"):
+        model = DecoderLM(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    model.inv_freq = rope_inv_freq(cfg).to(device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
 def from_hf_model(hf_model: Any, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> DecoderLM:
     """A ``DecoderLM`` with the weights of an HF ``*ForCausalLM`` (copied, not shared)."""
     sd = hf_model.state_dict()
     cfg = DecoderConfig.from_hf(hf_model.config, sd)
     first = next(iter(sd.values()))
-    device = torch.device(device) if device is not None else first.device
-    dtype = dtype or first.dtype
-    with torch.device("meta"):
-        model = DecoderLM(cfg)
-    model = model.to_empty(device=device).to(dtype)
-    model.inv_freq = rope_inv_freq(cfg).to(device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = empty_model(cfg, torch.device(device) if device is not None else first.device, dtype or first.dtype)
     model.load_hf_state_dict(sd)
     return model.eval()
