@@ -3,8 +3,8 @@
 A newcomer reads this file to learn what talks to what:
 
     TaskSource -> Task -> Sandbox <- tools <- Harness loop <-> Policy
-                                                 |
-                                             Trajectory -> RewardFn
+                                                 |                ^
+                                             Trajectory -> RewardFn    WeightStore <- trainer
 
 Implementations live in the component folders (``sandbox/``, ``harness/``, ``tasks/``,
 ``rewards/``); nothing here imports them, so every module may import this one.
@@ -186,3 +186,22 @@ class RewardResult:
 @runtime_checkable
 class RewardFn(Protocol):
     def __call__(self, task: Any, sandbox: Sandbox) -> RewardResult: ...
+
+
+# --------------------------------------------------------------------------- weights
+
+
+@runtime_checkable
+class WeightStore(Protocol):
+    """Where the trainer leaves weight versions for the inference workers (``sync/``):
+    a flat key -> bytes map whose writes are atomic. Implementations: a directory, S3."""
+
+    uri: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...  # KeyError naming the key when absent
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def delete(self, keys: list[str]) -> None: ...

@@ -74,7 +74,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -406,12 +406,26 @@ class Engine:
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights (HF parameter names; a subset is fine) between two steps."""
-        with self._lock:
+        targets = self.model.hf_targets({name: t.shape for name, t in state_dict.items()}, partial=True)
+
+        def copy() -> None:
+            for name, own in targets.items():
+                own.copy_(state_dict[name].to(device=own.device, dtype=own.dtype))
+        self.edit_weights(copy, version)
+
+    def weight_views(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """The tensors holding these HF-named weights (checked: ``hf_targets``), to edit in
+        place inside ``edit_weights``."""
+        return self.model.hf_targets(shapes, partial=True)
+
+    def edit_weights(self, edit: Callable[[], None], version: int) -> None:
+        """Run ``edit`` (which changes weights in place) between two steps; tag later tokens
+        with ``version``. A step launched ahead ran with the old weights: it is dropped and the
+        next ``step()`` recomputes that position with the new ones (as without run-ahead)."""
+        with self._lock, torch.no_grad():
             if self._inflight is not None:
-                # a step launched ahead ran with the old weights: drop it, the next step()
-                # recomputes that position with the new ones (as without run-ahead)
                 self._drop_inflight()
-            self.model.load_hf_state_dict(state_dict, partial=True)
+            edit()
             self.blocks.invalidate()
             self.policy_version = int(version)
             self._counts["weight_updates"] += 1

@@ -422,36 +422,43 @@ class DecoderLM(nn.Module):
                 views[name] = p.data
         return views
 
-    def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor], partial: bool = False) -> None:
-        """Copy HF-named tensors into this model's parameters, in place.
+    def hf_targets(self, shapes: Mapping[str, tuple[int, ...]], partial: bool = False) -> dict[str, torch.Tensor]:
+        """HF parameter name -> the tensor to write, for the names and shapes a caller will write.
 
-        In place (``copy_``), so CUDA graphs captured over these parameters stay valid.
-        ``partial`` allows a subset of keys (a trainer sending only what changed); unknown
-        keys and shape mismatches are always errors naming the key, raised before any
-        weight changes.
-        """
-        own = self.hf_views(per_expert=any(_PER_EXPERT.search(name) for name in state_dict))
+        ``partial`` allows a subset of the parameters (a trainer sending only what changed);
+        unknown names and shape mismatches are always errors naming the key. A tied
+        ``lm_head.weight`` is dropped when the embedding is written too (one tensor)."""
+        own = self.hf_views(per_expert=any(_PER_EXPERT.search(name) for name in shapes))
         tied = self.cfg.tie_word_embeddings
-        todo = []
-        for name, tensor in state_dict.items():
+        out = {}
+        for name, shape in shapes.items():
             if name.endswith("rotary_emb.inv_freq"):
                 continue
             if name not in own:
                 raise ValueError(f"state dict key {name!r} is not a parameter of this {self.cfg.model_type} model")
-            if tuple(tensor.shape) != tuple(own[name].shape):
-                raise ValueError(f"state dict key {name!r}: shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}")
-            if tied and name == "lm_head.weight" and "model.embed_tokens.weight" in state_dict:
+            if tuple(shape) != tuple(own[name].shape):
+                raise ValueError(f"state dict key {name!r}: shape {tuple(shape)}, expected {tuple(own[name].shape)}")
+            if tied and name == "lm_head.weight" and "model.embed_tokens.weight" in shapes:
                 continue  # the same tensor as the embedding
-            todo.append((name, tensor))
-        seen = {name for name, _ in todo}
+            out[name] = own[name]
+        seen = set(out)
         if tied and seen & {"lm_head.weight", "model.embed_tokens.weight"}:
             seen |= {"lm_head.weight", "model.embed_tokens.weight"}
         missing = sorted(set(own) - seen)
         if missing and not partial:
             raise ValueError(f"state dict is missing {len(missing)} parameters, e.g. {missing[:3]}")
+        return out
+
+    def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor], partial: bool = False) -> None:
+        """Copy HF-named tensors into this model's parameters, in place.
+
+        In place (``copy_``), so CUDA graphs captured over these parameters stay valid. Every
+        key is checked (``hf_targets``) before any weight changes.
+        """
+        targets = self.hf_targets({name: t.shape for name, t in state_dict.items()}, partial)
         with torch.no_grad():
-            for name, tensor in todo:
-                own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+            for name, own in targets.items():
+                own.copy_(state_dict[name].to(device=own.device, dtype=own.dtype))
 
 
 def empty_model(cfg: DecoderConfig, device: torch.device | str, dtype: torch.dtype) -> DecoderLM:

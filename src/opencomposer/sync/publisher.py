@@ -1,0 +1,142 @@
+"""The trainer side of weight sync: publish each new version as the differences from the last.
+
+    pub = WeightPublisher(open_store("s3://bucket/run-7"), dtype=torch.bfloat16)
+    stats = pub.publish(model.state_dict(), version=trainer.version)   # after each optimizer step
+
+The first version a publisher writes is a full snapshot (every tensor, compressed), then
+one every ``full_every`` versions so a new follower never replays a long chain; the others
+hold only what changed since the previous version (``codec``: exact, bit for bit). The
+publisher keeps the last published tensors (cast to ``dtype``, the inference engine's
+dtype) on their own device to diff against: the comparison and gather run there, and only
+the changed elements cross to the host.
+
+Several training ranks each publish their own tensors (``rank``, ``world``; same
+``timeline`` string on every rank): a version is complete when all ranks' parts are in.
+Old versions are deleted once two newer full snapshots exist (``keep_full``). A publisher
+whose version is not newer than what the store holds (a resumed run) first deletes the
+abandoned timeline's versions from that one on.
+
+Test: ``pytest tests/unit/sync/test_weights.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Mapping
+
+import torch
+
+from opencomposer.sync import codec
+from opencomposer.sync.layout import FORMAT, Entry, keys_of, scan
+
+
+class WeightPublisher:
+    def __init__(self, store, dtype: torch.dtype | str = torch.bfloat16, full_every: int = 20,
+                 keep_full: int = 2, rank: int = 0, world: int = 1, timeline: str | None = None,
+                 level: int = 3):
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} of world {world}: expected 0 <= rank < world")
+        if world > 1 and timeline is None:
+            raise ValueError("several ranks publish one version: pass the same timeline string on every rank")
+        if full_every < 1 or keep_full < 1:
+            raise ValueError(f"full_every={full_every}, keep_full={keep_full}: both must be >= 1")
+        self.store, self.rank, self.world, self.level = store, rank, world, level
+        self.dtype = codec.DTYPES[dtype] if isinstance(dtype, str) else dtype
+        codec.dtype_name(self.dtype)
+        self.full_every, self.keep_full = full_every, keep_full
+        self.timeline = (timeline or uuid.uuid4().hex[:12]).lower()
+        if not self.timeline.isalnum():
+            raise ValueError(f"timeline {timeline!r}: letters and digits only")
+        self.prev: dict[str, torch.Tensor] = {}  # name -> bits of the last published tensor
+        self.sums: dict[str, list[int]] = {}  # name -> its checksum
+        self.version: int | None = None  # last published
+        self.last_full: int | None = None
+
+    def _tensors(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each storage once (a tied lm_head is the embedding), cast to the sync dtype."""
+        out, seen = {}, set()
+        for name, t in state_dict.items():
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                continue
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            if key in seen:
+                continue
+            seen.add(key)
+            out[name] = t.detach().to(self.dtype)
+        if not out:
+            raise ValueError("the state dict has no floating-point tensors to publish")
+        return out
+
+    def _start(self, version: int) -> None:
+        """First publish: abandon any versions >= ``version`` another timeline wrote."""
+        keys = self.store.list()
+        done, partial = scan(keys)
+        stale = [e for e in done + partial if e.version >= version and e.timeline != self.timeline]
+        if stale:
+            self.store.delete([k for e in stale for k in keys_of(e, keys)])
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, Any]:
+        """Write ``version`` (> the last one published); return what it cost."""
+        version = int(version)
+        if self.version is not None and version <= self.version:
+            raise ValueError(f"version {version}: this publisher already published {self.version}; "
+                             "versions must increase")
+        t0 = time.perf_counter()
+        tensors = self._tensors(state_dict)
+        if self.version is None:
+            self._start(version)
+        full = self.last_full is None or version - self.last_full >= self.full_every or set(tensors) != set(self.prev)
+        entry = Entry(version, self.timeline, "full" if full else "delta", self.world)
+        metas, parts, offset, changed, numel, raw = {}, [], 0, 0, 0, 0
+        for name, t in tensors.items():
+            enc = codec.encode(t, None if full else self.prev[name], self.level)
+            if enc.meta["encoding"] == "same":
+                enc.meta["checksum"] = self.sums[name]
+            enc.meta["offset"] = offset
+            offset += sum(enc.meta["parts"])
+            parts += enc.parts
+            metas[name] = enc.meta
+            changed += enc.meta["changed"]
+            numel += t.numel()
+            raw += t.numel() * t.element_size()
+            self.sums[name] = enc.meta["checksum"]
+            if full or name not in self.prev:
+                self.prev[name] = codec.bits(t).clone()
+            elif enc.meta["changed"]:
+                self.prev[name].copy_(codec.bits(t))
+        t1 = time.perf_counter()
+        blob = b"".join(parts)
+        manifest = {"format": FORMAT, "version": version, "timeline": self.timeline, "kind": entry.kind,
+                    "rank": self.rank, "world": self.world, "dtype": codec.dtype_name(self.dtype),
+                    "parent": None if full else self.version, "created": time.time(), "blob_bytes": len(blob),
+                    "tensors": metas}
+        self.store.put(entry.blob(self.rank), blob)
+        self.store.put(entry.manifest(self.rank), json.dumps(manifest).encode())  # last: commits the part
+        t2 = time.perf_counter()
+        self.version = version
+        if full:
+            self.last_full = version
+        deleted = self._collect()
+        return {"version": version, "kind": entry.kind, "timeline": self.timeline, "rank": self.rank,
+                "tensors": len(tensors), "changed_fraction": changed / max(numel, 1), "raw_bytes": raw,
+                "stored_bytes": len(blob), "compression": raw / max(len(blob), 1),
+                "encode_s": t1 - t0, "upload_s": t2 - t1, "deleted_objects": deleted}
+
+    def _collect(self) -> int:
+        """Delete this rank's objects of versions older than the ``keep_full``-th newest full
+        snapshot (what a follower needs is that snapshot and the deltas after it)."""
+        keys = self.store.list()
+        done, partial = scan(keys)
+        mine = [e for e in done if e.timeline == self.timeline]
+        fulls = [e.version for e in mine if e.kind == "full"]
+        if len(fulls) < self.keep_full:
+            return 0
+        oldest = sorted(fulls)[-self.keep_full]
+        old = [e for e in done + partial if e.version < oldest]
+        mine_keys = f"rank{self.rank:05d}-of-"
+        drop = [k for e in old for k in keys_of(e, keys) if mine_keys in k or e.timeline != self.timeline]
+        if drop:
+            self.store.delete(drop)
+        return len(drop)

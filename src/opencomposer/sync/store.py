@@ -1,0 +1,137 @@
+"""Where weight versions live between the trainer and the inference workers: a directory or S3.
+
+    store = open_store("runs/demo/weights")          # a local or shared (NFS) directory
+    store = open_store("file:///mnt/shared/weights")
+    store = open_store("s3://my-bucket/runs/demo")  # boto3; AWS_ENDPOINT_URL for MinIO etc.
+
+A store is a flat key -> bytes map with four calls (``protocols.WeightStore``). Writes
+are atomic: a reader sees a whole object or none (a directory writes a temp file and
+renames it; an S3 PUT is atomic). Readers find versions by listing, so no object is
+ever updated in place. Errors name the store and the key.
+
+Test: ``pytest tests/unit/sync/test_store.py`` (S3 through moto).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be reached or read (names the store and the key)."""
+
+
+class FileStore:
+    """Keys are relative paths under ``root`` (created if missing)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.uri = f"file://{self.root.resolve()}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.uri}: cannot create the store's directory: {e}") from None
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise StoreError(f"{self.uri}: key {key!r} must be relative, without '..'")
+        return self.root / key
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(f"{self.uri}: no object {key!r}") from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        top = base if base.is_dir() else base.parent
+        if not top.exists():
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(top):
+            for f in files:
+                if not f.startswith("."):
+                    key = (Path(dirpath) / f).relative_to(self.root).as_posix()
+                    if key.startswith(prefix):
+                        keys.append(key)
+        return sorted(keys)
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+
+class S3Store:
+    """Keys under ``s3://bucket/prefix``. Credentials and endpoint come from boto3's usual
+    sources (environment, ``~/.aws``, instance roles; ``AWS_ENDPOINT_URL``)."""
+
+    def __init__(self, bucket: str, prefix: str = "", client=None):
+        try:
+            import boto3
+        except ImportError:
+            raise StoreError("s3:// stores need boto3: pip install 'opencomposer[s3]'") from None
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.client = client or boto3.client("s3")
+        from botocore.exceptions import BotoCoreError, ClientError
+        self._errors = (BotoCoreError, ClientError)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, key: str, fn, **kw):
+        try:
+            return fn(Bucket=self.bucket, **kw)
+        except self._errors as e:
+            code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404"):
+                raise KeyError(f"{self.uri}: no object {key!r}") from None
+            raise StoreError(f"{self.uri}: {what} {key!r} failed: {e}") from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put", key, self.client.put_object, Key=self._key(key), Body=data)
+
+    def get(self, key: str) -> bytes:
+        return self._call("get", key, self.client.get_object, Key=self._key(key))["Body"].read()
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys, token, cut = [], None, len(self._key(""))
+        while True:
+            kw = {"Prefix": self._key(prefix)}
+            if token:
+                kw["ContinuationToken"] = token
+            page = self._call("list", prefix, self.client.list_objects_v2, **kw)
+            keys += [o["Key"][cut:] for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return sorted(keys)
+            token = page["NextContinuationToken"]
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):  # S3's batch limit
+            objs = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
+            self._call("delete", keys[i], self.client.delete_objects, Delete={"Objects": objs, "Quiet": True})
+
+
+def open_store(uri: str | Path):
+    """``s3://bucket/prefix``, ``file:///path`` or a plain path."""
+    uri = str(uri)
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri[5:].partition("/")
+        if not bucket:
+            raise StoreError(f"store {uri!r}: expected s3://bucket[/prefix]")
+        return S3Store(bucket, prefix)
+    if "://" in uri and not uri.startswith("file://"):
+        raise StoreError(f"store {uri!r}: expected s3://bucket/prefix, file:///path or a directory")
+    return FileStore(uri.removeprefix("file://"))
