@@ -156,6 +156,9 @@ def serve(
     ab_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="share of sessions routed to arm b"),
     admin_token: Optional[str] = typer.Option(None, envvar="OPENCOMPOSER_ADMIN_TOKEN",
                                               help="bearer token for /admin/* (default: loopback clients only)"),
+    weights_from: Optional[str] = typer.Option(None, help="follow a trainer's weight store (directory, "
+                                               "file:///path or s3://bucket/prefix): new versions apply in flight"),
+    weights_poll: float = typer.Option(1.0, min=0.05, help="seconds between two looks at --weights-from"),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
     /v1/feedback and /admin/weights for the real-time loop)."""
@@ -170,8 +173,10 @@ def serve(
                           kv_memory_fraction=kv_memory_fraction, max_num_batched_tokens=max_num_batched_tokens,
                           dtype=dtype, device=device,
                           log_dir=log_dir, log_window_s=parse_duration(log_window, "--log-window"),
-                          ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token)
+                          ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token,
+                          weights_from=weights_from, weights_poll_s=weights_poll)
         run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model,
-                                                   "log_dir": log_dir, "ab_model": ab_model}))
+                                                   "log_dir": log_dir, "ab_model": ab_model,
+                                                   "weights_from": weights_from}))
     except known_errors() as e:
         fail(e)

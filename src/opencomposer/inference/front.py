@@ -17,6 +17,8 @@ An ASGI app in front of one ``OpenAIServer`` per arm (each with its own engine t
   as a ``feedback`` record; a bad event is a 400 naming the field. Whether a follow-up is
   dissatisfied is decided later by the real-time loop's classifier, so a better classifier
   can re-score old logs.
+* ``--weights-from STORE`` (``sync/``): arm a follows a trainer's weight store, applying
+  each new version in flight; ``/metrics`` and ``/admin/arms`` show where it is.
 * ``POST /admin/weights`` ``{"path": HF model dir, "arm": "a", "version"?}``: loads the
   directory's safetensors and applies them with ``Engine.update_weights`` between two
   engine steps (running sequences continue; the prefix cache is dropped). ``GET
@@ -206,11 +208,14 @@ class FrontDoor:
         return {"fraction_b": self.fraction, "feedback_events": self.feedback_count,
                 "logged": self.log.records if self.log else None,
                 "arms": {name: {"checkpoint": s.checkpoint, "policy_version": s.loop.engine.policy_version,
-                                "pending": s.loop.pending, **{k: v for k, v in s.loop.counters.items()}}
+                                "pending": s.loop.pending, **{k: v for k, v in s.loop.counters.items()},
+                                "weights_sync": s.follower.stats() if s.follower is not None else None}
                          for name, s in self.arms.items()}}
 
     def stop(self) -> None:
         for s in self.arms.values():
+            if s.follower is not None:
+                s.follower.stop()
             s.loop.stop()
         if self.log is not None:
             self.log.close()
@@ -241,7 +246,9 @@ def build_front(cfg: ServeConfig) -> FrontDoor:
     """Arm a from ``cfg.model``, arm b from ``cfg.ab_model`` (same served name), the log."""
     arms = {"a": build_server(cfg)}
     if cfg.ab_model:
-        arms["b"] = build_server(replace(cfg, model=cfg.ab_model, served_model_name=arms["a"].model_name))
+        # arm b is a fixed candidate: only arm a follows a trainer's weights
+        arms["b"] = build_server(replace(cfg, model=cfg.ab_model, served_model_name=arms["a"].model_name,
+                                         weights_from=None))
         arms["b"].checkpoint = cfg.ab_model
     log = SessionLog(cfg.log_dir, cfg.log_window_s) if cfg.log_dir else None
     return FrontDoor(arms, cfg.ab_fraction, log, cfg.admin_token)

@@ -85,6 +85,9 @@ class ServeConfig:
     ab_model: str | None = None  # arm "b": a second checkpoint; sessions split by id
     ab_fraction: float = 0.5  # share of sessions routed to arm "b"
     admin_token: str | None = None  # /admin/* needs "Authorization: Bearer TOKEN" (none: loopback clients only)
+    # weight sync (``sync/``): follow a trainer's store, applying each new version in flight
+    weights_from: str | None = None  # a directory, file:///path or s3://bucket/prefix
+    weights_poll_s: float = 1.0
 
 
 class HTTPError(Exception):
@@ -106,6 +109,7 @@ class OpenAIServer:
         self.created = int(time.time())
         # set by ``front.FrontDoor``: where completions are logged, and what this engine serves
         self.recorder: Any = None
+        self.follower: Any = None  # a ``sync.WeightFollower`` applying a trainer's versions (--weights-from)
         self.arm, self.checkpoint = "a", model_name
         self.api = self._build_app()
         self.app = self._shed_load(self.api)
@@ -162,8 +166,11 @@ class OpenAIServer:
 
     async def metrics(self) -> dict:
         stats = await self.loop.call(self.loop.engine.stats)
-        return {"engine": stats, "server": {**self.loop.counters, "pending": self.loop.pending,
-                                            "max_pending": self.loop.max_pending}}
+        out = {"engine": stats, "server": {**self.loop.counters, "pending": self.loop.pending,
+                                           "max_pending": self.loop.max_pending}}
+        if self.follower is not None:
+            out["weights_sync"] = self.follower.stats()
+        return out
 
     # ------------------------------------------------------------------ shared request steps
 
@@ -456,9 +463,21 @@ def build_server(cfg: ServeConfig) -> OpenAIServer:
                                   max_num_batched_tokens=cfg.max_num_batched_tokens, device=cfg.device, dtype=dtype)
     except ValueError as e:  # limits the engine cannot meet, e.g. a context longer than the model's
         raise ConfigError(f"serve --model {cfg.model}: {e}") from None
+    follower = None
+    if cfg.weights_from:
+        from opencomposer.sync.store import StoreError, open_store
+        from opencomposer.sync.subscriber import WeightFollower, WeightSubscriber
+        try:
+            store = open_store(cfg.weights_from)
+        except StoreError as e:
+            raise ConfigError(f"--weights-from: {e}") from None
+        follower = WeightFollower(WeightSubscriber(store), engine, cfg.weights_poll_s)
     loop = EngineLoop(engine, max_pending=cfg.max_pending).start()
-    return OpenAIServer(loop, engine.tokenizer, cfg.served_model_name or cfg.model, engine.max_model_len,
-                        engine.eos_ids, cfg.default_max_tokens)
+    server = OpenAIServer(loop, engine.tokenizer, cfg.served_model_name or cfg.model, engine.max_model_len,
+                          engine.eos_ids, cfg.default_max_tokens)
+    if follower is not None:
+        server.follower = follower.start()
+    return server
 
 
 def uvicorn_server(server: OpenAIServer, host: str, port: int, **kw: Any):

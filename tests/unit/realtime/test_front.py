@@ -148,3 +148,48 @@ def test_admin_token_is_required_when_set(srv):
 def test_an_unreachable_server_is_named():
     with pytest.raises(ServerUnreachable, match=r"server unreachable at http://127.0.0.1:9/admin/arms"):
         ServerClient("http://127.0.0.1:9/v1", timeout=5).arms()
+
+
+def test_serve_follows_a_trainers_weight_store(tmp_path):
+    """``serve --weights-from``: a trainer publishes deltas; arm a applies them in flight and
+    then samples what an engine built from the trainer's weights samples."""
+    from opencomposer.inference.engine import Engine, SamplingParams
+    from opencomposer.models.registry import load_model
+    from opencomposer.sync.publisher import WeightPublisher
+    from opencomposer.sync.store import FileStore
+
+    trainer, tok = load_model("tiny-random")
+    pub = WeightPublisher(FileStore(tmp_path / "w"), dtype=torch.float32)
+    pub.publish(trainer.state_dict(), 0)
+    s = Running(ServeConfig(model="tiny-random", max_num_seqs=4, max_model_len=1024,
+                            weights_from=str(tmp_path / "w"), weights_poll_s=0.05))
+    try:
+        def synced(version: int) -> dict:
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                m = httpx.get(s.base + "/metrics", timeout=10).json()
+                if m["weights_sync"]["version"] == version:
+                    return m
+                time.sleep(0.05)
+            raise AssertionError(f"server never reached version {version}: {m['weights_sync']}")
+
+        synced(0)
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.mul_(1.05)
+        pub.publish(trainer.state_dict(), 1)
+        m = synced(1)
+        assert m["engine"]["policy_version"] == 1 and m["weights_sync"]["errors"] == 0
+        assert m["weights_sync"]["last"]["chain"] == [1] and not m["weights_sync"]["last"]["from_full"]
+        got = s.chat(None)["choices"][0]["logprobs"]["content"]
+        ids = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        params = SamplingParams(max_tokens=6, temperature=0)
+        want = Engine(trainer, tok, max_model_len=1024).generate([ids], params)[0]
+        old = Engine(load_model("tiny-random")[0], tok, max_model_len=1024).generate([ids], params)[0]
+        assert [t["token"] for t in got] == [tok.decode([t]) for t in want.token_ids]
+        assert [t["logprob"] for t in got] == pytest.approx(want.logprobs, abs=1e-4)
+        assert [t["logprob"] for t in got] != pytest.approx(old.logprobs, abs=1e-3)
+        assert ServerClient(s.base).arms()["arms"]["a"]["weights_sync"]["version"] == 1
+    finally:
+        s.close()
