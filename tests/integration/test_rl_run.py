@@ -19,7 +19,7 @@ from opencomposer.train.trainer import Trainer
 
 
 def write_cfg(tmp: Path, tasks: Path, out: Path, steps: int, kl: float, model: str = "tiny-random",
-              engine: str = "hf") -> Path:
+              engine: str = "hf", sync: Path | None = None) -> Path:
     text = f"""
 [model]
 name = "{model}"
@@ -46,15 +46,35 @@ enabled = false
 out_dir = "{out}"
 steps = {steps}
 """
+    if sync is not None:
+        text += f'[sync]\nstore = "{sync}"\ndtype = "float32"\n'
     p = tmp / f"rl-{kl}.toml"
     p.write_text(text)
     return p
 
 
+def _follower_matches(store: Path, trainer: Trainer, version: int, follower=None):
+    """An engine following the run's weight store ([sync]) holds the trainer's weights;
+    returns (engine, subscriber) to poll again later."""
+    from opencomposer.inference.engine import Engine
+    from opencomposer.models.registry import load_model
+    from opencomposer.sync.store import FileStore
+    from opencomposer.sync.subscriber import WeightSubscriber
+
+    engine, sub = follower or (Engine(load_model("tiny-random")[0], None, max_model_len=64),
+                               WeightSubscriber(FileStore(store)))
+    sub.poll(engine)
+    assert engine.policy_version == version
+    sd = trainer.model.state_dict()
+    for name, view in engine.weight_views({k: v.shape for k, v in sd.items()}).items():
+        assert torch.equal(view, sd[name]), name
+    return engine, sub
+
+
 def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):
     from opencomposer.models.registry import load_model
-    out = tmp_path / "run"
-    cfg = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05), RLRunConfig)
+    out, store = tmp_path / "run", tmp_path / "weights"
+    cfg = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, sync=store), RLRunConfig)
     result = run_pipeline(cfg, log=lambda m: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -74,11 +94,18 @@ def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):
     assert load_checkpoint(out / "checkpoints", trainer)["step"] == 2
     trained = torch.nn.utils.parameters_to_vector(trainer.model.parameters())
     assert not torch.equal(start, trained)
+    # [sync]: each version went to the store (a full snapshot first, then deltas), and an
+    # engine following it holds the checkpoint's weights
+    assert [r["sync_kind_full"] for r in rows] == [0.0, 0.0] and all(r["sync_stored_mb"] > 0 for r in rows)
+    follower = _follower_matches(store, trainer, rows[-1]["policy_version"])
     # resume: step 3 continues from the checkpoint with a task never used before
-    cfg3 = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=3, kl=0.05), RLRunConfig)
+    cfg3 = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=3, kl=0.05, sync=store), RLRunConfig)
     run_pipeline(cfg3, resume=True, log=lambda m: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+    trainer3 = Trainer(load_model("tiny-random")[0], tok, cfg.train)
+    load_checkpoint(out / "checkpoints", trainer3)
+    _follower_matches(store, trainer3, rows[-1]["policy_version"], follower)  # the resumed run's timeline
     used = [t for r in rows for t in r["task_ids"]]
     assert len(used) == len(set(used)) == 3
     held = json.loads((out / "split.json").read_text())["heldout"]

@@ -103,6 +103,17 @@ class EvalSection(Strict):
     temperature: float = Field(0.0, ge=0)
 
 
+class SyncSection(Strict):
+    """Publish every new policy version to a weight store (``sync/``) for inference workers
+    started with ``opencomposer serve --weights-from STORE`` (in another process or machine)."""
+
+    store: str = Field(..., min_length=1, description="a directory, file:///path or s3://bucket/prefix")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="the followers' engine dtype: versions are exact in it")
+    full_every: int = Field(20, ge=1, description="a full snapshot every N versions (the others: deltas)")
+    keep_full: int = Field(2, ge=1, description="versions older than the N-th newest full snapshot are deleted")
+
+
 class RunSection(Strict):
     out_dir: str = "runs/rl"
     steps: int = Field(3, ge=1)
@@ -123,10 +134,14 @@ class RLRunConfig(Strict):
     sft: SFTSection = SFTSection()
     eval: EvalSection = EvalSection()
     run: RunSection = RunSection()
+    sync: SyncSection | None = None
 
     @model_validator(mode="after")
     def _engine_needs_plain_weights(self) -> "RLRunConfig":
         if self.rollout.engine == "builtin" and self.train.lora:
             raise ValueError("rollout.engine='builtin' with train.lora=true: the engine takes full weights; "
                              "use rollout.engine='hf' for LoRA runs")
+        if self.sync is not None and self.train.lora:
+            raise ValueError("[sync] with train.lora=true: followers take full weights; merge the adapters "
+                             "(export the model) or train without LoRA")
         return self

@@ -138,6 +138,17 @@ class RLRun:
             self.log.truncate(self.start_step, state.get("row"))
         self.policy = self.make_policy(self.cfg.rollout.temperature)
         self.tools = agent_tools()
+        self.publisher = None  # [sync]: every version goes to a weight store for remote followers
+        if self.cfg.sync is not None:
+            from opencomposer.config import ConfigError
+            from opencomposer.sync.publisher import WeightPublisher
+            from opencomposer.sync.store import StoreError, open_store
+            sc = self.cfg.sync
+            try:
+                self.publisher = WeightPublisher(open_store(sc.store), dtype=sc.dtype, full_every=sc.full_every,
+                                                 keep_full=sc.keep_full)
+            except StoreError as e:
+                raise ConfigError(f"[sync] store: {e}") from None
         self.pool = sandbox_pool(self.cfg.rollout)  # closed by run() (or close())
 
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
@@ -172,6 +183,16 @@ class RLRun:
             self.policy.policy.update_weights(self.trainer.model.state_dict(), self.trainer.version)
         else:  # same model object: only the label moves
             self.policy.policy_version = self.trainer.version
+
+    def publish(self) -> dict[str, float]:
+        """Send the trainer's current version to the weight store (``[sync]``), once; the
+        metrics row gets what it cost."""
+        if self.publisher is None or self.publisher.version == self.trainer.version:
+            return {}
+        s = self.publisher.publish(self.trainer.model.state_dict(), self.trainer.version)
+        return {"sync_kind_full": float(s["kind"] == "full"), "sync_stored_mb": s["stored_bytes"] / 2**20,
+                "sync_compression": s["compression"], "sync_changed_fraction": s["changed_fraction"],
+                "time_sync": round(s["encode_s"] + s["upload_s"], 3)}
 
     def step(self, step: int) -> dict[str, Any]:
         from opencomposer.tasks.format import Task
@@ -238,6 +259,7 @@ class RLRun:
             "time_rollout": round(t1 - t0, 2), "time_generate": round(self.policy.stats.get("generate_seconds", 0.0), 2),
             "time_reward_cpu": round(reward_s, 2), "time_samples": round(t2 - t1, 2), "time_train": round(t3 - t2, 2),
             "policy_version": self.trainer.version,
+            **self.publish(),
         }
         self.policy.stats["generate_seconds"] = 0.0
         return row
@@ -262,6 +284,7 @@ class RLRun:
     def run(self) -> list[dict]:
         rows = []
         self.reference()
+        self.publish()  # followers start from the weights RL starts from
         try:
             for step in range(self.start_step, self.cfg.run.steps):
                 row = self.step(step)

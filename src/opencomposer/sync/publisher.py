@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

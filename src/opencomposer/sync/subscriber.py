@@ -175,7 +175,7 @@ class WeightFollower:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weight-follower", daemon=True)
 
-    def start(self) -> "WeightFollower":
+    def start(self) -> WeightFollower:
         self._thread.start()
         return self
 

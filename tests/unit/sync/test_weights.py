@@ -187,6 +187,7 @@ def test_bad_publisher_input_is_refused(trainer_model, store):
 def test_s3_store_end_to_end(trainer_model, make_engine):
     moto = pytest.importorskip("moto")
     import boto3
+
     from opencomposer.sync.store import S3Store
     with moto.mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="runs")
