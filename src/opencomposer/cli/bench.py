@@ -127,4 +127,31 @@ def bench_moe(
     emit(res)
 
 
+@bench_app.command("sync")
+def bench_sync(
+    shape: str = typer.Option("qwen2.5-1.5b", help="a bench-engine shape (qwen2.5-0.5b, qwen2.5-1.5b, tiny, ...)"),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
+    lrs: str = typer.Option("1e-6,1e-5", help="learning rates, each for --steps versions"),
+    steps: int = typer.Option(3, min=1, help="versions published at each learning rate"),
+    batch: str = typer.Option("4x512", help="train batch: sequences x tokens"),
+    decode_batch: int = typer.Option(16, min=1, help="sequences the engine decodes meanwhile"),
+    level: int = typer.Option(3, min=1, max=22, help="zstd level"),
+) -> None:
+    """Weight sync: a trainer publishes each version as deltas; a decoding engine follows in flight."""
+    import torch
+
+    from opencomposer.inference.bench import SHAPES
+    from opencomposer.inference.bench_sync import run
+
+    if shape not in SHAPES:
+        fail(ValueError(f"--shape: unknown shape {shape!r}; expected one of {','.join(sorted(SHAPES))}"))
+    try:
+        rates = tuple(float(x) for x in lrs.split(","))
+        b, s = (int(v) for v in batch.split("x"))
+    except ValueError:
+        fail(ValueError(f"--lrs / --batch: expected numbers like 1e-6,1e-5 and 4x512, got {lrs!r}, {batch!r}"))
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    emit(run(shape, dev, rates, steps, b, s, decode_batch, level, log=lambda m: err.print(m, highlight=False)))
+
+
 # --------------------------------------------------------------------------- eval

@@ -72,9 +72,10 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -206,7 +207,10 @@ class Engine:
         self._finished: OrderedDict[str, Sequence] = OrderedDict()
         self._aborted: list[Sequence] = []
         self._ids = itertools.count()
-        self._lock = threading.Lock()  # held by step() and update_weights()
+        self._lock = threading.Lock()  # held by step() and edit_weights()
+        # a turnstile: an edit waiting for the lock holds it, so the stepping thread (which
+        # passes it before each step) cannot take the lock again first
+        self._turn = threading.Lock()
         self._counts = {"prompt_tokens": 0, "prefill_tokens_computed": 0, "generated_tokens": 0, "steps": 0,
                         "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0,
                         "run_ahead_steps": 0, "run_ahead_discarded_rows": 0}
@@ -263,6 +267,8 @@ class Engine:
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[StepOutput]:
+        with self._turn:  # an in-flight weight update waiting for the lock goes first
+            pass
         with self._lock:
             outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
             self._aborted.clear()
@@ -422,7 +428,7 @@ class Engine:
         """Run ``edit`` (which changes weights in place) between two steps; tag later tokens
         with ``version``. A step launched ahead ran with the old weights: it is dropped and the
         next ``step()`` recomputes that position with the new ones (as without run-ahead)."""
-        with self._lock, torch.no_grad():
+        with self._turn, self._lock, torch.no_grad():
             if self._inflight is not None:
                 self._drop_inflight()
             edit()

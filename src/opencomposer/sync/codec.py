@@ -83,7 +83,9 @@ def checksum(t: torch.Tensor) -> tuple[int, int]:
 
 def _pack(a: np.ndarray, level: int) -> bytes:
     planes = a.view(np.uint8).reshape(-1, a.itemsize).T.tobytes() if a.itemsize > 1 else a.tobytes()
-    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(planes)
+    threads = -1 if len(planes) > 8 << 20 else 0  # large arrays (full snapshots): every core
+    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True,
+                                    threads=threads).compress(planes)
 
 
 def _unpack(data: bytes, dtype: torch.dtype, n: int, what: str) -> torch.Tensor:

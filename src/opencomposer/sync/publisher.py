@@ -55,7 +55,7 @@ class WeightPublisher:
         self.version: int | None = None  # last published
         self.last_full: int | None = None
 
-    def _tensors(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def tensors(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each storage once (a tied lm_head is the embedding), cast to the sync dtype."""
         out, seen = {}, set()
         for name, t in state_dict.items():
@@ -85,7 +85,7 @@ class WeightPublisher:
             raise ValueError(f"version {version}: this publisher already published {self.version}; "
                              "versions must increase")
         t0 = time.perf_counter()
-        tensors = self._tensors(state_dict)
+        tensors = self.tensors(state_dict)
         if self.version is None:
             self._start(version)
         full = self.last_full is None or version - self.last_full >= self.full_every or set(tensors) != set(self.prev)

@@ -172,6 +172,35 @@ def test_weight_update_in_flight(hf, tiny_hf, prompts):
     assert engine.stats()["kv_blocks_used"] == 0
 
 
+def test_an_update_waits_for_at_most_the_step_running(hf, tiny_hf, prompts):
+    """A thread stepping without pause cannot starve an in-flight update: the update takes
+    the lock at the end of the step that holds it (a turnstile), not after many steps."""
+    import threading
+
+    other = tiny_hf("qwen2", seed=1)
+    engine = Engine(hf, None, max_model_len=128, max_num_seqs=4)
+    for p in prompts(4, seed=3):
+        engine.add_request(p, SamplingParams(max_tokens=80, temperature=1.0))
+    steps, stop, started = [0], threading.Event(), threading.Event()
+
+    def stepper():
+        while not stop.is_set() and engine.has_unfinished():
+            engine.step()
+            steps[0] += 1
+            started.set()
+    t = threading.Thread(target=stepper)
+    t.start()
+    started.wait(30)
+    ran = []
+    for v in (1, 2, 3):
+        before = steps[0]
+        engine.update_weights((other if v % 2 else hf).state_dict(), version=v)
+        ran.append(steps[0] - before)
+    stop.set()
+    t.join(30)
+    assert engine.policy_version == 3 and max(ran) <= 2, ran
+
+
 def test_bad_input_is_a_clear_error(hf):
     engine = Engine(hf, None, max_model_len=64, max_num_seqs=2)
     with pytest.raises(ValueError, match=r"prompt \(60 tokens\) \+ max_tokens \(10\) = 70 exceeds max_model_len=64"):
