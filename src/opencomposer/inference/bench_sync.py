@@ -8,7 +8,9 @@ optimizer steps, so which bf16 values move is what a run moves), and after every
 weights are published to a directory store as the differences from the last version
 (``sync.WeightPublisher``). An engine built from the initial weights, in bf16, decodes a
 batch of sequences in a background thread the whole time and follows the store
-(``sync.WeightSubscriber``): each version is applied between two of its steps.
+(``sync.WeightSubscriber``): each version is applied between two of its steps. The
+trainer's side (train step, publish) runs with the decoder paused, as in a separate
+trainer process; the follower's side runs while the engine decodes, as in ``serve``.
 
 Per version: the share of bf16 values that changed, bytes stored against the bf16 model's
 bytes, the publisher's seconds (compare + gather on the device, compress, write), the
@@ -49,6 +51,8 @@ class _Decoder:
 
     def __init__(self, engine: Engine, batch: int, vocab: int):
         self.engine, self.times, self.stop = engine, [], threading.Event()
+        self.go = threading.Event()  # cleared: the thread waits between steps (the trainer has the GPU)
+        self.go.set()
         g = torch.Generator().manual_seed(0)
         self.prompts = [torch.randint(0, vocab, (64,), generator=g).tolist() for _ in range(batch)]
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -60,6 +64,7 @@ class _Decoder:
             for _ in range(256):
                 if self.stop.is_set():
                     break
+                self.go.wait()
                 t = time.perf_counter()
                 self.engine.step()
                 self.times.append((t, time.perf_counter()))
@@ -125,6 +130,9 @@ def run(shape: str = "qwen2.5-1.5b", device: str = "cuda", lrs: tuple[float, ...
         for lr in lrs:
             opt = torch.optim.AdamW(trainer.parameters(), lr=lr, weight_decay=0.0)
             for _ in range(steps):
+                # the trainer's side runs alone (in a real run it is another process or machine);
+                # the follower's side runs while the engine decodes, as in a serving process
+                decoder.go.clear()
                 ids = torch.randint(0, vocab, (batch, seq), device=device, generator=g)
                 loss = trainer(input_ids=ids, labels=ids).loss
                 loss.backward()
@@ -135,6 +143,7 @@ def run(shape: str = "qwen2.5-1.5b", device: str = "cuda", lrs: tuple[float, ...
                 t0 = time.perf_counter()
                 p = pub.publish(trainer.state_dict(), version)
                 t1 = time.perf_counter()
+                decoder.go.set()
                 a = sub.poll(engine)
                 t2 = time.perf_counter()
                 during = decoder.between(t1, t2)
@@ -151,6 +160,7 @@ def run(shape: str = "qwen2.5-1.5b", device: str = "cuda", lrs: tuple[float, ...
             del opt
     finally:
         decoder.stop.set()
+        decoder.go.set()
         decoder.thread.join(60)
         tmp.cleanup()
     steps_all = [b - a for a, b in decoder.times]

@@ -11,20 +11,24 @@ Every encoding is lossless: the receiver's tensor ends bit-identical to the send
 * ``xor``     new XOR old over the whole tensor (most elements changed, e.g. fp32 weights)
 * ``raw``     the tensor itself (a full snapshot)
 
-Payloads are zstd frames (with a content checksum, so a damaged blob is an error, not
-wrong weights) of arrays whose bytes are shuffled into planes first (the high bytes of
+Payloads are zstd frames of 1 MiB each (compressed and decompressed on every core; each
+with a content checksum, so a damaged blob is an error, not wrong weights) of arrays
+whose bytes are split into planes first, on the tensor's own device (the high bytes of
 small gaps and of XORs are zero: planes of zeros compress to almost nothing).
 
     enc = encode(new, old_bits)          # sender: old_bits = bits(previous tensor) or None
-    patch = decode(enc.meta, enc.parts, device)     # receiver, outside any lock
+    patch = decode(name, enc.meta, enc.parts, device)   # receiver, outside any lock
+    check([patch])                       # positions inside the tensor (one sync for many)
     apply(patch, target)                 # receiver: in place, fast (a scatter or an xor)
-    assert checksum(target) == tuple(enc.meta["checksum"])
+    assert checksum(target) == checksum(new)
 
 Test: ``pytest tests/unit/sync/test_codec.py``.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,46 +64,94 @@ def dtype_name(dtype: torch.dtype) -> str:
 _weights: dict[torch.device, torch.Tensor] = {}
 
 
-def checksum(t: torch.Tensor) -> tuple[int, int]:
-    """Two exact integer sums over the tensor's bytes (read as int16 or uint8): the plain
-    sum and one weighted by position. Equal on every device and in any summation order, so
-    the sender's and the receiver's tensors are compared without moving either."""
+def _checksum_async(t: torch.Tensor) -> torch.Tensor:
     flat = t.detach().contiguous().view(-1)
     w = flat.view(torch.int16) if (flat.numel() * flat.element_size()) % 2 == 0 else flat.view(torch.uint8)
     if flat.device not in _weights:
-        _weights[flat.device] = torch.arange(_CHUNK, device=flat.device, dtype=torch.int64) % _PERIOD + 1
+        _weights[flat.device] = torch.arange(_CHUNK, device=flat.device, dtype=torch.int32) % _PERIOD + 1
     pattern = _weights[flat.device]
-    s1 = torch.zeros((), dtype=torch.int64, device=flat.device)
-    s2 = torch.zeros((), dtype=torch.int64, device=flat.device)
+    out = torch.zeros(2, dtype=torch.int64, device=flat.device)
     for start in range(0, w.numel(), _CHUNK):
-        c = w[start:start + _CHUNK].to(torch.int64)
-        s1 += c.sum()
-        s2 += (c * pattern[:c.numel()]).sum()
-    return int(s1), int(s2)
+        c = w[start:start + _CHUNK]
+        out[0] += c.sum(dtype=torch.int64)
+        out[1] += (c.to(torch.int32) * pattern[:c.numel()]).sum(dtype=torch.int64)  # |x| < 2**15 * 251
+    return out
+
+
+def checksums(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """For each tensor, two exact integer sums over its bytes (read as int16 or uint8): the
+    plain sum and one weighted by position. Equal on every device and in any summation
+    order, so sender and receiver compare tensors without moving them. One host sync."""
+    if not tensors:
+        return []
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    out: list[tuple[int, int]] = [(0, 0)] * len(tensors)
+    for idx in by_device.values():
+        sums = torch.stack([_checksum_async(tensors[i]) for i in idx]).tolist()
+        for i, (a, b) in zip(idx, sums):
+            out[i] = (a, b)
+    return out
+
+
+def checksum(t: torch.Tensor) -> tuple[int, int]:
+    return checksums([t])[0]
 
 
 # --------------------------------------------------------------------------- bytes
 
-
-def _pack(a: np.ndarray, level: int) -> bytes:
-    planes = a.view(np.uint8).reshape(-1, a.itemsize).T.tobytes() if a.itemsize > 1 else a.tobytes()
-    threads = -1 if len(planes) > 8 << 20 else 0  # large arrays (full snapshots): every core
-    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True,
-                                    threads=threads).compress(planes)
+FRAME = 1 << 20  # bytes of input per zstd frame: frames compress and decompress in parallel
+_pool: ThreadPoolExecutor | None = None
 
 
-def _unpack(data: bytes, dtype: torch.dtype, n: int, what: str) -> torch.Tensor:
-    np_dtype = np.dtype(_NP[dtype])
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:  # zstd releases the GIL: frames run on every core
+        _pool = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1), thread_name_prefix="zstd")
+    return _pool
+
+
+def _planes(a: torch.Tensor) -> torch.Tensor:
+    """The array's bytes, plane by plane (all first bytes, then all second bytes, ...), on
+    its own device: the high bytes of small integers and XORs are runs of zeros."""
+    k = a.element_size()
+    b = a.contiguous().view(torch.uint8)
+    return b if k == 1 else b.view(-1, k).t().contiguous().view(-1)
+
+
+def _pack(a: torch.Tensor, level: int) -> tuple[bytes, list[int]]:
+    planes = memoryview(_planes(a).cpu().numpy())
+    chunks = [planes[i:i + FRAME] for i in range(0, len(planes), FRAME)] or [planes]
+    compress = lambda c: zstandard.ZstdCompressor(level=level, write_checksum=True).compress(c)
+    frames = list(_threads().map(compress, chunks)) if len(chunks) > 1 else [compress(chunks[0])]
+    return b"".join(frames), [len(f) for f in frames]
+
+
+def _unpack(data: bytes, frames: list[int], dtype: torch.dtype, n: int, device, what: str) -> torch.Tensor:
+    k = torch.empty((), dtype=dtype).element_size()
+    size = n * k
+    if sum(frames) != len(data):
+        raise CodecError(f"{what}: payload holds {len(data)} bytes, its frames {sum(frames)}")
+    buf = np.empty(size, np.uint8)
+    bounds = np.cumsum([0, *frames]).tolist()
+
+    def one(i: int) -> int:
+        at = min(i * FRAME, size)
+        got = zstandard.ZstdDecompressor().decompress(data[bounds[i]:bounds[i + 1]],
+                                                      max_output_size=min(FRAME, size - at) or 1)
+        buf[at:at + len(got)] = np.frombuffer(got, np.uint8)
+        return len(got)
     try:
-        raw = zstandard.ZstdDecompressor().decompress(data)
-    except zstandard.ZstdError as e:
+        sizes = list(_threads().map(one, range(len(frames)))) if len(frames) > 1 else [one(0)]
+    except (zstandard.ZstdError, ValueError) as e:
         raise CodecError(f"{what}: damaged payload ({e})") from None
-    if len(raw) != n * np_dtype.itemsize:
-        raise CodecError(f"{what}: payload holds {len(raw)} bytes, expected {n} x {np_dtype.itemsize}")
-    a = np.frombuffer(raw, np.uint8)
-    if np_dtype.itemsize > 1:
-        a = np.ascontiguousarray(a.reshape(np_dtype.itemsize, n).T)
-    return torch.from_numpy(a.view(np_dtype).reshape(-1).copy())
+    if sum(sizes) != size:
+        raise CodecError(f"{what}: payload holds {sum(sizes)} bytes, expected {n} x {k}")
+    planes = torch.from_numpy(buf)
+    if torch.device(device).type != "cpu":
+        planes = planes.pin_memory().to(device, non_blocking=True)
+    return (planes if k == 1 else planes.view(k, n).t().contiguous()).view(-1).view(dtype)
 
 
 # --------------------------------------------------------------------------- encode
@@ -107,7 +159,7 @@ def _unpack(data: bytes, dtype: torch.dtype, n: int, what: str) -> torch.Tensor:
 
 @dataclass
 class Encoded:
-    meta: dict[str, Any]  # encoding, shape, dtype, changed, checksum, and per part its length
+    meta: dict[str, Any]  # encoding, shape, dtype, changed, and per part its frames' lengths
     parts: list[bytes]
 
 
@@ -117,11 +169,10 @@ def encode(new: torch.Tensor, old: torch.Tensor | None, level: int = 3) -> Encod
     ``new``'s device; only what changed is copied to the host."""
     new = new.detach().contiguous()
     nb = bits(new)
-    meta: dict[str, Any] = {"shape": list(new.shape), "dtype": dtype_name(new.dtype), "numel": nb.numel(),
-                            "checksum": list(checksum(new))}
+    meta: dict[str, Any] = {"shape": list(new.shape), "dtype": dtype_name(new.dtype), "numel": nb.numel()}
     int_dtype = nb.dtype
     if old is None:
-        parts = [_pack(nb.cpu().numpy(), level)]
+        parts = [_pack(nb, level)]
         meta.update(encoding="raw", changed=nb.numel())
     else:
         if old.shape != nb.shape or old.dtype != nb.dtype:
@@ -136,14 +187,14 @@ def encode(new: torch.Tensor, old: torch.Tensor | None, level: int = 3) -> Encod
         elif n * (4 + nb.element_size()) * 2 <= nb.numel() * nb.element_size():
             gaps = torch.diff(idx, prepend=idx.new_full((1,), -1))
             gap_dtype = torch.int32 if nb.numel() < 2**31 else torch.int64
-            parts = [_pack(gaps.to(gap_dtype).cpu().numpy(), level), _pack(nb[idx].cpu().numpy(), level)]
+            parts = [_pack(gaps.to(gap_dtype), level), _pack(nb[idx], level)]
             meta.update(encoding="sparse", gap_dtype=dtype_name(gap_dtype))
         else:
-            parts = [_pack((nb ^ old).cpu().numpy(), level)]
+            parts = [_pack(nb ^ old, level)]
             meta["encoding"] = "xor"
     meta["int_dtype"] = dtype_name(int_dtype)
-    meta["parts"] = [len(p) for p in parts]
-    return Encoded(meta, parts)
+    meta["parts"] = [frames for _, frames in parts]  # each part: its zstd frames' lengths
+    return Encoded(meta, [data for data, _ in parts])
 
 
 # --------------------------------------------------------------------------- decode / apply
@@ -159,31 +210,44 @@ class Patch:
     dtype: torch.dtype
     arrays: list[torch.Tensor]
     checksum: tuple[int, int]
+    valid: torch.Tensor | None = None  # sparse: positions increasing and inside (checked by ``check``)
 
 
 def decode(name: str, meta: dict[str, Any], parts: list[bytes], device: torch.device | str = "cpu") -> Patch:
-    """Decompress one tensor's parts (host work) and move them to ``device``."""
+    """Decompress one tensor's parts (host threads), move them to ``device`` and undo the
+    byte planes there. Sparse positions are checked on the device: call ``check``."""
     try:
-        enc, n, shape = meta["encoding"], int(meta["numel"]), tuple(meta["shape"])
-        dtype, int_dtype = DTYPES[meta["dtype"]], DTYPES[meta["int_dtype"]]
+        enc, n, shape, frames = meta["encoding"], int(meta["numel"]), tuple(meta["shape"]), meta["parts"]
+        dtype, int_dtype, sums = DTYPES[meta["dtype"]], DTYPES[meta["int_dtype"]], tuple(meta["checksum"])
     except KeyError as e:
         raise CodecError(f"{name}: manifest entry lacks or misnames {e}") from None
     expect = {"same": 0, "raw": 1, "xor": 1, "sparse": 2}.get(enc)
     if expect is None:
         raise CodecError(f"{name}: unknown encoding {enc!r}; known: same, raw, xor, sparse")
-    if len(parts) != expect:
+    if len(parts) != expect or len(frames) != expect:
         raise CodecError(f"{name}: encoding {enc} has {expect} parts, got {len(parts)}")
+    valid = None
     if enc == "sparse":
         k = int(meta["changed"])
-        gaps = _unpack(parts[0], DTYPES[meta["gap_dtype"]], k, f"{name} (positions)").to(torch.int64)
-        if k and (int(gaps.min()) < 1 or int(gaps.sum()) > n):
-            raise CodecError(f"{name}: changed positions are not increasing inside the tensor's {n} elements")
-        arrays = [torch.cumsum(gaps, 0) - 1, _unpack(parts[1], int_dtype, k, f"{name} (values)")]
+        gaps = _unpack(parts[0], frames[0], DTYPES[meta["gap_dtype"]], k, device, f"{name} (positions)")
+        idx = torch.cumsum(gaps.to(torch.int64), 0) - 1
+        valid = (gaps.min() >= 1) & (idx[-1] < n) if k else None
+        arrays = [idx, _unpack(parts[1], frames[1], int_dtype, k, device, f"{name} (values)")]
     else:
-        arrays = [_unpack(p, int_dtype, n, name) for p in parts]
-    if device != "cpu" and torch.device(device).type != "cpu":
-        arrays = [a.pin_memory().to(device, non_blocking=True) for a in arrays]
-    return Patch(name, enc, shape, dtype, arrays, tuple(meta["checksum"]))
+        arrays = [_unpack(p, f, int_dtype, n, device, name) for p, f in zip(parts, frames)]
+    return Patch(name, enc, shape, dtype, arrays, sums, valid)
+
+
+def check(patches: list[Patch]) -> None:
+    """Refuse patches whose positions would write outside their tensor (one host sync)."""
+    flagged = [p for p in patches if p.valid is not None]
+    if not flagged:
+        return
+    ok = torch.stack([p.valid.to("cpu", non_blocking=True) for p in flagged]).tolist()
+    bad = [p.name for p, good in zip(flagged, ok) if not good]
+    if bad:
+        raise CodecError(f"{bad[0]}: changed positions are not increasing inside the tensor "
+                         f"({len(bad)} tensors like this)")
 
 
 def apply(patch: Patch, target: torch.Tensor) -> None:
@@ -204,5 +268,5 @@ def apply(patch: Patch, target: torch.Tensor) -> None:
         tb.copy_(arrays[0])
     elif patch.encoding == "xor":
         tb.bitwise_xor_(arrays[0])
-    else:  # positions checked by decode
+    else:  # positions checked by ``check``
         tb[arrays[0]] = arrays[1]

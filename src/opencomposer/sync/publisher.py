@@ -93,20 +93,21 @@ class WeightPublisher:
         metas, parts, offset, changed, numel, raw = {}, [], 0, 0, 0, 0
         for name, t in tensors.items():
             enc = codec.encode(t, None if full else self.prev[name], self.level)
-            if enc.meta["encoding"] == "same":
-                enc.meta["checksum"] = self.sums[name]
             enc.meta["offset"] = offset
-            offset += sum(enc.meta["parts"])
+            offset += sum(map(sum, enc.meta["parts"]))
             parts += enc.parts
             metas[name] = enc.meta
             changed += enc.meta["changed"]
             numel += t.numel()
             raw += t.numel() * t.element_size()
-            self.sums[name] = enc.meta["checksum"]
             if full or name not in self.prev:
                 self.prev[name] = codec.bits(t).clone()
             elif enc.meta["changed"]:
                 self.prev[name].copy_(codec.bits(t))
+        moved = [n for n, m in metas.items() if m["encoding"] != "same"]
+        self.sums.update(zip(moved, map(list, codec.checksums([tensors[n] for n in moved]))))  # one sync
+        for name, meta in metas.items():
+            meta["checksum"] = self.sums[name]
         t1 = time.perf_counter()
         blob = b"".join(parts)
         manifest = {"format": FORMAT, "version": version, "timeline": self.timeline, "kind": entry.kind,

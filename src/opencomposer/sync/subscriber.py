@@ -86,9 +86,9 @@ class WeightSubscriber:
             self.counts["bytes_read"] += len(blob)
             for name, meta in manifest["tensors"].items():
                 at, parts = meta["offset"], []
-                for n in meta["parts"]:
-                    parts.append(blob[at:at + n])
-                    at += n
+                for frames in meta["parts"]:
+                    parts.append(blob[at:at + sum(frames)])
+                    at += sum(frames)
                 try:
                     patches.append(codec.decode(name, meta, parts, device))
                 except codec.CodecError as e:
@@ -131,6 +131,10 @@ class WeightSubscriber:
         # a full snapshot stays on the host and is copied tensor by tensor (no second model
         # on the device); deltas are small and go to the device before the pause
         patches = [p for entry in chain for p in self._load(entry, "cpu" if entry.kind == "full" else device)]
+        try:
+            codec.check(patches)
+        except codec.CodecError as e:
+            raise SyncError(f"{self.store.uri}: version {goal.version}: {e}") from None
         views = target.weight_views({p.name: p.shape for p in patches})
         t1 = time.perf_counter()
         # tensors the target does not hold separately (a tied lm_head) are not in ``views``
@@ -150,7 +154,8 @@ class WeightSubscriber:
         if self.verify:
             final = {p.name: p.checksum for p in patches if p.name in views}  # later patches overwrite
             touched = {p.name for p in patches if p.encoding != "same" and p.name in views}
-            bad = [n for n in sorted(touched) if codec.checksum(views[n]) != tuple(final[n])]
+            names = sorted(touched)
+            bad = [n for n, got in zip(names, codec.checksums([views[n] for n in names])) if got != tuple(final[n])]
         if bad:
             self.timeline = self.version = None
             raise ChecksumMismatch(f"checksum of {len(bad)} tensors differs after applying version {goal.version} "

@@ -25,11 +25,13 @@ def test_each_encoding_reproduces_the_new_tensor_bit_for_bit(dtype, lr, expect):
     enc = codec.encode(new, None if lr is None else codec.bits(old))
     assert enc.meta["encoding"] == expect
     target = old.clone()
-    codec.apply(codec.decode("w", enc.meta, enc.parts), target)
+    patch = codec.decode("w", {**enc.meta, "checksum": [0, 0]}, enc.parts)
+    codec.check([patch])
+    codec.apply(patch, target)
     assert torch.equal(codec.bits(target), codec.bits(new))
-    assert codec.checksum(target) == tuple(enc.meta["checksum"])
+    assert codec.checksum(target) == codec.checksum(new)
     if expect == "sparse":  # what changed is what is sent: far less than the tensor
-        assert sum(enc.meta["parts"]) < 0.25 * new.numel() * new.element_size()
+        assert sum(map(sum, enc.meta["parts"])) < 0.25 * new.numel() * new.element_size()
 
 
 def test_a_non_contiguous_target_is_written_through_a_copy():
@@ -38,7 +40,7 @@ def test_a_non_contiguous_target_is_written_through_a_copy():
     new[2, 3] += 1
     enc = codec.encode(new.t(), codec.bits(base.t()))
     target = base.clone()
-    codec.apply(codec.decode("w", enc.meta, enc.parts), target.t())
+    codec.apply(codec.decode("w", {**enc.meta, "checksum": [0, 0]}, enc.parts), target.t())
     assert torch.equal(target, new)
 
 
@@ -54,16 +56,28 @@ def test_damaged_or_mismatched_payloads_are_errors_naming_the_tensor():
     new = old.clone()
     new[0, :5] += 1
     enc = codec.encode(new, codec.bits(old))
+    meta = {**enc.meta, "checksum": [0, 0]}
     bad = [enc.parts[0], enc.parts[1][:-3] + b"xyz"]
-    with pytest.raises(codec.CodecError, match=r"layers\.0\.w .*damaged"):
-        codec.decode("layers.0.w", enc.meta, bad)
+    with pytest.raises(codec.CodecError, match=r"layers\.0\.w \(values\): damaged"):
+        codec.decode("layers.0.w", meta, bad)
     with pytest.raises(codec.CodecError, match="unknown encoding 'zip'"):
-        codec.decode("w", {**enc.meta, "encoding": "zip"}, enc.parts)
-    with pytest.raises(codec.CodecError, match="inside the tensor.s 3 elements"):
-        codec.decode("w", {**enc.meta, "numel": 3}, enc.parts)
-    patch = codec.decode("w", enc.meta, enc.parts)
+        codec.decode("w", {**meta, "encoding": "zip"}, enc.parts)
+    with pytest.raises(codec.CodecError, match="w: changed positions are not increasing inside the tensor"):
+        codec.check([codec.decode("w", {**meta, "numel": 3}, enc.parts)])
+    with pytest.raises(codec.CodecError, match=r"w \(values\): payload holds"):
+        codec.decode("w", meta, [enc.parts[0], enc.parts[1] + b"\0"])
+    patch = codec.decode("w", meta, enc.parts)
     with pytest.raises(codec.CodecError, match=r"w: update is \(64, 64\) torch.bfloat16, the tensor is \(64, 64\) "
                                                r"torch.float32"):
         codec.apply(patch, torch.zeros(64, 64))
     with pytest.raises(codec.CodecError, match="shape and dtype cannot change"):
         codec.encode(new, codec.bits(old.float()))
+
+
+def test_a_tensor_larger_than_a_frame_round_trips_in_several_frames():
+    new = torch.randn(3 * codec.FRAME // 4 + 123).to(torch.float32)  # 3 MiB and a bit, raw
+    enc = codec.encode(new, None)
+    assert len(enc.meta["parts"][0]) == 4  # 3 MiB + 492 bytes
+    target = torch.zeros_like(new)
+    codec.apply(codec.decode("big", {**enc.meta, "checksum": [0, 0]}, enc.parts), target)
+    assert torch.equal(target, new)
