@@ -150,8 +150,22 @@ def _unpack(data: bytes, frames: list[int], dtype: torch.dtype, n: int, device, 
         raise CodecError(f"{what}: payload holds {sum(sizes)} bytes, expected {n} x {k}")
     planes = torch.from_numpy(buf)
     if torch.device(device).type != "cpu":
-        planes = planes.pin_memory().to(device, non_blocking=True)
-    return (planes if k == 1 else planes.view(k, n).t().contiguous()).view(-1).view(dtype)
+        return _unplane(planes.pin_memory().to(device, non_blocking=True), dtype)
+    return _Planes(planes, dtype)  # undone where it is applied: on the target's device
+
+
+@dataclass
+class _Planes:
+    """An array still split into byte planes, in host memory: a full snapshot's tensors
+    cross to the device one at a time, inside the apply, where the planes are undone."""
+
+    planes: torch.Tensor
+    dtype: torch.dtype
+
+
+def _unplane(planes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    k = torch.empty((), dtype=dtype).element_size()
+    return (planes if k == 1 else planes.view(k, -1).t().contiguous()).view(-1).view(dtype)
 
 
 # --------------------------------------------------------------------------- encode
@@ -208,7 +222,7 @@ class Patch:
     encoding: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    arrays: list[torch.Tensor]
+    arrays: list[Any]  # tensors on the device, or (decoded for the host) byte planes
     checksum: tuple[int, int]
     valid: torch.Tensor | None = None  # sparse: positions increasing and inside (checked by ``check``)
 
@@ -229,10 +243,11 @@ def decode(name: str, meta: dict[str, Any], parts: list[bytes], device: torch.de
     valid = None
     if enc == "sparse":
         k = int(meta["changed"])
-        gaps = _unpack(parts[0], frames[0], DTYPES[meta["gap_dtype"]], k, device, f"{name} (positions)")
+        whole = lambda x: _unplane(x.planes, x.dtype) if isinstance(x, _Planes) else x  # small: undo here
+        gaps = whole(_unpack(parts[0], frames[0], DTYPES[meta["gap_dtype"]], k, device, f"{name} (positions)"))
         idx = torch.cumsum(gaps.to(torch.int64), 0) - 1
         valid = (gaps.min() >= 1) & (idx[-1] < n) if k else None
-        arrays = [idx, _unpack(parts[1], frames[1], int_dtype, k, device, f"{name} (values)")]
+        arrays = [idx, whole(_unpack(parts[1], frames[1], int_dtype, k, device, f"{name} (values)"))]
     else:
         arrays = [_unpack(p, f, int_dtype, n, device, name) for p, f in zip(parts, frames)]
     return Patch(name, enc, shape, dtype, arrays, sums, valid)
@@ -243,7 +258,7 @@ def check(patches: list[Patch]) -> None:
     flagged = [p for p in patches if p.valid is not None]
     if not flagged:
         return
-    ok = torch.stack([p.valid.to("cpu", non_blocking=True) for p in flagged]).tolist()
+    ok = torch.stack([p.valid.to(flagged[0].valid.device) for p in flagged]).tolist()
     bad = [p.name for p, good in zip(flagged, ok) if not good]
     if bad:
         raise CodecError(f"{bad[0]}: changed positions are not increasing inside the tensor "
@@ -263,7 +278,8 @@ def apply(patch: Patch, target: torch.Tensor) -> None:
         target.copy_(tmp)
         return
     tb = bits(target)
-    arrays = [a.to(tb.device) for a in patch.arrays]
+    arrays = [_unplane(a.planes.to(tb.device), a.dtype) if isinstance(a, _Planes) else a.to(tb.device)
+              for a in patch.arrays]
     if patch.encoding == "raw":
         tb.copy_(arrays[0])
     elif patch.encoding == "xor":
