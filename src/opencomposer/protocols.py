@@ -198,7 +198,7 @@ class WeightStore(Protocol):
 
     uri: str
 
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, key: str, data: bytes | list[bytes]) -> None: ...  # a list: chunks, in order
 
     def get(self, key: str) -> bytes: ...  # KeyError naming the key when absent
 

@@ -120,38 +120,50 @@ def _planes(a: torch.Tensor) -> torch.Tensor:
     return b if k == 1 else b.view(-1, k).t().contiguous().view(-1)
 
 
-def _pack(a: torch.Tensor, level: int) -> tuple[bytes, list[int]]:
-    planes = memoryview(_planes(a).cpu().numpy())
-    chunks = [planes[i:i + FRAME] for i in range(0, len(planes), FRAME)] or [planes]
-    compress = lambda c: zstandard.ZstdCompressor(level=level, write_checksum=True).compress(c)
-    frames = list(_threads().map(compress, chunks)) if len(chunks) > 1 else [compress(chunks[0])]
-    return b"".join(frames), [len(f) for f in frames]
+class _Packing:
+    """An array's byte planes copied to the host and handed, frame by frame, to the zstd threads."""
+
+    def __init__(self, a: torch.Tensor, level: int):
+        planes = memoryview(_planes(a).cpu().numpy())
+        compress = lambda c: zstandard.ZstdCompressor(level=level, write_checksum=True).compress(c)
+        chunks = [planes[i:i + FRAME] for i in range(0, len(planes), FRAME)] or [planes]
+        self.futures = [_threads().submit(compress, c) for c in chunks]
+
+    def frames(self) -> list[bytes]:
+        return [f.result() for f in self.futures]
 
 
-def _unpack(data: bytes, frames: list[int], dtype: torch.dtype, n: int, device, what: str) -> torch.Tensor:
-    k = torch.empty((), dtype=dtype).element_size()
-    size = n * k
-    if sum(frames) != len(data):
-        raise CodecError(f"{what}: payload holds {len(data)} bytes, its frames {sum(frames)}")
-    buf = np.empty(size, np.uint8)
-    bounds = np.cumsum([0, *frames]).tolist()
+class _Unpacking:
+    """One part's frames handed to the zstd threads, decompressing into one host buffer."""
 
-    def one(i: int) -> int:
-        at = min(i * FRAME, size)
-        got = zstandard.ZstdDecompressor().decompress(data[bounds[i]:bounds[i + 1]],
-                                                      max_output_size=min(FRAME, size - at) or 1)
-        buf[at:at + len(got)] = np.frombuffer(got, np.uint8)
-        return len(got)
-    try:
-        sizes = list(_threads().map(one, range(len(frames)))) if len(frames) > 1 else [one(0)]
-    except (zstandard.ZstdError, ValueError) as e:
-        raise CodecError(f"{what}: damaged payload ({e})") from None
-    if sum(sizes) != size:
-        raise CodecError(f"{what}: payload holds {sum(sizes)} bytes, expected {n} x {k}")
-    planes = torch.from_numpy(buf)
-    if torch.device(device).type != "cpu":
-        return _unplane(planes.pin_memory().to(device, non_blocking=True), dtype)
-    return _Planes(planes, dtype)  # undone where it is applied: on the target's device
+    def __init__(self, data, frames: list[int], dtype: torch.dtype, n: int, what: str):
+        self.dtype, self.what, self.k = dtype, what, torch.empty((), dtype=dtype).element_size()
+        self.size = n * self.k
+        if sum(frames) != len(data):
+            raise CodecError(f"{what}: payload holds {len(data)} bytes, its frames {sum(frames)}")
+        self.buf = np.empty(self.size, np.uint8)
+        bounds = np.cumsum([0, *frames]).tolist()
+        view = memoryview(data)
+
+        def one(i: int) -> int:
+            at = min(i * FRAME, self.size)
+            got = zstandard.ZstdDecompressor().decompress(view[bounds[i]:bounds[i + 1]],
+                                                          max_output_size=min(FRAME, self.size - at) or 1)
+            self.buf[at:at + len(got)] = np.frombuffer(got, np.uint8)
+            return len(got)
+        self.futures = [_threads().submit(one, i) for i in range(len(frames))]
+
+    def result(self, device) -> Any:
+        try:
+            got = sum(f.result() for f in self.futures)
+        except (zstandard.ZstdError, ValueError) as e:
+            raise CodecError(f"{self.what}: damaged payload ({e})") from None
+        if got != self.size:
+            raise CodecError(f"{self.what}: payload holds {got} bytes, expected {self.size // self.k} x {self.k}")
+        planes = torch.from_numpy(self.buf)
+        if torch.device(device).type != "cpu":
+            return _unplane(planes.pin_memory().to(device, non_blocking=True), self.dtype)
+        return _Planes(planes, self.dtype)  # undone where it is applied: on the target's device
 
 
 @dataclass
@@ -171,10 +183,30 @@ def _unplane(planes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # --------------------------------------------------------------------------- encode
 
 
-@dataclass
 class Encoded:
-    meta: dict[str, Any]  # encoding, shape, dtype, changed, and per part its frames' lengths
-    parts: list[bytes]
+    """One tensor's update. Compression runs in threads: encode every tensor first, then read
+    ``frames`` / ``meta`` (which wait for it). ``info`` is known at once: encoding, shape,
+    dtype, changed; ``meta`` adds per part its frames' lengths."""
+
+    def __init__(self, info: dict[str, Any], packing: list[_Packing]):
+        self.info, self._packing, self._frames = info, packing, None
+
+    @property
+    def frames(self) -> list[list[bytes]]:
+        if self._frames is None:
+            self._frames = [p.frames() for p in self._packing]
+            self.info["parts"] = [[len(f) for f in part] for part in self._frames]
+            self._packing = []
+        return self._frames
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        _ = self.frames
+        return self.info
+
+    @property
+    def parts(self) -> list[bytes]:
+        return [b"".join(part) for part in self.frames]
 
 
 def encode(new: torch.Tensor, old: torch.Tensor | None, level: int = 3) -> Encoded:
@@ -186,7 +218,7 @@ def encode(new: torch.Tensor, old: torch.Tensor | None, level: int = 3) -> Encod
     meta: dict[str, Any] = {"shape": list(new.shape), "dtype": dtype_name(new.dtype), "numel": nb.numel()}
     int_dtype = nb.dtype
     if old is None:
-        parts = [_pack(nb, level)]
+        parts = [_Packing(nb, level)]
         meta.update(encoding="raw", changed=nb.numel())
     else:
         if old.shape != nb.shape or old.dtype != nb.dtype:
@@ -201,14 +233,13 @@ def encode(new: torch.Tensor, old: torch.Tensor | None, level: int = 3) -> Encod
         elif n * (4 + nb.element_size()) * 2 <= nb.numel() * nb.element_size():
             gaps = torch.diff(idx, prepend=idx.new_full((1,), -1))
             gap_dtype = torch.int32 if nb.numel() < 2**31 else torch.int64
-            parts = [_pack(gaps.to(gap_dtype), level), _pack(nb[idx], level)]
+            parts = [_Packing(gaps.to(gap_dtype), level), _Packing(nb[idx], level)]
             meta.update(encoding="sparse", gap_dtype=dtype_name(gap_dtype))
         else:
-            parts = [_pack(nb ^ old, level)]
+            parts = [_Packing(nb ^ old, level)]
             meta["encoding"] = "xor"
     meta["int_dtype"] = dtype_name(int_dtype)
-    meta["parts"] = [frames for _, frames in parts]  # each part: its zstd frames' lengths
-    return Encoded(meta, [data for data, _ in parts])
+    return Encoded(meta, parts)
 
 
 # --------------------------------------------------------------------------- decode / apply
@@ -227,30 +258,51 @@ class Patch:
     valid: torch.Tensor | None = None  # sparse: positions increasing and inside (checked by ``check``)
 
 
-def decode(name: str, meta: dict[str, Any], parts: list[bytes], device: torch.device | str = "cpu") -> Patch:
-    """Decompress one tensor's parts (host threads), move them to ``device`` and undo the
-    byte planes there. Sparse positions are checked on the device: call ``check``."""
+def decode(name: str, meta: dict[str, Any], parts: list, device: torch.device | str = "cpu") -> Patch:
+    return decode_all([(name, meta, parts)], device)[0]
+
+
+def decode_all(items: list[tuple[str, dict[str, Any], list]], device: torch.device | str = "cpu") -> list[Patch]:
+    """Decompress tensors' parts (every frame of every tensor in the zstd threads at once),
+    move them to ``device`` and undo the byte planes there. Sparse positions are checked on
+    the device: call ``check``."""
+    started = []
+    for name, meta, parts in items:
+        try:
+            enc, n, frames = meta["encoding"], int(meta["numel"]), meta["parts"]
+            int_dtype = DTYPES[meta["int_dtype"]]
+        except KeyError as e:
+            raise CodecError(f"{name}: manifest entry lacks or misnames {e}") from None
+        expect = {"same": 0, "raw": 1, "xor": 1, "sparse": 2}.get(enc)
+        if expect is None:
+            raise CodecError(f"{name}: unknown encoding {enc!r}; known: same, raw, xor, sparse")
+        if len(parts) != expect or len(frames) != expect:
+            raise CodecError(f"{name}: encoding {enc} has {expect} parts, got {len(parts)}")
+        if enc == "sparse":
+            k = int(meta["changed"])
+            work = [_Unpacking(parts[0], frames[0], DTYPES[meta["gap_dtype"]], k, f"{name} (positions)"),
+                    _Unpacking(parts[1], frames[1], int_dtype, k, f"{name} (values)")]
+        else:
+            work = [_Unpacking(p, f, int_dtype, n, name) for p, f in zip(parts, frames)]
+        started.append((name, meta, work))
+    return [_patch(name, meta, work, device) for name, meta, work in started]
+
+
+def _patch(name: str, meta: dict[str, Any], work: list[_Unpacking], device) -> Patch:
     try:
-        enc, n, shape, frames = meta["encoding"], int(meta["numel"]), tuple(meta["shape"]), meta["parts"]
-        dtype, int_dtype, sums = DTYPES[meta["dtype"]], DTYPES[meta["int_dtype"]], tuple(meta["checksum"])
+        shape, dtype, sums = tuple(meta["shape"]), DTYPES[meta["dtype"]], tuple(meta["checksum"])
     except KeyError as e:
         raise CodecError(f"{name}: manifest entry lacks or misnames {e}") from None
-    expect = {"same": 0, "raw": 1, "xor": 1, "sparse": 2}.get(enc)
-    if expect is None:
-        raise CodecError(f"{name}: unknown encoding {enc!r}; known: same, raw, xor, sparse")
-    if len(parts) != expect or len(frames) != expect:
-        raise CodecError(f"{name}: encoding {enc} has {expect} parts, got {len(parts)}")
     valid = None
-    if enc == "sparse":
-        k = int(meta["changed"])
+    if meta["encoding"] == "sparse":
         whole = lambda x: _unplane(x.planes, x.dtype) if isinstance(x, _Planes) else x  # small: undo here
-        gaps = whole(_unpack(parts[0], frames[0], DTYPES[meta["gap_dtype"]], k, device, f"{name} (positions)"))
+        gaps, values = (whole(w.result(device)) for w in work)
         idx = torch.cumsum(gaps.to(torch.int64), 0) - 1
-        valid = (gaps.min() >= 1) & (idx[-1] < n) if k else None
-        arrays = [idx, whole(_unpack(parts[1], frames[1], int_dtype, k, device, f"{name} (values)"))]
+        valid = (gaps.min() >= 1) & (idx[-1] < int(meta["numel"])) if idx.numel() else None
+        arrays = [idx, values]
     else:
-        arrays = [_unpack(p, f, int_dtype, n, device, name) for p, f in zip(parts, frames)]
-    return Patch(name, enc, shape, dtype, arrays, sums, valid)
+        arrays = [w.result(device) for w in work]
+    return Patch(name, meta["encoding"], shape, dtype, arrays, sums, valid)
 
 
 def check(patches: list[Patch]) -> None:

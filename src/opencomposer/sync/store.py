@@ -4,7 +4,8 @@
     store = open_store("file:///mnt/shared/weights")
     store = open_store("s3://my-bucket/runs/demo")  # boto3; AWS_ENDPOINT_URL for MinIO etc.
 
-A store is a flat key -> bytes map with four calls (``protocols.WeightStore``). Writes
+A store is a flat key -> bytes map with four calls (``protocols.WeightStore``; ``put``
+also takes a list of chunks, written in order). Writes
 are atomic: a reader sees a whole object or none (a directory writes a temp file and
 renames it; an S3 PUT is atomic). Readers find versions by listing, so no object is
 ever updated in place. Errors name the store and the key.
@@ -38,12 +39,12 @@ class FileStore:
             raise StoreError(f"{self.uri}: key {key!r} must be relative, without '..'")
         return self.root / key
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | list[bytes]) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.writelines([data] if isinstance(data, (bytes, bytearray, memoryview)) else data)
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
@@ -100,8 +101,9 @@ class S3Store:
                 raise KeyError(f"{self.uri}: no object {key!r}") from None
             raise StoreError(f"{self.uri}: {what} {key!r} failed: {e}") from None
 
-    def put(self, key: str, data: bytes) -> None:
-        self._call("put", key, self.client.put_object, Key=self._key(key), Body=data)
+    def put(self, key: str, data: bytes | list[bytes]) -> None:
+        body = data if isinstance(data, (bytes, bytearray, memoryview)) else b"".join(data)
+        self._call("put", key, self.client.put_object, Key=self._key(key), Body=body)
 
     def get(self, key: str) -> bytes:
         return self._call("get", key, self.client.get_object, Key=self._key(key))["Body"].read()

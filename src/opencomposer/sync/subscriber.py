@@ -84,15 +84,17 @@ class WeightSubscriber:
                 raise SyncError(f"{self.store.uri}/{entry.blob(rank)}: {len(blob)} bytes, manifest says "
                                 f"{manifest['blob_bytes']}")
             self.counts["bytes_read"] += len(blob)
+            view, items = memoryview(blob), []
             for name, meta in manifest["tensors"].items():
                 at, parts = meta["offset"], []
                 for frames in meta["parts"]:
-                    parts.append(blob[at:at + sum(frames)])
+                    parts.append(view[at:at + sum(frames)])
                     at += sum(frames)
-                try:
-                    patches.append(codec.decode(name, meta, parts, device))
-                except codec.CodecError as e:
-                    raise SyncError(f"{self.store.uri}/{entry.blob(rank)}: {e}") from None
+                items.append((name, meta, parts))
+            try:
+                patches += codec.decode_all(items, device)
+            except codec.CodecError as e:
+                raise SyncError(f"{self.store.uri}/{entry.blob(rank)}: {e}") from None
         return patches
 
     # ------------------------------------------------------------------ poll
