@@ -151,7 +151,6 @@ class WeightSubscriber:
             self.timeline = self.version = None
             raise SyncError(str(e)) from None
         t2 = time.perf_counter()
-        self.timeline, self.version = goal.timeline, goal.version
         bad = []
         if self.verify:
             final = {p.name: p.checksum for p in patches if p.name in views}  # later patches overwrite
@@ -169,6 +168,7 @@ class WeightSubscriber:
                      "from_full": chain[0].kind == "full", "bytes": self.counts["bytes_read"] - bytes0,
                      "changed_tensors": sum(p.encoding != "same" for p in patches),
                      "fetch_decode_s": t1 - t0, "pause_s": t2 - t1, "verify_s": time.perf_counter() - t2}
+        self.timeline, self.version = goal.timeline, goal.version  # last: readers see a whole record
         return self.last
 
 
