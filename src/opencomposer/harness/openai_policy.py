@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from opencomposer.protocols import Message, PolicyOutput, ToolCall
@@ -60,8 +61,12 @@ def parse_arguments(name: str, call_id: str, arguments: str | None) -> ToolCall:
     return ToolCall(name, args, call_id)
 
 
+_OURS = re.compile(r"^opencomposer-policy-(\d+)$")  # ``opencomposer serve``'s system_fingerprint
+
+
 def from_openai_response(resp: Any) -> PolicyOutput:
-    """The first choice of a ChatCompletion as a PolicyOutput."""
+    """The first choice of a ChatCompletion as a PolicyOutput. From ``opencomposer serve``,
+    the policy version that answered comes from ``system_fingerprint``."""
     if not resp.choices:
         raise RuntimeError("the endpoint returned no choices")
     choice = resp.choices[0]
@@ -80,6 +85,7 @@ def from_openai_response(resp: Any) -> PolicyOutput:
         prompt_tokens=usage.prompt_tokens if usage else 0,
         completion_tokens=usage.completion_tokens if usage else 0,
         finish_reason=choice.finish_reason or "stop",
+        policy_version=int(m[1]) if (m := _OURS.match(getattr(resp, "system_fingerprint", None) or "")) else 0,
     )
 
 

@@ -276,7 +276,10 @@ class OpenAIServer:
         self._record(req, request.headers, ids, tools, group, streams, t0, stream=False)
         completion = sum(len(s.token_ids) for s in streams)
         usage = wire.usage(len(ids), completion, _cached(group.handles[:1]))  # the prompt counts once
-        return wire.chat_completion(wire.new_id("chatcmpl"), self.model_name, choices, usage)
+        # the newest weights any returned token came from (they change in flight: sync, hot-swap)
+        version = max((v for h in group.handles if h.completion for v in h.completion.policy_versions),
+                      default=self.loop.engine.policy_version)
+        return wire.chat_completion(wire.new_id("chatcmpl"), self.model_name, choices, usage, version)
 
     def _final(self, h: Handle, s: TextStream) -> str:
         """The finished sequence's text: the engine's own ``Completion.text`` when it has one."""
@@ -298,7 +301,7 @@ class OpenAIServer:
 
         def chunk(i: int, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> str:
             c = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-            return _sse(wire.chat_chunk(rid, self.model_name, created, [c]))
+            return _sse(wire.chat_chunk(rid, self.model_name, created, [c], version=self.loop.engine.policy_version))
 
         sent = [""] * len(streams)
         try:
@@ -329,7 +332,7 @@ class OpenAIServer:
             if req.include_usage():
                 done = sum(len(s.token_ids) for s in streams)
                 usage = wire.usage(prompt_len, done, _cached(group.handles[:1]))
-                yield _sse(wire.chat_chunk(rid, self.model_name, created, [], usage))
+                yield _sse(wire.chat_chunk(rid, self.model_name, created, [], usage, self.loop.engine.policy_version))
             headers, ids, tool_list, t0 = log_args
             self._record(req, headers, ids, tool_list, group, streams, t0, stream=True)
             yield "data: [DONE]\n\n"

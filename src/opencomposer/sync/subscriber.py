@@ -101,7 +101,7 @@ class WeightSubscriber:
 
     def latest(self) -> Entry | None:
         done, _ = scan(self.store.list())
-        return done[-1] if done else None
+        return max(done, key=_newest) if done else None
 
     def poll(self, target) -> dict[str, Any] | None:
         """Bring ``target`` to the newest complete version; None when it already holds it."""
@@ -109,7 +109,7 @@ class WeightSubscriber:
         done, _ = scan(self.store.list())
         if not done:
             return None
-        goal = max(done, key=lambda e: (e.version, e.kind == "full"))
+        goal = max(done, key=_newest)
         if target.policy_version != self.version:  # someone else changed the weights
             self.timeline = self.version = None
         if (goal.timeline, goal.version) == (self.timeline, self.version):
@@ -138,8 +138,15 @@ class WeightSubscriber:
         except codec.CodecError as e:
             raise SyncError(f"{self.store.uri}: version {goal.version}: {e}") from None
         views = target.weight_views({p.name: p.shape for p in patches})
+        # tensors the target does not hold separately (a tied lm_head) are not in ``views``;
+        # a dtype the engine does not run in is refused before any weight changes
+        wrong = [(p.name, p.dtype, views[p.name].dtype) for p in patches
+                 if p.name in views and views[p.name].dtype != p.dtype]
+        if wrong:
+            name, sent, held = wrong[0]
+            raise SyncError(f"{self.store.uri}: version {goal.version} is {sent} (e.g. {name}) but the engine runs "
+                            f"in {held}: publish in the engine's dtype ([sync] dtype) or serve with --dtype to match")
         t1 = time.perf_counter()
-        # tensors the target does not hold separately (a tied lm_head) are not in ``views``
 
         def edit() -> None:
             for p in patches:
@@ -170,6 +177,10 @@ class WeightSubscriber:
                      "fetch_decode_s": t1 - t0, "pause_s": t2 - t1, "verify_s": time.perf_counter() - t2}
         self.timeline, self.version = goal.timeline, goal.version  # last: readers see a whole record
         return self.last
+
+
+def _newest(e: Entry) -> tuple[int, bool]:
+    return e.version, e.kind == "full"
 
 
 class WeightFollower:

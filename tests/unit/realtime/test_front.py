@@ -191,5 +191,13 @@ def test_serve_follows_a_trainers_weight_store(tmp_path):
         assert [t["logprob"] for t in got] == pytest.approx(want.logprobs, abs=1e-4)
         assert [t["logprob"] for t in got] != pytest.approx(old.logprobs, abs=1e-3)
         assert ServerClient(s.base).arms()["arms"]["a"]["weights_sync"]["version"] == 1
+        # the answering version reaches a client (system_fingerprint) and the harness's policy output
+        from openai import OpenAI
+
+        from opencomposer.harness.openai_policy import from_openai_response
+        resp = OpenAI(base_url=s.base + "/v1", api_key="none").chat.completions.create(
+            model="tiny-random", messages=MSG, max_tokens=4, temperature=0)
+        assert resp.system_fingerprint == "opencomposer-policy-1"
+        assert from_openai_response(resp).policy_version == 1
     finally:
         s.close()

@@ -199,3 +199,13 @@ def test_s3_store_end_to_end(trainer_model, make_engine):
         pub.publish(trainer_model.state_dict(), 1)
         assert sub.poll(engine)["chain"] == [0, 1]
         _same_weights(engine, trainer_model, torch.bfloat16)
+
+
+def test_a_dtype_the_engine_does_not_run_in_is_refused_before_any_change(trainer_model, make_engine, store):
+    engine = make_engine(torch.float32)
+    before = {k: v.clone() for k, v in engine.weight_views({"model.norm.weight": (64,)}).items()}
+    WeightPublisher(store, dtype=torch.bfloat16).publish(trainer_model.state_dict(), 4)
+    with pytest.raises(SyncError, match=r"version 4 is torch.bfloat16 .* the engine runs in torch.float32"):
+        WeightSubscriber(store).poll(engine)
+    assert engine.policy_version == 0
+    assert all(torch.equal(v, engine.weight_views({k: v.shape})[k]) for k, v in before.items())
