@@ -15,6 +15,7 @@ Test: ``pytest tests/unit/sync/test_store.py`` (S3 through moto).
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -86,8 +87,10 @@ class S3Store:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.client = client or boto3.client("s3")
+        from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
         self._errors = (BotoCoreError, ClientError)
+        self._transfer = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=16)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -102,11 +105,17 @@ class S3Store:
             raise StoreError(f"{self.uri}: {what} {key!r} failed: {e}") from None
 
     def put(self, key: str, data: bytes | list[bytes]) -> None:
+        # a managed transfer: parts of 64 MiB uploaded in parallel, so objects past a single
+        # PUT's 5 GB limit (a large model's full snapshot) go through too
         body = data if isinstance(data, (bytes, bytearray, memoryview)) else b"".join(data)
-        self._call("put", key, self.client.put_object, Key=self._key(key), Body=body)
+        self._call("put", key, lambda Bucket, Key: self.client.upload_fileobj(
+            io.BytesIO(body), Bucket, Key, Config=self._transfer), Key=self._key(key))
 
     def get(self, key: str) -> bytes:
-        return self._call("get", key, self.client.get_object, Key=self._key(key))["Body"].read()
+        buf = io.BytesIO()
+        self._call("get", key, lambda Bucket, Key: self.client.download_fileobj(
+            Bucket, Key, buf, Config=self._transfer), Key=self._key(key))
+        return buf.getvalue()
 
     def list(self, prefix: str = "") -> list[str]:
         keys, token, cut = [], None, len(self._key(""))

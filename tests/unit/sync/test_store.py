@@ -60,3 +60,19 @@ def test_an_unreachable_s3_store_is_an_error_naming_it(monkeypatch):
                           config=Config(retries={"max_attempts": 1}, connect_timeout=1))
     with pytest.raises(StoreError, match=r"s3://nobucket/p: put 'k' failed"):
         S3Store("nobucket", "p", client=client).put("k", b"")
+
+
+def test_s3_objects_past_one_part_go_up_in_parts(tmp_path):
+    moto = pytest.importorskip("moto")
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    with moto.mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="runs")
+        store = S3Store("runs", "big", client=client)
+        store._transfer = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+        data = bytes(range(256)) * (11 << 12)  # 11 MiB: three parts
+        store.put("blob", [data[:1000], data[1000:]])
+        head = client.head_object(Bucket="runs", Key="big/blob")
+        assert head["ETag"].strip('"').endswith("-3")  # a multipart upload's ETag counts its parts
+        assert store.get("blob") == data
