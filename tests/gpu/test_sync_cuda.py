@@ -1,7 +1,8 @@
 """Weight sync on CUDA: a trainer's fp32 weights published as bf16 deltas from the GPU and
 applied to a bf16 engine whose decode runs as CUDA graphs (written in place, so the graphs
 stay valid): bit-exact weights, the same greedy tokens as an engine built from the trainer,
-tokens tagged with the version that produced them, MoE expert tensors included.
+tokens tagged with the version that produced them, MoE expert tensors included (with the
+publisher's previous version kept in host memory).
 
 Run on a GPU box: ``PYTHONPATH=src python -m pytest -q tests/gpu/test_sync_cuda.py``.
 """
@@ -74,8 +75,10 @@ def test_moe_expert_tensors_sync_exactly(tmp_path):
     trainer = Qwen3MoeForCausalLM(cfg).to("cuda").eval()
     engine = Engine(trainer, None, dtype=torch.bfloat16, max_num_seqs=4, max_model_len=256)
     store = FileStore(tmp_path)
-    pub, sub = WeightPublisher(store, dtype=torch.bfloat16), WeightSubscriber(store)
+    # the previous version kept in pinned host memory (keep_on="cpu"), copied over per diff
+    pub, sub = WeightPublisher(store, dtype=torch.bfloat16, keep_on="cpu"), WeightSubscriber(store)
     pub.publish(trainer.state_dict(), 0)
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in pub.prev.values())
     sub.poll(engine)
     _step(trainer, 1, 1e-4)
     pub.publish(trainer.state_dict(), 1)

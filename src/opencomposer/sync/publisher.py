@@ -8,7 +8,8 @@ one every ``full_every`` versions so a new follower never replays a long chain; 
 hold only what changed since the previous version (``codec``: exact, bit for bit). The
 publisher keeps the last published tensors (cast to ``dtype``, the inference engine's
 dtype) on their own device to diff against: the comparison and gather run there, and only
-the changed elements cross to the host.
+the changed elements cross to the host. ``keep_on="cpu"`` keeps that copy in pinned host
+memory instead (2 bytes a parameter off the GPU) and copies each tensor over for its diff.
 
 Several training ranks each publish their own tensors (``rank``, ``world``; same
 ``timeline`` string on every rank): a version is complete when all ranks' parts are in.
@@ -36,14 +37,17 @@ from opencomposer.sync.layout import FORMAT, Entry, keys_of, scan
 class WeightPublisher:
     def __init__(self, store, dtype: torch.dtype | str = torch.bfloat16, full_every: int = 20,
                  keep_full: int = 2, rank: int = 0, world: int = 1, timeline: str | None = None,
-                 level: int = 3):
+                 level: int = 3, keep_on: str = "device"):
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"rank {rank} of world {world}: expected 0 <= rank < world")
         if world > 1 and timeline is None:
             raise ValueError("several ranks publish one version: pass the same timeline string on every rank")
+        if keep_on not in ("device", "cpu"):
+            raise ValueError(f"keep_on={keep_on!r}: expected 'device' (the previous version beside the weights) "
+                             "or 'cpu' (in pinned host memory, copied over for each diff)")
         if full_every < 1 or keep_full < 1:
             raise ValueError(f"full_every={full_every}, keep_full={keep_full}: both must be >= 1")
-        self.store, self.rank, self.world, self.level = store, rank, world, level
+        self.store, self.rank, self.world, self.level, self.keep_on = store, rank, world, level, keep_on
         self.dtype = codec.DTYPES[dtype] if isinstance(dtype, str) else dtype
         codec.dtype_name(self.dtype)
         self.full_every, self.keep_full = full_every, keep_full
@@ -92,12 +96,14 @@ class WeightPublisher:
         entry = Entry(version, self.timeline, "full" if full else "delta", self.world)
         encoded, changed, numel, raw = {}, 0, 0, 0
         for name, t in tensors.items():  # device work here; compression runs on in threads
-            enc = encoded[name] = codec.encode(t, None if full else self.prev[name], self.level)
+            old = None if full else self.prev[name].to(t.device, non_blocking=True)
+            enc = encoded[name] = codec.encode(t, old, self.level)
             changed += enc.info["changed"]
             numel += t.numel()
             raw += t.numel() * t.element_size()
             if full or name not in self.prev:
-                self.prev[name] = codec.bits(t).clone()
+                keep = codec.bits(t)
+                self.prev[name] = keep.to("cpu").pin_memory() if self.keep_on == "cpu" and keep.is_cuda else keep.clone()
             elif enc.info["changed"]:
                 self.prev[name].copy_(codec.bits(t))
         metas, frames, offset = {}, [], 0

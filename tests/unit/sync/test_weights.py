@@ -209,3 +209,8 @@ def test_a_dtype_the_engine_does_not_run_in_is_refused_before_any_change(trainer
         WeightSubscriber(store).poll(engine)
     assert engine.policy_version == 0
     assert all(torch.equal(v, engine.weight_views({k: v.shape})[k]) for k, v in before.items())
+
+
+def test_keep_on_is_checked(store):
+    with pytest.raises(ValueError, match="keep_on='disk': expected 'device'"):
+        WeightPublisher(store, keep_on="disk")
