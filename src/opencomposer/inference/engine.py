@@ -413,11 +413,7 @@ class Engine:
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights (HF parameter names; a subset is fine) between two steps."""
         targets = self.model.hf_targets({name: t.shape for name, t in state_dict.items()}, partial=True)
-
-        def copy() -> None:
-            for name, own in targets.items():
-                own.copy_(state_dict[name].to(device=own.device, dtype=own.dtype))
-        self.edit_weights(copy, version)
+        self.edit_weights(lambda: self.model.write_hf(targets, state_dict), version)
 
     def weight_views(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
         """The tensors holding these HF-named weights (checked: ``hf_targets``), to edit in

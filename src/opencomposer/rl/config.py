@@ -112,6 +112,9 @@ class SyncSection(Strict):
         "bfloat16", description="the followers' engine dtype: versions are exact in it")
     full_every: int = Field(20, ge=1, description="a full snapshot every N versions (the others: deltas)")
     keep_full: int = Field(2, ge=1, description="versions older than the N-th newest full snapshot are deleted")
+    keep_on: Literal["device", "cpu"] = Field(
+        "device", description="where the publisher keeps the last version to diff against ('cpu': pinned host "
+                              "memory, 2 bytes a parameter off the trainer's GPU)")
 
 
 class RunSection(Strict):

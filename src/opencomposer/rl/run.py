@@ -146,7 +146,7 @@ class RLRun:
             sc = self.cfg.sync
             try:
                 self.publisher = WeightPublisher(open_store(sc.store), dtype=sc.dtype, full_every=sc.full_every,
-                                                 keep_full=sc.keep_full)
+                                                 keep_full=sc.keep_full, keep_on=sc.keep_on)
             except StoreError as e:
                 raise ConfigError(f"[sync] store: {e}") from None
         self.pool = sandbox_pool(self.cfg.rollout)  # closed by run() (or close())

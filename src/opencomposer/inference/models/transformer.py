@@ -455,7 +455,11 @@ class DecoderLM(nn.Module):
         In place (``copy_``), so CUDA graphs captured over these parameters stay valid. Every
         key is checked (``hf_targets``) before any weight changes.
         """
-        targets = self.hf_targets({name: t.shape for name, t in state_dict.items()}, partial)
+        self.write_hf(self.hf_targets({name: t.shape for name, t in state_dict.items()}, partial), state_dict)
+
+    @staticmethod
+    def write_hf(targets: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy each checked target's tensor (``hf_targets``) from ``state_dict``, in place."""
         with torch.no_grad():
             for name, own in targets.items():
                 own.copy_(state_dict[name].to(device=own.device, dtype=own.dtype))
