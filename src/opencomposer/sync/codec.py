@@ -134,36 +134,53 @@ class _Packing:
 
 
 class _Unpacking:
-    """One part's frames handed to the zstd threads, decompressing into one host buffer."""
+    """One part's frames handed to the zstd threads, decompressing into ``out`` (host bytes)."""
 
-    def __init__(self, data, frames: list[int], dtype: torch.dtype, n: int, what: str):
-        self.dtype, self.what, self.k = dtype, what, torch.empty((), dtype=dtype).element_size()
-        self.size = n * self.k
+    def __init__(self, data, frames: list[int], out: np.ndarray, k: int, what: str):
+        self.out, self.k, self.what = out, k, what
         if sum(frames) != len(data):
             raise CodecError(f"{what}: payload holds {len(data)} bytes, its frames {sum(frames)}")
-        self.buf = np.empty(self.size, np.uint8)
         bounds = np.cumsum([0, *frames]).tolist()
-        view = memoryview(data)
+        view, size = memoryview(data), len(out)
 
         def one(i: int) -> int:
-            at = min(i * FRAME, self.size)
+            at = min(i * FRAME, size)
             got = zstandard.ZstdDecompressor().decompress(view[bounds[i]:bounds[i + 1]],
-                                                          max_output_size=min(FRAME, self.size - at) or 1)
-            self.buf[at:at + len(got)] = np.frombuffer(got, np.uint8)
+                                                          max_output_size=min(FRAME, size - at) or 1)
+            out[at:at + len(got)] = np.frombuffer(got, np.uint8)
             return len(got)
         self.futures = [_threads().submit(one, i) for i in range(len(frames))]
 
-    def result(self, device) -> Any:
+    def wait(self) -> None:
         try:
             got = sum(f.result() for f in self.futures)
         except (zstandard.ZstdError, ValueError) as e:
             raise CodecError(f"{self.what}: damaged payload ({e})") from None
-        if got != self.size:
-            raise CodecError(f"{self.what}: payload holds {got} bytes, expected {self.size // self.k} x {self.k}")
-        planes = torch.from_numpy(self.buf)
-        if torch.device(device).type != "cpu":
-            return _unplane(planes.pin_memory().to(device, non_blocking=True), self.dtype)
-        return _Planes(planes, self.dtype)  # undone where it is applied: on the target's device
+        if got != len(self.out):
+            raise CodecError(f"{self.what}: payload holds {got} bytes, expected {len(self.out) // self.k} x {self.k}")
+
+
+class Staging:
+    """One pinned host buffer, reused by one reader (not thread-safe: one per subscriber):
+    every part of a version lands in it and crosses to the device in one copy (a pinned
+    allocation per part synchronised the device each time)."""
+
+    def __init__(self):
+        self.buf: torch.Tensor | None = None
+        self.done: torch.cuda.Event | None = None
+
+    def take(self, size: int) -> torch.Tensor:
+        if self.done is not None:
+            self.done.synchronize()  # the last copy out of it has finished
+        if self.buf is None or self.buf.numel() < size:
+            self.buf = torch.empty(max(size, 1 << 20), dtype=torch.uint8, pin_memory=True)
+        return self.buf[:size]
+
+    def to(self, host: torch.Tensor, device) -> torch.Tensor:
+        out = host.to(device, non_blocking=True)
+        self.done = torch.cuda.Event()
+        self.done.record()
+        return out
 
 
 @dataclass
@@ -262,15 +279,17 @@ def decode(name: str, meta: dict[str, Any], parts: list, device: torch.device | 
     return decode_all([(name, meta, parts)], device)[0]
 
 
-def decode_all(items: list[tuple[str, dict[str, Any], list]], device: torch.device | str = "cpu") -> list[Patch]:
+def decode_all(items: list[tuple[str, dict[str, Any], list]], device: torch.device | str = "cpu",
+               staging: Staging | None = None) -> list[Patch]:
     """Decompress tensors' parts (every frame of every tensor in the zstd threads at once),
-    move them to ``device`` and undo the byte planes there. Sparse positions are checked on
-    the device: call ``check``."""
-    started = []
+    move them to ``device`` (one copy) and undo the byte planes there. Sparse positions are
+    checked on the device: call ``check``."""
+    plans, total = [], 0
     for name, meta, parts in items:
         try:
             enc, n, frames = meta["encoding"], int(meta["numel"]), meta["parts"]
             int_dtype = DTYPES[meta["int_dtype"]]
+            dtypes = [DTYPES[meta["gap_dtype"]], int_dtype] if enc == "sparse" else [int_dtype]
         except KeyError as e:
             raise CodecError(f"{name}: manifest entry lacks or misnames {e}") from None
         expect = {"same": 0, "raw": 1, "xor": 1, "sparse": 2}.get(enc)
@@ -278,17 +297,33 @@ def decode_all(items: list[tuple[str, dict[str, Any], list]], device: torch.devi
             raise CodecError(f"{name}: unknown encoding {enc!r}; known: same, raw, xor, sparse")
         if len(parts) != expect or len(frames) != expect:
             raise CodecError(f"{name}: encoding {enc} has {expect} parts, got {len(parts)}")
-        if enc == "sparse":
-            k = int(meta["changed"])
-            work = [_Unpacking(parts[0], frames[0], DTYPES[meta["gap_dtype"]], k, f"{name} (positions)"),
-                    _Unpacking(parts[1], frames[1], int_dtype, k, f"{name} (values)")]
-        else:
-            work = [_Unpacking(p, f, int_dtype, n, name) for p, f in zip(parts, frames)]
-        started.append((name, meta, work))
-    return [_patch(name, meta, work, device) for name, meta, work in started]
+        count = int(meta["changed"]) if enc == "sparse" else n
+        what = [f"{name} (positions)", f"{name} (values)"] if enc == "sparse" else [name]
+        layout = []
+        for dtype, w in zip(dtypes[:expect], what):
+            k = torch.empty((), dtype=dtype).element_size()
+            layout.append((total, count * k, k, dtype, w))
+            total += count * k
+        plans.append((name, meta, parts, layout))
+    cuda = torch.device(device).type == "cuda"
+    staging = staging or (Staging() if cuda else None)
+    host = staging.take(total).numpy() if cuda else np.empty(total, np.uint8)
+    work = [[_Unpacking(data, frames, host[at:at + size], k, w)
+             for data, frames, (at, size, k, _, w) in zip(parts, meta["parts"], layout)]
+            for _, meta, parts, layout in plans]
+    for parts in work:
+        for w in parts:
+            w.wait()
+    if cuda:
+        moved = staging.to(torch.from_numpy(host), device)
+        arrays = lambda layout: [_unplane(moved[at:at + size], dtype) for at, size, _, dtype, _ in layout]
+    else:  # on the host the planes stay: a full snapshot's are undone on the target's device
+        arrays = lambda layout: [_Planes(torch.from_numpy(host[at:at + size]), dtype)
+                                 for at, size, _, dtype, _ in layout]
+    return [_patch(name, meta, arrays(layout), device) for name, meta, _, layout in plans]
 
 
-def _patch(name: str, meta: dict[str, Any], work: list[_Unpacking], device) -> Patch:
+def _patch(name: str, meta: dict[str, Any], arrays: list, device) -> Patch:
     try:
         shape, dtype, sums = tuple(meta["shape"]), DTYPES[meta["dtype"]], tuple(meta["checksum"])
     except KeyError as e:
@@ -296,12 +331,10 @@ def _patch(name: str, meta: dict[str, Any], work: list[_Unpacking], device) -> P
     valid = None
     if meta["encoding"] == "sparse":
         whole = lambda x: _unplane(x.planes, x.dtype) if isinstance(x, _Planes) else x  # small: undo here
-        gaps, values = (whole(w.result(device)) for w in work)
+        gaps, values = (whole(a) for a in arrays)
         idx = torch.cumsum(gaps.to(torch.int64), 0) - 1
         valid = (gaps.min() >= 1) & (idx[-1] < int(meta["numel"])) if idx.numel() else None
         arrays = [idx, values]
-    else:
-        arrays = [w.result(device) for w in work]
     return Patch(name, meta["encoding"], shape, dtype, arrays, sums, valid)
 
 

@@ -53,6 +53,7 @@ class WeightSubscriber:
         self.version: int | None = None  # the version the target holds, as this follower set it
         self.counts = {"versions_applied": 0, "polls": 0, "full_loads": 0, "recoveries": 0, "bytes_read": 0}
         self.last: dict[str, Any] = {}
+        self._staging = codec.Staging()  # pinned host memory for the deltas' way to the GPU
 
     # ------------------------------------------------------------------ planning
 
@@ -92,7 +93,7 @@ class WeightSubscriber:
                     at += sum(frames)
                 items.append((name, meta, parts))
             try:
-                patches += codec.decode_all(items, device)
+                patches += codec.decode_all(items, device, self._staging)
             except codec.CodecError as e:
                 raise SyncError(f"{self.store.uri}/{entry.blob(rank)}: {e}") from None
         return patches
