@@ -54,6 +54,7 @@ class WeightSubscriber:
         self.counts = {"versions_applied": 0, "polls": 0, "full_loads": 0, "recoveries": 0, "bytes_read": 0}
         self.last: dict[str, Any] = {}
         self._staging = codec.Staging()  # pinned host memory for the deltas' way to the GPU
+        self.newest: int | None = None  # the newest complete version the last poll saw
 
     # ------------------------------------------------------------------ planning
 
@@ -111,6 +112,7 @@ class WeightSubscriber:
         if not done:
             return None
         goal = max(done, key=_newest)
+        self.newest = goal.version
         if target.policy_version != self.version:  # someone else changed the weights
             self.timeline = self.version = None
         if (goal.timeline, goal.version) == (self.timeline, self.version):
@@ -215,5 +217,6 @@ class WeightFollower:
         self._thread.join(timeout=10)
 
     def stats(self) -> dict[str, Any]:
+        behind = None if self.sub.newest is None or self.sub.version is None else self.sub.newest - self.sub.version
         return {"store": self.sub.store.uri, "timeline": self.sub.timeline, "version": self.sub.version,
-                **self.sub.counts, "errors": self.errors, "last_error": self.last_error, "last": self.sub.last}
+                "newest_in_store": self.sub.newest, "versions_behind": behind, **self.sub.counts, "errors": self.errors, "last_error": self.last_error, "last": self.sub.last}

@@ -180,6 +180,7 @@ def test_serve_follows_a_trainers_weight_store(tmp_path):
         pub.publish(trainer.state_dict(), 1)
         m = synced(1)
         assert m["engine"]["policy_version"] == 1 and m["weights_sync"]["errors"] == 0
+        assert m["weights_sync"]["newest_in_store"] == 1 and m["weights_sync"]["versions_behind"] == 0
         assert m["weights_sync"]["last"]["chain"] == [1] and not m["weights_sync"]["last"]["from_full"]
         got = s.chat(None)["choices"][0]["logprobs"]["content"]
         ids = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=True)
