@@ -72,7 +72,13 @@ class FileStore:
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
-            self._path(key).unlink(missing_ok=True)
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            if path.parent != self.root:
+                try:  # a version's folder goes with its last object
+                    path.parent.rmdir()
+                except OSError:
+                    pass  # not empty yet, or already gone
 
 
 class S3Store:

@@ -37,6 +37,8 @@ def test_a_file_store_never_shows_a_half_written_object(tmp_path):
     store = FileStore(tmp_path)
     store.put("v/blob", b"x" * 1000)
     assert [p.name for p in (tmp_path / "v").iterdir()] == ["blob"]  # the temp file was renamed
+    store.delete(["v/blob"])
+    assert not (tmp_path / "v").exists()  # a folder goes with its last object
     with pytest.raises(StoreError, match="must be relative"):
         store.put("../outside", b"")
 
