@@ -198,7 +198,7 @@ class WeightStore(Protocol):
 
     uri: str
 
-    def put(self, key: str, data: bytes | list[bytes]) -> None: ...  # a list: chunks, in order
+    def put(self, key: str, data: Any) -> None: ...  # bytes, or an iterable of chunks written in order
 
     def get(self, key: str) -> bytes: ...  # KeyError naming the key when absent
 

@@ -13,7 +13,7 @@ trainer's side (train step, publish) runs with the decoder paused, as in a separ
 trainer process; the follower's side runs while the engine decodes, as in ``serve``.
 
 Per version: the share of bf16 values that changed, bytes stored against the bf16 model's
-bytes, the publisher's seconds (compare + gather on the device, compress, write), the
+bytes, the publisher's seconds (the blob: compare + gather on the device, compress, write, overlapped; then the checksums and the manifest), the
 follower's seconds (read + decompress + to the device; the engine's pause; the checksum
 check), whether the engine's weights are then bit-identical to the trainer's (every
 tensor compared), and the decode steps the engine ran while it happened. Baseline, same
@@ -27,8 +27,9 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -116,7 +117,7 @@ def run(shape: str = "qwen2.5-1.5b", device: str = "cuda", lrs: tuple[float, ...
 
     first = pub.publish(trainer.state_dict(), 0)
     applied = sub.poll(engine)
-    out["full"] = {**{k: first[k] for k in ("stored_bytes", "compression", "encode_s", "upload_s")},
+    out["full"] = {**{k: first[k] for k in ("stored_bytes", "compression", "blob_s", "commit_s")},
                    **{k: applied[k] for k in ("fetch_decode_s", "pause_s", "verify_s")},
                    "exact": _exact(engine, trainer, dtype)}
     log(f"full snapshot: {out['full']}")
@@ -149,7 +150,7 @@ def run(shape: str = "qwen2.5-1.5b", device: str = "cuda", lrs: tuple[float, ...
                 during = decoder.between(t1, t2)
                 row = {"version": version, "lr": lr, "changed_fraction": p["changed_fraction"],
                        "stored_mb": p["stored_bytes"] / 2**20, "compression": p["compression"],
-                       "publish_s": t1 - t0, "encode_s": p["encode_s"], "upload_s": p["upload_s"],
+                       "publish_s": t1 - t0, "blob_s": p["blob_s"], "commit_s": p["commit_s"],
                        "fetch_decode_s": a["fetch_decode_s"], "pause_s": a["pause_s"], "verify_s": a["verify_s"],
                        "follow_s": t2 - t1, "decode_steps_during_follow": len(during),
                        "exact": _exact(engine, trainer, dtype)}

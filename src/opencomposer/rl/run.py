@@ -192,7 +192,7 @@ class RLRun:
         s = self.publisher.publish(self.trainer.model.state_dict(), self.trainer.version)
         return {"sync_kind_full": float(s["kind"] == "full"), "sync_stored_mb": s["stored_bytes"] / 2**20,
                 "sync_compression": s["compression"], "sync_changed_fraction": s["changed_fraction"],
-                "time_sync": round(s["encode_s"] + s["upload_s"], 3)}
+                "time_sync": round(s["seconds"], 3)}
 
     def step(self, step: int) -> dict[str, Any]:
         from opencomposer.tasks.format import Task

@@ -64,7 +64,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 _weights: dict[torch.device, torch.Tensor] = {}
 
 
-def _checksum_async(t: torch.Tensor) -> torch.Tensor:
+def checksum_async(t: torch.Tensor) -> torch.Tensor:
+    """``checksum`` left on the tensor's device (two int64s): read many with ``read_sums``."""
     flat = t.detach().contiguous().view(-1)
     w = flat.view(torch.int16) if (flat.numel() * flat.element_size()) % 2 == 0 else flat.view(torch.uint8)
     if flat.device not in _weights:
@@ -89,10 +90,14 @@ def checksums(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
         by_device.setdefault(t.device, []).append(i)
     out: list[tuple[int, int]] = [(0, 0)] * len(tensors)
     for idx in by_device.values():
-        sums = torch.stack([_checksum_async(tensors[i]) for i in idx]).tolist()
-        for i, (a, b) in zip(idx, sums):
-            out[i] = (a, b)
+        for i, pair in zip(idx, read_sums([checksum_async(tensors[i]) for i in idx])):
+            out[i] = pair
     return out
+
+
+def read_sums(sums: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """Device checksums (``checksum_async``, all on one device) to the host in one copy."""
+    return [tuple(pair) for pair in torch.stack(sums).tolist()] if sums else []
 
 
 def checksum(t: torch.Tensor) -> tuple[int, int]:
@@ -215,6 +220,10 @@ class Encoded:
             self.info["parts"] = [[len(f) for f in part] for part in self._frames]
             self._packing = []
         return self._frames
+
+    def done(self) -> bool:
+        """Its compression has finished (reading ``frames`` will not wait)."""
+        return self._frames is not None or all(f.done() for p in self._packing for f in p.futures)
 
     @property
     def meta(self) -> dict[str, Any]:

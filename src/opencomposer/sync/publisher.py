@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ import torch
 
 from opencomposer.sync import codec
 from opencomposer.sync.layout import FORMAT, Entry, keys_of, scan
+
+WINDOW = 512 << 20  # bytes of tensors encoded ahead of the blob's writer (host memory for their planes)
 
 
 class WeightPublisher:
@@ -60,7 +63,8 @@ class WeightPublisher:
         self.last_full: int | None = None
 
     def tensors(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Each storage once (a tied lm_head is the embedding), cast to the sync dtype."""
+        """Each storage once (a tied lm_head is the embedding); cast to the sync dtype one at a
+        time as they are encoded."""
         out, seen = {}, set()
         for name, t in state_dict.items():
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -69,7 +73,7 @@ class WeightPublisher:
             if key in seen:
                 continue
             seen.add(key)
-            out[name] = t.detach().to(self.dtype)
+            out[name] = t.detach()
         if not out:
             raise ValueError("the state dict has no floating-point tensors to publish")
         return out
@@ -94,34 +98,60 @@ class WeightPublisher:
             self._start(version)
         full = self.last_full is None or version - self.last_full >= self.full_every or set(tensors) != set(self.prev)
         entry = Entry(version, self.timeline, "full" if full else "delta", self.world)
-        encoded, changed, numel, raw = {}, 0, 0, 0
-        for name, t in tensors.items():  # device work here; compression runs on in threads
-            old = None if full else self.prev[name].to(t.device, non_blocking=True)
-            enc = encoded[name] = codec.encode(t, old, self.level)
-            changed += enc.info["changed"]
-            numel += t.numel()
-            raw += t.numel() * t.element_size()
-            if full or name not in self.prev:
-                keep = codec.bits(t)
-                self.prev[name] = keep.to("cpu").pin_memory() if self.keep_on == "cpu" and keep.is_cuda else keep.clone()
-            elif enc.info["changed"]:
-                self.prev[name].copy_(codec.bits(t))
-        metas, frames, offset = {}, [], 0
-        for name, enc in encoded.items():
-            part_frames = enc.frames  # waits for this tensor's compression
-            metas[name] = {**enc.meta, "offset": offset}
-            offset += sum(map(len, (f for part in part_frames for f in part)))
-            frames += [f for part in part_frames for f in part]
-        moved = [n for n, m in metas.items() if m["encoding"] != "same"]
-        self.sums.update(zip(moved, map(list, codec.checksums([tensors[n] for n in moved]))))  # one sync
+        metas: dict[str, dict] = {}
+        sums: dict[str, torch.Tensor] = {}  # checksums still on the device: read together at the end
+        totals = {"changed": 0, "numel": 0, "raw": 0, "stored": 0}
+
+        def encoded():  # one tensor at a time: the diff on its device, compression in threads
+            for name, src in tensors.items():
+                t = src.to(self.dtype)
+                old = None if full else self.prev[name].to(t.device, non_blocking=True)
+                enc = codec.encode(t, old, self.level)
+                if enc.info["encoding"] != "same":
+                    sums[name] = codec.checksum_async(t)
+                if full or name not in self.prev:
+                    keep = codec.bits(t)
+                    self.prev[name] = keep.to("cpu").pin_memory() if self.keep_on == "cpu" and keep.is_cuda \
+                        else keep.clone()
+                elif enc.info["changed"]:
+                    self.prev[name].copy_(codec.bits(t))
+                totals["changed"] += enc.info["changed"]
+                totals["numel"] += t.numel()
+                totals["raw"] += t.numel() * t.element_size()
+                yield name, enc, t.numel() * t.element_size()
+
+        def frames():  # the blob, streamed: at most WINDOW bytes of tensors wait for compression
+            window, held = deque(), 0
+            for item in encoded():
+                window.append(item)
+                held += item[2]
+                while held > WINDOW or (window and window[0][1].done()):
+                    held -= yield from emit(*window.popleft())
+            while window:
+                yield from emit(*window.popleft())
+
+        def emit(name, enc, size):
+            parts = enc.frames  # waits for this tensor's compression
+            metas[name] = {**enc.meta, "offset": totals["stored"]}
+            for part in parts:
+                for f in part:
+                    totals["stored"] += len(f)
+                    yield f
+            return size
+
+        self.store.put(entry.blob(self.rank), frames())
+        t1 = time.perf_counter()
+        by_device: dict[torch.device, list[str]] = {}
+        for name, dev_sum in sums.items():
+            by_device.setdefault(dev_sum.device, []).append(name)
+        for names in by_device.values():  # one host sync per device
+            self.sums.update(zip(names, map(list, codec.read_sums([sums[n] for n in names]))))
         for name, meta in metas.items():
             meta["checksum"] = self.sums[name]
-        t1 = time.perf_counter()
         manifest = {"format": FORMAT, "version": version, "timeline": self.timeline, "kind": entry.kind,
                     "rank": self.rank, "world": self.world, "dtype": codec.dtype_name(self.dtype),
-                    "parent": None if full else self.version, "created": time.time(), "blob_bytes": offset,
-                    "tensors": metas}
-        self.store.put(entry.blob(self.rank), frames)  # the frames in order: no joined copy
+                    "parent": None if full else self.version, "created": time.time(),
+                    "blob_bytes": totals["stored"], "tensors": metas}
         self.store.put(entry.manifest(self.rank), json.dumps(manifest).encode())  # last: commits the part
         t2 = time.perf_counter()
         self.version = version
@@ -129,9 +159,11 @@ class WeightPublisher:
             self.last_full = version
         deleted = self._collect()
         return {"version": version, "kind": entry.kind, "timeline": self.timeline, "rank": self.rank,
-                "tensors": len(tensors), "changed_fraction": changed / max(numel, 1), "raw_bytes": raw,
-                "stored_bytes": offset, "compression": raw / max(offset, 1),
-                "encode_s": t1 - t0, "upload_s": t2 - t1, "deleted_objects": deleted}
+                "tensors": len(tensors), "changed_fraction": totals["changed"] / max(totals["numel"], 1),
+                "raw_bytes": totals["raw"], "stored_bytes": totals["stored"],
+                "compression": totals["raw"] / max(totals["stored"], 1),
+                "blob_s": t1 - t0, "commit_s": t2 - t1, "seconds": time.perf_counter() - t0,
+                "deleted_objects": deleted}
 
     def _collect(self) -> int:
         """Delete this rank's objects of versions older than the ``keep_full``-th newest full

@@ -5,7 +5,7 @@
     store = open_store("s3://my-bucket/runs/demo")  # boto3; AWS_ENDPOINT_URL for MinIO etc.
 
 A store is a flat key -> bytes map with four calls (``protocols.WeightStore``; ``put``
-also takes a list of chunks, written in order). Writes
+also takes an iterable of chunks, written in order as they come). Writes
 are atomic: a reader sees a whole object or none (a directory writes a temp file and
 renames it; an S3 PUT is atomic). Readers find versions by listing, so no object is
 ever updated in place. Errors name the store and the key.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -40,15 +42,18 @@ class FileStore:
             raise StoreError(f"{self.uri}: key {key!r} must be relative, without '..'")
         return self.root / key
 
-    def put(self, key: str, data: bytes | list[bytes]) -> None:
+    def put(self, key: str, data: bytes | Iterable[bytes]) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.writelines([data] if isinstance(data, (bytes, bytearray, memoryview)) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.writelines([data] if isinstance(data, (bytes, bytearray, memoryview)) else data)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # only left when writing failed
 
     def get(self, key: str) -> bytes:
         try:
@@ -110,12 +115,18 @@ class S3Store:
                 raise KeyError(f"{self.uri}: no object {key!r}") from None
             raise StoreError(f"{self.uri}: {what} {key!r} failed: {e}") from None
 
-    def put(self, key: str, data: bytes | list[bytes]) -> None:
+    def put(self, key: str, data: bytes | Iterable[bytes]) -> None:
         # a managed transfer: parts of 64 MiB uploaded in parallel, so objects past a single
-        # PUT's 5 GB limit (a large model's full snapshot) go through too
-        body = data if isinstance(data, (bytes, bytearray, memoryview)) else b"".join(data)
-        self._call("put", key, lambda Bucket, Key: self.client.upload_fileobj(
-            io.BytesIO(body), Bucket, Key, Config=self._transfer), Key=self._key(key))
+        # PUT's 5 GB limit (a large model's full snapshot) go through too; chunks are spooled
+        # to a temporary file past 256 MiB rather than held in memory
+        whole = isinstance(data, (bytes, bytearray, memoryview))
+        with io.BytesIO(data) if whole else tempfile.SpooledTemporaryFile(max_size=256 << 20) as body:
+            if not whole:
+                for chunk in data:
+                    body.write(chunk)
+                body.seek(0)
+            self._call("put", key, lambda Bucket, Key: self.client.upload_fileobj(
+                body, Bucket, Key, Config=self._transfer), Key=self._key(key))
 
     def get(self, key: str) -> bytes:
         buf = io.BytesIO()

@@ -214,3 +214,15 @@ def test_a_dtype_the_engine_does_not_run_in_is_refused_before_any_change(trainer
 def test_keep_on_is_checked(store):
     with pytest.raises(ValueError, match="keep_on='disk': expected 'device'"):
         WeightPublisher(store, keep_on="disk")
+
+
+def test_a_blob_streams_with_a_one_byte_window(trainer_model, make_engine, store, monkeypatch):
+    """The writer takes each tensor's frames as soon as the window is full (here: always)."""
+    from opencomposer.sync import publisher
+    monkeypatch.setattr(publisher, "WINDOW", 1)
+    engine, pub, sub = make_engine(torch.bfloat16), WeightPublisher(store, dtype=torch.bfloat16), WeightSubscriber(store)
+    pub.publish(trainer_model.state_dict(), 0)
+    train_step(trainer_model, seed=1, lr=1e-5)
+    stats = pub.publish(trainer_model.state_dict(), 1)
+    assert sub.poll(engine)["chain"] == [0, 1] and stats["stored_bytes"] > 0
+    _same_weights(engine, trainer_model, torch.bfloat16)
