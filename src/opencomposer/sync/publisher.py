@@ -139,7 +139,12 @@ class WeightPublisher:
                     yield f
             return size
 
-        self.store.put(entry.blob(self.rank), frames())
+        try:
+            self.store.put(entry.blob(self.rank), frames())
+        except BaseException:
+            # ``prev`` may hold part of a version no follower will see: the next one is full
+            self.last_full = None
+            raise
         t1 = time.perf_counter()
         by_device: dict[torch.device, list[str]] = {}
         for name, dev_sum in sums.items():
@@ -152,7 +157,11 @@ class WeightPublisher:
                     "rank": self.rank, "world": self.world, "dtype": codec.dtype_name(self.dtype),
                     "parent": None if full else self.version, "created": time.time(),
                     "blob_bytes": totals["stored"], "tensors": metas}
-        self.store.put(entry.manifest(self.rank), json.dumps(manifest).encode())  # last: commits the part
+        try:
+            self.store.put(entry.manifest(self.rank), json.dumps(manifest).encode())  # last: commits the part
+        except BaseException:
+            self.last_full = None
+            raise
         t2 = time.perf_counter()
         self.version = version
         if full:

@@ -226,3 +226,28 @@ def test_a_blob_streams_with_a_one_byte_window(trainer_model, make_engine, store
     stats = pub.publish(trainer_model.state_dict(), 1)
     assert sub.poll(engine)["chain"] == [0, 1] and stats["stored_bytes"] > 0
     _same_weights(engine, trainer_model, torch.bfloat16)
+
+
+def test_a_failed_write_makes_the_next_version_a_full_snapshot(trainer_model, make_engine, store):
+    """The publisher had already moved its record of the last version when the store failed:
+    the next version is a full snapshot, so followers never apply a delta from an unseen base."""
+    engine, sub = make_engine(torch.bfloat16), WeightSubscriber(store)
+    pub = WeightPublisher(store, dtype=torch.bfloat16)
+    pub.publish(trainer_model.state_dict(), 0)
+    sub.poll(engine)
+    real_put = store.put
+
+    def failing(key, data):
+        if key.endswith(".bin"):
+            next(iter(data), None)  # the writer starts, then the disk is full
+            raise OSError("No space left on device")
+        real_put(key, data)
+    store.put = failing
+    train_step(trainer_model, seed=1, lr=1e-3)
+    with pytest.raises(OSError, match="No space left"):
+        pub.publish(trainer_model.state_dict(), 1)
+    store.put = real_put
+    train_step(trainer_model, seed=2, lr=1e-3)
+    assert pub.publish(trainer_model.state_dict(), 2)["kind"] == "full"
+    assert sub.poll(engine)["chain"] == [2] and sub.counts["recoveries"] == 0
+    _same_weights(engine, trainer_model, torch.bfloat16)
