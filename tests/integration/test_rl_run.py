@@ -19,7 +19,7 @@ from opencomposer.train.trainer import Trainer
 
 
 def write_cfg(tmp: Path, tasks: Path, out: Path, steps: int, kl: float, model: str = "tiny-random",
-              engine: str = "hf", sync: Path | None = None) -> Path:
+              engine: str = "hf", sync: Path | None = None, base_url: str | None = None) -> Path:
     text = f"""
 [model]
 name = "{model}"
@@ -28,6 +28,7 @@ dir = "{tasks}"
 heldout = 1
 [rollout]
 engine = "{engine}"
+{f'base_url = "{base_url}"' if base_url else ""}
 k = 2
 tasks_per_step = 1
 temperature = 1.0
@@ -69,6 +70,46 @@ def _follower_matches(store: Path, trainer: Trainer, version: int, follower=None
     for name, view in engine.weight_views({k: v.shape for k, v in sd.items()}).items():
         assert torch.equal(view, sd[name]), name
     return engine, sub
+
+
+def test_rollouts_on_a_server_that_follows_the_runs_weight_store(toolz_tasks: Path, tmp_path: Path):
+    """rollout.engine = "server": the trainer publishes each version to the store, an
+    `opencomposer serve --weights-from` (here in a thread) applies it, and the run waits for
+    the server to run its version before each step's rollouts; samples carry the server's
+    exact token ids and logprobs."""
+    import threading
+    import time
+
+    from opencomposer.inference.front import build_front
+    from opencomposer.inference.server import ServeConfig, uvicorn_server
+
+    store, out = tmp_path / "weights", tmp_path / "run"
+    front = build_front(ServeConfig(model="tiny-random", max_num_seqs=8, weights_from=str(store), weights_poll_s=0.05))
+    uv = uvicorn_server(front, "127.0.0.1", 0)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        while not uv.started:
+            assert thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}/v1"
+        cfg = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, engine="server", sync=store,
+                                    base_url=url), RLRunConfig)
+        run_pipeline(cfg, log=lambda m: None)
+        rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2] and all(r["train_tokens"] > 0 for r in rows)
+        engine = front.arms["a"].loop.engine
+        assert engine.policy_version == rows[-1]["policy_version"] == 2
+        from opencomposer.models.registry import load_model
+        trainer = Trainer(*load_model("tiny-random"), cfg.train)
+        load_checkpoint(out / "checkpoints", trainer)
+        sd = trainer.model.state_dict()
+        for name, view in engine.weight_views({k: v.shape for k, v in sd.items()}).items():
+            assert torch.equal(view, sd[name]), name
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        front.stop()
 
 
 def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):

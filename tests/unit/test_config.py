@@ -58,6 +58,14 @@ def test_checks_across_keys_name_both(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(p, RLRunConfig)
     assert "rollout.engine='builtin'" in str(e.value) and "train.lora=true" in str(e.value)
+    p = write(tmp_path, "[tasks]\ndir = 'x'\n[rollout]\nengine = 'server'\nbase_url = 'http://h:8000/v1'\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, RLRunConfig)
+    assert "rollout.engine='server' needs rollout.base_url" in str(e.value) and "[sync] store" in str(e.value)
+    p = write(tmp_path, "[tasks]\ndir = 'x'\n[sync]\nstore = 'w'\n[train]\nlora = true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, RLRunConfig)
+    assert "[sync] with train.lora=true" in str(e.value)
     p = write(tmp_path, "[agent]\nmax_tokens = 4000\nsummarize_at = 4000\n")
     with pytest.raises(ConfigError) as e:
         load_config(p, AgentRunConfig)

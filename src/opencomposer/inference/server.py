@@ -384,7 +384,12 @@ class OpenAIServer:
             head = self._echo(req, prompts[i // req.n])
             lp = (wire.completion_logprobs(s.token_strings(), s.logprobs, len(head), s.top_strings())
                   if req.logprobs is not None else None)
-            choices.append({"index": i, "text": head + self._final(h, s), "finish_reason": h.finish_reason, "logprobs": lp})
+            choice = {"index": i, "text": head + self._final(h, s), "finish_reason": h.finish_reason, "logprobs": lp}
+            if req.model_extra.get("return_token_ids") and h.completion is not None:
+                c = h.completion  # what a trainer needs of the sample, exactly (``inference.remote_policy``)
+                choice["opencomposer"] = {"prompt_token_ids": list(c.prompt_token_ids), "token_ids": list(c.token_ids),
+                                          "logprobs": list(c.logprobs), "policy_versions": list(c.policy_versions)}
+            choices.append(choice)
         usage = wire.usage(prompt_tokens, sum(len(s.token_ids) for s in streams), _cached(group.handles))
         return wire.text_completion(wire.new_id("cmpl"), self.model_name, int(time.time()), choices, usage)
 

@@ -62,9 +62,13 @@ class RolloutSection(Strict):
         None, description="e.g. {size = 16, warm = 2}: reuse reset sandboxes of a warm pool; absent: a fresh "
                           "sandbox per episode")
     max_batch: int = Field(16, ge=1, description="sequences generated together")
-    engine: Literal["hf", "builtin"] = Field(
+    engine: Literal["hf", "builtin", "server"] = Field(
         "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not "
-                          "re-prefilled); 'hf': transformers generate on the trainer's model")
+                          "re-prefilled); 'hf': transformers generate on the trainer's model; 'server': an "
+                          "`opencomposer serve --weights-from` process at base_url, fed through [sync]")
+    base_url: str | None = Field(None, description="rollout.engine='server': the server, e.g. http://gpu-7:8000/v1")
+    sync_timeout_s: float = Field(300.0, gt=0, description="rollout.engine='server': how long a step waits for "
+                                                           "the server to run the trainer's version")
 
 
 class LossSection(Strict):
@@ -144,6 +148,9 @@ class RLRunConfig(Strict):
         if self.rollout.engine == "builtin" and self.train.lora:
             raise ValueError("rollout.engine='builtin' with train.lora=true: the engine takes full weights; "
                              "use rollout.engine='hf' for LoRA runs")
+        if self.rollout.engine == "server" and (not self.rollout.base_url or self.sync is None):
+            raise ValueError("rollout.engine='server' needs rollout.base_url (the server) and a [sync] store "
+                             "(the server follows it: opencomposer serve --weights-from STORE)")
         if self.sync is not None and self.train.lora:
             raise ValueError("[sync] with train.lora=true: followers take full weights; merge the adapters "
                              "(export the model) or train without LoRA")

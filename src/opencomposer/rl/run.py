@@ -136,20 +136,23 @@ class RLRun:
             if self.harder is not None and "harder" in state:
                 self.harder.restore(state["harder"])
             self.log.truncate(self.start_step, state.get("row"))
+        self.publisher = self._publisher()  # [sync]: every version goes to a weight store for remote followers
         self.policy = self.make_policy(self.cfg.rollout.temperature)
         self.tools = agent_tools()
-        self.publisher = None  # [sync]: every version goes to a weight store for remote followers
-        if self.cfg.sync is not None:
-            from opencomposer.config import ConfigError
-            from opencomposer.sync.publisher import WeightPublisher
-            from opencomposer.sync.store import StoreError, open_store
-            sc = self.cfg.sync
-            try:
-                self.publisher = WeightPublisher(open_store(sc.store), dtype=sc.dtype, full_every=sc.full_every,
-                                                 keep_full=sc.keep_full, keep_on=sc.keep_on)
-            except StoreError as e:
-                raise ConfigError(f"[sync] store: {e}") from None
         self.pool = sandbox_pool(self.cfg.rollout)  # closed by run() (or close())
+
+    def _publisher(self):
+        if self.cfg.sync is None:
+            return None
+        from opencomposer.config import ConfigError
+        from opencomposer.sync.publisher import WeightPublisher
+        from opencomposer.sync.store import StoreError, open_store
+        sc = self.cfg.sync
+        try:
+            return WeightPublisher(open_store(sc.store), dtype=sc.dtype, full_every=sc.full_every,
+                                   keep_full=sc.keep_full, keep_on=sc.keep_on)
+        except StoreError as e:
+            raise ConfigError(f"[sync] store: {e}") from None
 
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
         """A batched sampler on the current weights, or (``base_model``) on a fresh load of
@@ -160,6 +163,14 @@ class RLRun:
         with transformers ``generate`` on the trainer's model itself.
         """
         r, m = self.cfg.rollout, self.cfg.model
+        if r.engine == "server" and not base_model:  # the base model is measured locally (the server trains on)
+            from opencomposer.inference.remote_policy import ServerPolicy
+
+            base = ServerPolicy(r.base_url, self.trainer.tokenizer, temperature=temperature, top_p=r.top_p,
+                                max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed)
+            self.publish()  # the server samples the trainer's weights, not its own
+            base.wait_for_version(self.trainer.version, r.sync_timeout_s)
+            return BatchedPolicy(base, max_batch=r.max_batch)
         model, tok = load_model(m.name, device=m.device) if base_model else self.trainer.policy_pair()
         version = 0 if base_model else self.trainer.version
         if r.engine == "builtin":
@@ -179,7 +190,10 @@ class RLRun:
         """Make the rollout policy sample from the trainer's current weights (and say so)."""
         if self.policy.policy_version == self.trainer.version:
             return
-        if self.cfg.rollout.engine == "builtin":
+        if self.cfg.rollout.engine == "server":  # through the weight store: publish, then wait for the server
+            self.publish()
+            self.policy.policy.wait_for_version(self.trainer.version, self.cfg.rollout.sync_timeout_s)
+        elif self.cfg.rollout.engine == "builtin":
             self.policy.policy.update_weights(self.trainer.model.state_dict(), self.trainer.version)
         else:  # same model object: only the label moves
             self.policy.policy_version = self.trainer.version
