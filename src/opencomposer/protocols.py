@@ -69,6 +69,10 @@ class PolicyOutput:
     routes: str = ""
 
 
+# ``system_fingerprint`` of an ``opencomposer serve`` response: this, then the policy version that answered
+POLICY_FINGERPRINT = "opencomposer-policy-"
+
+
 @runtime_checkable
 class Policy(Protocol):
     """Anything that answers a conversation with text and tool calls.

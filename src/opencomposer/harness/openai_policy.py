@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
-from opencomposer.protocols import Message, PolicyOutput, ToolCall
+from opencomposer.protocols import POLICY_FINGERPRINT, Message, PolicyOutput, ToolCall
 
 
 def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -61,9 +60,6 @@ def parse_arguments(name: str, call_id: str, arguments: str | None) -> ToolCall:
     return ToolCall(name, args, call_id)
 
 
-_OURS = re.compile(r"^opencomposer-policy-(\d+)$")  # ``opencomposer serve``'s system_fingerprint
-
-
 def from_openai_response(resp: Any) -> PolicyOutput:
     """The first choice of a ChatCompletion as a PolicyOutput. From ``opencomposer serve``,
     the policy version that answered comes from ``system_fingerprint``."""
@@ -85,8 +81,14 @@ def from_openai_response(resp: Any) -> PolicyOutput:
         prompt_tokens=usage.prompt_tokens if usage else 0,
         completion_tokens=usage.completion_tokens if usage else 0,
         finish_reason=choice.finish_reason or "stop",
-        policy_version=int(m[1]) if (m := _OURS.match(getattr(resp, "system_fingerprint", None) or "")) else 0,
+        policy_version=_served_version(getattr(resp, "system_fingerprint", None) or ""),
     )
+
+
+def _served_version(fingerprint: str) -> int:
+    """The policy version an ``opencomposer serve`` answered with; 0 from other servers."""
+    version = fingerprint.removeprefix(POLICY_FINGERPRINT)
+    return int(version) if fingerprint.startswith(POLICY_FINGERPRINT) and version.isdigit() else 0
 
 
 class OpenAIPolicy:

@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from opencomposer.protocols import POLICY_FINGERPRINT
+
 MAX_N = 16  # choices per request; each is a separate sequence in the engine
 MAX_STOP = 4  # stop strings, as OpenAI
 
@@ -133,18 +135,15 @@ def completion_logprobs(tokens: list[str], logprobs: list[float], offset: int,
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
-FINGERPRINT = "opencomposer-policy-{}"  # ``system_fingerprint``: the policy version that answered
-
-
 def chat_completion(rid: str, model: str, choices: list[dict], usage_: dict, version: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage_, "system_fingerprint": FINGERPRINT.format(version)}
+            "choices": choices, "usage": usage_, "system_fingerprint": f"{POLICY_FINGERPRINT}{version}"}
 
 
 def chat_chunk(rid: str, model: str, created: int, choices: list[dict], usage_: dict | None = None,
                version: int = 0) -> dict:
     body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices,
-            "system_fingerprint": FINGERPRINT.format(version)}
+            "system_fingerprint": f"{POLICY_FINGERPRINT}{version}"}
     if usage_ is not None:
         body["usage"] = usage_
     return body

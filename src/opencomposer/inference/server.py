@@ -277,8 +277,8 @@ class OpenAIServer:
         completion = sum(len(s.token_ids) for s in streams)
         usage = wire.usage(len(ids), completion, _cached(group.handles[:1]))  # the prompt counts once
         # the newest weights any returned token came from (they change in flight: sync, hot-swap)
-        version = max((v for h in group.handles if h.completion for v in h.completion.policy_versions),
-                      default=self.loop.engine.policy_version)
+        version = max((h.completion.policy_versions[-1] for h in group.handles  # versions only grow in a sequence
+                       if h.completion and h.completion.policy_versions), default=self.loop.engine.policy_version)
         return wire.chat_completion(wire.new_id("chatcmpl"), self.model_name, choices, usage, version)
 
     def _final(self, h: Handle, s: TextStream) -> str:
@@ -387,8 +387,8 @@ class OpenAIServer:
             choice = {"index": i, "text": head + self._final(h, s), "finish_reason": h.finish_reason, "logprobs": lp}
             if req.model_extra.get("return_token_ids") and h.completion is not None:
                 c = h.completion  # what a trainer needs of the sample, exactly (``inference.remote_policy``)
-                choice["opencomposer"] = {"prompt_token_ids": list(c.prompt_token_ids), "token_ids": list(c.token_ids),
-                                          "logprobs": list(c.logprobs), "policy_versions": list(c.policy_versions)}
+                choice["opencomposer"] = {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs),
+                                          "policy_versions": list(c.policy_versions)}
             choices.append(choice)
         usage = wire.usage(prompt_tokens, sum(len(s.token_ids) for s in streams), _cached(group.handles))
         return wire.text_completion(wire.new_id("cmpl"), self.model_name, int(time.time()), choices, usage)

@@ -188,11 +188,14 @@ class BatchedPolicy:
                 request.done.set()
 
     def close(self) -> None:
-        """Finish queued requests, then stop the worker."""
+        """Finish queued requests, then stop the worker (and the wrapped policy's connections,
+        if it has any: ``ServerPolicy``)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._worker.join()
+        if hasattr(self.policy, "close"):
+            self.policy.close()
 
     def __enter__(self) -> "BatchedPolicy":
         return self

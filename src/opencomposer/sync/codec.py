@@ -82,22 +82,20 @@ def checksum_async(t: torch.Tensor) -> torch.Tensor:
 def checksums(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
     """For each tensor, two exact integer sums over its bytes (read as int16 or uint8): the
     plain sum and one weighted by position. Equal on every device and in any summation
-    order, so sender and receiver compare tensors without moving them. One host sync."""
-    if not tensors:
-        return []
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    out: list[tuple[int, int]] = [(0, 0)] * len(tensors)
-    for idx in by_device.values():
-        for i, pair in zip(idx, read_sums([checksum_async(tensors[i]) for i in idx])):
-            out[i] = pair
-    return out
+    order, so sender and receiver compare tensors without moving them."""
+    return read_sums([checksum_async(t) for t in tensors])
 
 
 def read_sums(sums: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """Device checksums (``checksum_async``, all on one device) to the host in one copy."""
-    return [tuple(pair) for pair in torch.stack(sums).tolist()] if sums else []
+    """Device checksums (``checksum_async``) to the host: one copy per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, pair in enumerate(sums):
+        by_device.setdefault(pair.device, []).append(i)
+    out: list[tuple[int, int]] = [(0, 0)] * len(sums)
+    for idx in by_device.values():
+        for i, pair in zip(idx, torch.stack([sums[i] for i in idx]).tolist()):
+            out[i] = tuple(pair)
+    return out
 
 
 def checksum(t: torch.Tensor) -> tuple[int, int]:
@@ -200,6 +198,13 @@ class _Planes:
 def _unplane(planes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     k = torch.empty((), dtype=dtype).element_size()
     return (planes if k == 1 else planes.view(k, -1).t().contiguous()).view(-1).view(dtype)
+
+
+def _tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
+    """A decoded array as a tensor (on ``device`` if given), its byte planes undone there."""
+    if isinstance(a, _Planes):
+        return _unplane(a.planes if device is None else a.planes.to(device), a.dtype)
+    return a if device is None else a.to(device)
 
 
 # --------------------------------------------------------------------------- encode
@@ -329,18 +334,17 @@ def decode_all(items: list[tuple[str, dict[str, Any], list]], device: torch.devi
     else:  # on the host the planes stay: a full snapshot's are undone on the target's device
         arrays = lambda layout: [_Planes(torch.from_numpy(host[at:at + size]), dtype)
                                  for at, size, _, dtype, _ in layout]
-    return [_patch(name, meta, arrays(layout), device) for name, meta, _, layout in plans]
+    return [_patch(name, meta, arrays(layout)) for name, meta, _, layout in plans]
 
 
-def _patch(name: str, meta: dict[str, Any], arrays: list, device) -> Patch:
+def _patch(name: str, meta: dict[str, Any], arrays: list) -> Patch:
     try:
         shape, dtype, sums = tuple(meta["shape"]), DTYPES[meta["dtype"]], tuple(meta["checksum"])
     except KeyError as e:
         raise CodecError(f"{name}: manifest entry lacks or misnames {e}") from None
     valid = None
     if meta["encoding"] == "sparse":
-        whole = lambda x: _unplane(x.planes, x.dtype) if isinstance(x, _Planes) else x  # small: undo here
-        gaps, values = (whole(a) for a in arrays)
+        gaps, values = (_tensor(a) for a in arrays)  # small: planes undone here, wherever they are
         idx = torch.cumsum(gaps.to(torch.int64), 0) - 1
         valid = (gaps.min() >= 1) & (idx[-1] < int(meta["numel"])) if idx.numel() else None
         arrays = [idx, values]
@@ -372,8 +376,7 @@ def apply(patch: Patch, target: torch.Tensor) -> None:
         target.copy_(tmp)
         return
     tb = bits(target)
-    arrays = [_unplane(a.planes.to(tb.device), a.dtype) if isinstance(a, _Planes) else a.to(tb.device)
-              for a in patch.arrays]
+    arrays = [_tensor(a, tb.device) for a in patch.arrays]
     if patch.encoding == "raw":
         tb.copy_(arrays[0])
     elif patch.encoding == "xor":

@@ -146,11 +146,7 @@ class WeightPublisher:
             self.last_full = None
             raise
         t1 = time.perf_counter()
-        by_device: dict[torch.device, list[str]] = {}
-        for name, dev_sum in sums.items():
-            by_device.setdefault(dev_sum.device, []).append(name)
-        for names in by_device.values():  # one host sync per device
-            self.sums.update(zip(names, map(list, codec.read_sums([sums[n] for n in names]))))
+        self.sums.update(zip(sums, map(list, codec.read_sums(list(sums.values())))))  # one host sync a device
         for name, meta in metas.items():
             meta["checksum"] = self.sums[name]
         manifest = {"format": FORMAT, "version": version, "timeline": self.timeline, "kind": entry.kind,
