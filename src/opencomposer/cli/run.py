@@ -1,8 +1,9 @@
-"""`opencomposer agent|train|sft|serve`: run the agent, train it, serve it."""
+"""`opencomposer agent|train|sft|train-mtp|serve`: run the agent, train it, serve it."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -134,6 +135,30 @@ def sft(
     emit(res)
 
 
+@app.command("train-mtp")
+def train_mtp(
+    data: list[Path] = typer.Argument(..., help="source files or directories, .jsonl of {\"text\"}, agent transcripts"),
+    model: str = typer.Option("smollm2-135m", help="the base model (frozen) the head drafts for"),
+    out_dir: Path = typer.Option(Path("runs/mtp"), "--out", help="writes OUT/head and OUT/checkpoint (resumed)"),
+    steps: int = typer.Option(200, min=1),
+    depth: int = typer.Option(3, min=1, max=16, help="draft steps trained (the head chained this deep)"),
+    lr: float = typer.Option(1e-3),
+    batch_size: int = typer.Option(4, min=1),
+    seq_len: int = typer.Option(256, min=4, help="tokens per training window"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Train an MTP head by self-distillation for speculative decoding (serve --draft OUT/head)."""
+    from opencomposer.models.mtp import MTPError
+    from opencomposer.train.mtp import train_mtp as run
+
+    try:
+        res = run(model, data, out_dir, steps=steps, depth=depth, lr=lr, batch_size=batch_size, seq_len=seq_len,
+                  seed=seed, progress=sys.stderr.isatty())
+    except (*known_errors(), MTPError, FileNotFoundError, ValueError) as e:
+        fail(e)
+    emit(res)
+
+
 @app.command()
 def serve(
     model: str = typer.Option("smollm2-135m", help="model name or path, as for load_model"),
@@ -159,6 +184,9 @@ def serve(
     weights_from: Optional[str] = typer.Option(None, help="follow a trainer's weight store (directory, "
                                                "file:///path or s3://bucket/prefix): new versions apply in flight"),
     weights_poll: float = typer.Option(1.0, min=0.05, help="seconds between two looks at --weights-from"),
+    draft: Optional[str] = typer.Option(None, help="speculative decoding with this MTP head (a directory "
+                                        "written by `opencomposer train-mtp`)"),
+    num_draft: int = typer.Option(3, min=1, max=16, help="tokens the head drafts per step (with --draft)"),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
     /v1/feedback and /admin/weights for the real-time loop)."""
@@ -174,7 +202,7 @@ def serve(
                           dtype=dtype, device=device,
                           log_dir=log_dir, log_window_s=parse_duration(log_window, "--log-window"),
                           ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token,
-                          weights_from=weights_from, weights_poll_s=weights_poll)
+                          weights_from=weights_from, weights_poll_s=weights_poll, draft=draft, num_draft=num_draft)
         run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model,
                                                    "log_dir": log_dir, "ab_model": ab_model,
                                                    "weights_from": weights_from}))

@@ -139,7 +139,7 @@ class Engine:
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int | None = None,
                  cuda_graphs: bool | str = True, kernels: str | None = None,
                  kv_memory_fraction: float = 0.8, policy_version: int = 0, gemv: bool | None = None,
-                 pdl: bool | None = None, run_ahead: bool | None = None):
+                 pdl: bool | None = None, run_ahead: bool | None = None, draft: Any = None, num_draft: int = 3):
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
         if not 0 < kv_memory_fraction <= 1:
@@ -197,6 +197,13 @@ class Engine:
                 f"tokens) do not fit. Lower kv_memory_fraction or kv_blocks, max_num_batched_tokens or "
                 f"max_num_seqs, or pass cuda_graphs=False"
             ) from e
+        self.speculator = None
+        if draft is not None:  # an MTPHead or its directory: speculative decoding (``speculate.py``)
+            from opencomposer.inference.speculate import Speculator
+
+            if run_ahead:
+                raise ValueError("run_ahead=True and draft=: speculative decode steps are not launched ahead")
+            self.speculator, run_ahead = Speculator(self.model, draft, num_draft), False
         self.run_ahead = bool(self.runner.graphs) if run_ahead is None else bool(run_ahead)
         if self.run_ahead and not self.runner.graphs:
             raise ValueError("run_ahead=True needs decode graphs: cuda_graphs=True on a CUDA device, "
@@ -278,6 +285,9 @@ class Engine:
                 batch = self.scheduler.schedule()
                 if batch is None:
                     return outputs
+                if self.speculator is not None and batch.decode:
+                    self._speculative_step(batch, t0, outputs)
+                    return outputs
                 launch = self.runner.launch_decode(batch) if self.run_ahead and batch.decode else None
                 if launch is None:
                     self._step_now(batch, t0, outputs)
@@ -327,6 +337,32 @@ class Engine:
             self.blocks.publish(seq)
         for seq, tok, lp, top in zip(sampling, tokens, logprobs, tops):
             self._append(seq, tok, lp, top, self.policy_version, outputs)
+
+    def _speculative_step(self, batch, t0: float, outputs: list[StepOutput]) -> None:
+        """A decode step that verifies drafted tokens (``speculate.py``): each sequence gains
+        its kept drafts and one sampled token, reported as one ``StepOutput``."""
+        try:
+            results = self.speculator.run(self.runner, self.blocks, batch, self.max_model_len)
+        except BaseException:
+            self.blocks.invalidate()
+            raise
+        self._counts["decode_seconds"] += time.perf_counter() - t0
+        self._counts["steps"] += 1
+        for seq, (tokens, logprobs, tops) in zip(batch.seqs, results):
+            mark = len(outputs)
+            for tok, lp, top in zip(tokens, logprobs, tops):
+                seq.num_computed += 1  # the token before this one (last sampled, then each kept draft)
+                self.blocks.publish(seq)
+                self._append(seq, tok, lp, top, self.policy_version, outputs)
+                if seq.status is not Status.RUNNING:
+                    break  # a stop inside the kept drafts: the rest is not the sequence's
+            if len(outputs) - mark > 1:  # one StepOutput per sequence and step
+                mine = outputs[mark:]
+                del outputs[mark:]
+                tops_out = [t for o in mine for t in o.new_top_logprobs] if mine[0].new_top_logprobs else None
+                outputs.append(StepOutput(seq.request_id, [t for o in mine for t in o.new_token_ids],
+                                          [x for o in mine for x in o.new_logprobs], mine[-1].finished,
+                                          mine[-1].finish_reason, tops_out))
 
     def _append(self, seq: Sequence, tok: int, lp: float, top, version: int, outputs: list[StepOutput]) -> None:
         """Add a sampled token to ``seq``, finish it if it stops, and report it."""
@@ -459,6 +495,7 @@ class Engine:
             "gemv_batch1": bool(self.runner.gemv),
             "moe_experts": ("grouped_mm" if self.model.grouped_mm else "loop") if cfg.sparse_layers else None,
             "pdl": self.runner.pdl,
+            **(self.speculator.stats() if self.speculator is not None else {}),
             "capture_b1_ms": dict(self.runner.capture_ms),
             "gemv_plan": {k: ",".join(map(str, v)) if v else "cublas" for k, v in (self.model.gemv_plan or {}).items()},
             **self._counts,

@@ -68,6 +68,7 @@ from opencomposer.inference.prefill_layout import (
     bucket_of,
     bucket_variants,
     prefill_buckets,
+    prefill_inputs,
     tiles_in_bucket,
 )
 from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
@@ -175,31 +176,33 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ prefill
 
-    def _prefill_inputs(self, batch: ScheduledBatch
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[tuple]]:
-        """The step's token ids, positions and KV slots (int64 arrays), the row of each sampling
-        sequence's last token, and per sequence ``(start row, new tokens, cached tokens, block
-        table up to its last token as an int64 array)``: what both prefill paths feed the model.
-        Built with numpy per sequence, not per token (a turn's ~200 new tokens cost ~30 us as
-        Python lists)."""
-        ids, pos, slots, last, spans = [], [], [], [], []
-        bs = self.block_size
-        start = 0
-        for i, (seq, n) in enumerate(zip(batch.seqs, batch.chunks)):
-            c = seq.num_computed
-            table = np.fromiter(seq.block_table, np.int64, -(-(c + n) // bs))  # its first blocks, up to token c + n
-            p = np.arange(c, c + n, dtype=np.int64)
-            ids.append(np.fromiter(seq.token_ids[c:c + n], np.int64, n))
-            pos.append(p)
-            slots.append(kv_slots(table, p, bs))
-            spans.append((start, n, c, table))
-            start += n
-            if batch.samples(i):
-                last.append(start - 1)
-        return _cat(ids), _cat(pos), _cat(slots), last, spans
+    def _prefill_inputs(self, batch: ScheduledBatch) -> tuple:
+        return prefill_inputs(batch, self.block_size)
 
     def _prefill(self, batch: ScheduledBatch) -> torch.Tensor:
-        ids, pos, slots, last, spans = self._prefill_inputs(batch)
+        inputs = self._prefill_inputs(batch)
+        return self.model.logits(self._torch_hidden(inputs)[_to(inputs[3], self.device)])
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: ScheduledBatch) -> torch.Tensor:
+        """The final hidden state of every new token of a prefill-shaped ``batch`` (cached
+        prefixes allowed): speculative decoding's verification step (``speculate.py``), which
+        reads logits at every row, not only the last. A prefill graph's replay where one holds
+        the step (its ``hidden`` buffer: valid until the next prefill step), else eager."""
+        self.release(batch.seqs)
+        inputs = self._prefill_inputs(batch)
+        if self.triton:
+            bucket = self.prefill_bucket(len(inputs[0]), len(batch.seqs))
+            if bucket in self.prefill_graphs:  # the step's graph also keeps every row's hidden state
+                self._prefill_replay(bucket, batch, inputs)
+                return self._pstatic["hidden"][:len(inputs[0])]
+            with _pdl(self.pdl):
+                return self._triton_hidden(inputs)
+        with attention_backends():
+            return self._torch_hidden(inputs)
+
+    def _torch_hidden(self, inputs: tuple) -> torch.Tensor:
+        ids, pos, slots, _, spans = inputs
         dev = self.device
         fresh = [(start, n) for start, n, c, _ in spans if c == 0]
         cached = [PrefillSeq(q_start=start, q_len=n, ctx_len=c + n, block_table=_to(table, dev))
@@ -213,33 +216,34 @@ class ModelRunner:
             attn.fresh_index = _to(index, dev)
             attn.fresh_valid = torch.tensor(valid).to(dev, non_blocking=True)
             attn.fresh_rows = _to([s + j for s, n in fresh for j in range(n)], dev)
-        hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
-        return self.model.logits(hidden[_to(last, dev)])
+        return self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
 
     def _prefill_triton(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One paged-prefill kernel per layer for every sequence of the step (cached prefix or
         not); a step that a graph holds (at most the largest of ``prefill_buckets`` tokens and
         ``prefill_seqs`` sequences) replays the graph of the next token bucket instead."""
         inputs = self._prefill_inputs(batch)
-        ids, pos, slots, last, spans = inputs
-        start = len(ids)
-        bucket = self.prefill_bucket(start, len(batch.seqs))
+        bucket = self.prefill_bucket(len(inputs[0]), len(batch.seqs))
         if bucket in self.prefill_graphs:
             return self._prefill_replay(bucket, batch, inputs)
+        with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
+            return self.model.logits(self._triton_hidden(inputs)[_to(inputs[3], self.device)]), None
+
+    def _triton_hidden(self, inputs: tuple) -> torch.Tensor:
+        """The eager Triton prefill forward of ``_prefill_inputs``' ``inputs``: every row's hidden state."""
+        ids, pos, slots, _, spans = inputs
         tables = [sp[3] for sp in spans]
         padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
         for row, table in zip(padded, tables):
             row[:len(table)] = table
-        tile = self._tile(start, max(c + n for _, n, c, _ in spans))
+        tile = self._tile(len(ids), max(c + n for _, n, c, _ in spans))
         tiles, seqs = self._tiles(spans, tile.rows)
         dev = self.device
-        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=start, kv_written=True,
+        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=len(ids), kv_written=True,
                               prefill_tables=_to(padded, dev),
                               prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_tile=tile,
                               prefill_splits=self._splits(len(tiles[0]), max(seqs[2])))
-        with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
-            hidden = self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
-            return self.model.logits(hidden[_to(last, dev)]), None
+        return self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
 
     def prefill_bucket(self, tokens: int, seqs: int = 1) -> int | None:
         """The token bucket of the graph a prefill step of ``tokens`` tokens and ``seqs``
@@ -294,6 +298,8 @@ class ModelRunner:
         flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
         self._pstatic = {"flat": flat, "views": lay.views(flat),
                          "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
+                         # every row's hidden state, for speculative decoding's verify steps
+                         "hidden": torch.zeros(buckets[-1], self.model.cfg.hidden_size, dtype=self.dtype, device=dev),
                          "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
                          "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
         # every graph's kernel variants compiled at once, nothing of them run (one layer: the
@@ -310,7 +316,9 @@ class ModelRunner:
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self._pool):
-                    st["logits"][:] = self._prefill_graph_forward(t, variant)
+                    hidden = self._prefill_graph_forward(t, variant)
+                    st["hidden"][:t] = hidden
+                    st["logits"][:] = self.model.logits(hidden[st["views"]["last"]])
                     st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
                 self._pool = g.pool()
                 self.prefill_graphs.setdefault(t, {})[variant] = g
@@ -342,8 +350,7 @@ class ModelRunner:
         attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
                               prefill_tables=v["tables"], prefill_seqs=v["seqs"],
                               prefill_tiles=tiles, prefill_tile=tile, prefill_splits=splits)
-        hidden = self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
-        return self.model.logits(hidden[v["last"]])
+        return self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
 
     # ------------------------------------------------------------------ decode
 
@@ -576,10 +583,6 @@ def _set_sample_in(static: dict, seqs: list) -> None:
     if key != static.get("sample_key"):
         static["sample_in"][:, :len(seqs)].copy_(torch.tensor(how, dtype=torch.float32), non_blocking=True)
         static["sample_key"] = key
-
-
-def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _to(values: list, device: torch.device) -> torch.Tensor:

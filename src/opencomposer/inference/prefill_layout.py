@@ -1,6 +1,7 @@
-"""The prefill CUDA graphs' host side: which steps a graph holds (token buckets up to 4,096
-tokens and ``PREFILL_GRAPH_SEQS`` sequences, capped by the step budget) and ``PrefillLayout``,
-where each graph input sits in the one int64 buffer a step's inputs travel in.
+"""The prefill steps' host side: ``prefill_inputs`` (a step's token ids, positions, slots and
+spans, for every prefill path); for the CUDA graphs, which steps a graph holds (token buckets
+up to 4,096 tokens and ``PREFILL_GRAPH_SEQS`` sequences, capped by the step budget) and
+``PrefillLayout``, where each graph input sits in the one int64 buffer a step's inputs travel in.
 
 ``ModelRunner`` captures and replays the graphs; this module is numpy and plain Python, so
 the host work of a prefill step is tested and timed on the CPU
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from opencomposer.inference.block_manager import kv_slots
 
 # prefill steps of at most this many tokens (and sequences) replay a CUDA graph (Triton path):
 # 32-token buckets up to 256, then 64, 128 and 256 (padding costs at most ~15% of a step's work).
@@ -107,3 +110,30 @@ class PrefillLayout:
         v["seqs"][:, :len(seqs[0])] = seqs
         v["tiles"][:, :len(tiles[0])] = tiles
         v["last"][:len(last)] = last
+
+
+def prefill_inputs(batch, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[tuple]]:
+    """A prefill step's (``ScheduledBatch``) token ids, positions and KV slots (int64 arrays),
+    the row of each sampling sequence's last token, and per sequence ``(start row, new tokens, cached tokens, block
+    table up to its last token as an int64 array)``: what both prefill paths feed the model.
+    Built with numpy per sequence, not per token (a turn's ~200 new tokens cost ~30 us as
+    Python lists)."""
+    ids, pos, slots, last, spans = [], [], [], [], []
+    bs = block_size
+    start = 0
+    for i, (seq, n) in enumerate(zip(batch.seqs, batch.chunks)):
+        c = seq.num_computed
+        table = np.fromiter(seq.block_table, np.int64, -(-(c + n) // bs))  # its first blocks, up to token c + n
+        p = np.arange(c, c + n, dtype=np.int64)
+        ids.append(np.fromiter(seq.token_ids[c:c + n], np.int64, n))
+        pos.append(p)
+        slots.append(kv_slots(table, p, bs))
+        spans.append((start, n, c, table))
+        start += n
+        if batch.samples(i):
+            last.append(start - 1)
+    return _cat(ids), _cat(pos), _cat(slots), last, spans
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -7,7 +7,7 @@ what the trainer computes (``rl/loss.py``: ``log_softmax(logits.float() / temper
 so importance ratios compare like with like. (With top_p = 1 and top_k = 0, the default
 for RL rollouts, it is also the log-probability of the distribution sampled from.)
 
-Sampling inverts each row's cumulative distribution at one uniform number (``_draw``): a draw
+Sampling inverts each row's cumulative distribution at one uniform number (``draw``): a draw
 from ``p``, with one random number a row where the exponential race ``argmax(p / E)`` took
 one per vocabulary entry (SmolLM2's 49,152 at batch 8: 13 -> 3.5 ms a step on the 2-core
 VM; the GPU graphs use the fused race of ``triton_sample.py``). Rows with a ``seed`` take
@@ -49,7 +49,7 @@ def sample_plain(logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     scaled = logits / inputs[0][:, None]
     weights = (scaled - scaled.max(dim=-1, keepdim=True).values).exp_()  # p up to a factor per row
-    drawn = _draw(weights, torch.rand(scaled.shape[0], dtype=torch.float64, device=scaled.device))
+    drawn = draw(weights, torch.rand(scaled.shape[0], dtype=torch.float64, device=scaled.device))
     tokens = torch.where(inputs[1] > 0.5, logits.argmax(dim=-1), drawn)
     chosen = scaled.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
     return torch.stack([tokens.double(), chosen.double()])
@@ -73,12 +73,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
     if all(greedy):
         tokens = logits.argmax(dim=-1)
     else:
-        probs = _truncate(logprobs, params).exp()
-        u = torch.rand(len(seqs), dtype=torch.float64, device=dev)
-        for i, s in enumerate(seqs):  # seeded rows draw from their own generator
-            if s.generator is not None and not greedy[i]:
-                u[i:i + 1] = torch.rand(1, dtype=torch.float64, generator=s.generator, device=dev)
-        tokens = _draw(probs, u)
+        probs = truncate(logprobs, params).exp()
+        tokens = draw(probs, uniforms(seqs, 1, dev)[:, 0])
         if any(greedy):
             tokens = torch.where(_host(greedy, dev, torch.bool), logits.argmax(dim=-1), tokens)
     chosen = logprobs.gather(1, tokens[:, None])[:, 0]
@@ -96,7 +92,17 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
     return [int(t) for t in out[0]], out[1], tops
 
 
-def _draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def uniforms(seqs: list[Sequence], n: int, device: torch.device) -> torch.Tensor:
+    """[len(seqs), n] uniform fp64 numbers in [0, 1); a row whose request has a ``seed`` draws
+    them from its own generator (its output does not depend on the rest of the batch)."""
+    u = torch.rand(len(seqs), n, dtype=torch.float64, device=device)
+    for i, s in enumerate(seqs):
+        if s.generator is not None:
+            u[i] = torch.rand(n, dtype=torch.float64, generator=s.generator, device=device)
+    return u
+
+
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of ``weights`` [B, V] (>= 0, proportional to the probabilities) from
     a uniform ``u`` [B] in [0, 1): the first token whose cumulative weight passes ``u`` x the
     row's total (zero-weight tokens never). Summed in fp64: in fp32 a token of less than ~6e-8
@@ -110,7 +116,7 @@ def _host(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tenso
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
-def _truncate(logprobs: torch.Tensor, params: list) -> torch.Tensor:
+def truncate(logprobs: torch.Tensor, params: list) -> torch.Tensor:
     """Set to -inf what top-k / top-p leave out (per row); rows with neither are untouched."""
     ks = [p.top_k for p in params]
     ps = [p.top_p for p in params]

@@ -66,6 +66,10 @@ class Sequence:
         self.logprobs: list[float] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []  # per generated token, when asked for
         self.versions: list[int] = []
+        # speculative decoding (``speculate.py``): tokens drafted after the last one, and the
+        # head's distributions [k, V] they were drawn from (None for a greedy request)
+        self.draft: list[int] = []
+        self.draft_q: torch.Tensor | None = None
         self.routes: torch.Tensor | None = None  # MoE: set when finished (``moe.read_routes``)
         self.finish_reason: str | None = None
         self.text = ""                 # final text, set when finished

@@ -88,6 +88,9 @@ class ServeConfig:
     # weight sync (``sync/``): follow a trainer's store, applying each new version in flight
     weights_from: str | None = None  # a directory, file:///path or s3://bucket/prefix
     weights_poll_s: float = 1.0
+    # speculative decoding (``speculate.py``): an MTP head directory (``opencomposer train-mtp``)
+    draft: str | None = None
+    num_draft: int = 3
 
 
 class HTTPError(Exception):
@@ -468,9 +471,11 @@ def build_server(cfg: ServeConfig) -> OpenAIServer:
     try:
         engine = Engine.from_name(cfg.model, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
                                   kv_blocks=cfg.kv_blocks, kv_memory_fraction=cfg.kv_memory_fraction,
-                                  max_num_batched_tokens=cfg.max_num_batched_tokens, device=cfg.device, dtype=dtype)
+                                  max_num_batched_tokens=cfg.max_num_batched_tokens, device=cfg.device, dtype=dtype,
+                                  draft=cfg.draft, num_draft=cfg.num_draft)
     except ValueError as e:  # limits the engine cannot meet, e.g. a context longer than the model's
-        raise ConfigError(f"serve --model {cfg.model}: {e}") from None
+        draft = f" --draft {cfg.draft}" if cfg.draft else ""
+        raise ConfigError(f"serve --model {cfg.model}{draft}: {e}") from None
     follower = None
     if cfg.weights_from:
         from opencomposer.sync.store import StoreError, open_store

@@ -89,7 +89,7 @@ def run_sft(
     batches_per_epoch = -(-len(samples) // batch_size)
     losses: list[float] = []
     tokens, t0 = 0.0, time.perf_counter()
-    with _progress(progress) as bar:
+    with progress_bar(progress) as bar:
         task = bar.add_task("sft", total=epochs * batches_per_epoch, loss=float("nan")) if bar else None
         for _ in range(epochs):
             order = samples[:]
@@ -113,7 +113,7 @@ def run_sft(
     return result
 
 
-def _progress(enabled: bool) -> Any:
+def progress_bar(enabled: bool) -> Any:
     """A rich progress bar showing the last loss, or a null context when disabled."""
     if not enabled:
         return contextlib.nullcontext(None)

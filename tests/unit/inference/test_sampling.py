@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from opencomposer.inference.sampler import _draw, plain_inputs, sample, sample_plain
+from opencomposer.inference.sampler import draw, plain_inputs, sample, sample_plain
 from opencomposer.inference.sequence import SamplingParams, Sequence
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0, 0.5])
@@ -62,8 +62,8 @@ def test_truncated_and_seeded_rows():
 
 def test_draw_never_picks_zero_weight_and_reaches_a_sliver_late_in_a_large_vocabulary():
     w = torch.tensor([[0.0, 3.0, 0.0, 1.0, 0.0]] * 3)
-    assert _draw(w, torch.tensor([0.0, 0.74, 0.999999])).tolist() == [1, 1, 3]
-    assert _draw(w, torch.tensor([0.75])[:1].expand(3)).tolist() == [3, 3, 3]
+    assert draw(w, torch.tensor([0.0, 0.74, 0.999999])).tolist() == [1, 1, 3]
+    assert draw(w, torch.tensor([0.75])[:1].expand(3)).tolist() == [3, 3, 3]
     # 150,000 tokens; token 100,000 holds 1e-9 of the mass: a uniform inside its share must
     # give it (summed in fp32, the running total near 0.67 moves in steps of ~6e-8 and skips it)
     n, k, sliver = 150_000, 100_000, 1e-9
@@ -71,5 +71,5 @@ def test_draw_never_picks_zero_weight_and_reaches_a_sliver_late_in_a_large_vocab
     big[0, k] = sliver
     w = big.double()
     before, total = w[0, :k].sum().item(), w.sum().item()
-    assert _draw(big, torch.tensor([(before + sliver / 2) / total], dtype=torch.float64)).item() == k
-    assert _draw(big, torch.tensor([(before + 2 * sliver) / total], dtype=torch.float64)).item() == k + 1
+    assert draw(big, torch.tensor([(before + sliver / 2) / total], dtype=torch.float64)).item() == k
+    assert draw(big, torch.tensor([(before + 2 * sliver) / total], dtype=torch.float64)).item() == k + 1
