@@ -37,7 +37,7 @@ class _Oracle(Speculator):
 
     answers: dict = {}
 
-    def _draft(self, seqs, hidden, new):
+    def _store(self, seqs, drafts, q, new):
         for s, n in zip(seqs, new):
             truth = self.answers[tuple(s.token_ids[:s.num_prompt])]
             done = len(s.completion_ids) + len(n)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from opencomposer.cli.common import emit, err, fail
+from opencomposer.cli.common import emit, err, fail, known_errors
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure components on this machine.")
 
@@ -152,6 +152,45 @@ def bench_sync(
         fail(ValueError(f"--lrs / --batch: expected numbers like 1e-6,1e-5 and 4x512, got {lrs!r}, {batch!r}"))
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     emit(run(shape, dev, rates, steps, b, s, decode_batch, level, log=lambda m: err.print(m, highlight=False)))
+
+
+@bench_app.command("spec")
+def bench_spec(
+    head: Optional[str] = typer.Option(None, help="an MTP head of --model (from `opencomposer train-mtp`)"),
+    model: str = typer.Option("smollm2-135m", help="the base model the head drafts for"),
+    shape: Optional[str] = typer.Option(None, help="instead: a random model of a bench-engine shape (step costs only)"),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
+    num_draft: str = typer.Option("1,2,3,4", help="tokens drafted per step, one speculative engine each"),
+    batches: str = typer.Option("1,8", help="sequences decoded together"),
+    temperatures: str = typer.Option("0,1", help="0 = greedy"),
+    prompts: int = typer.Option(8, min=1, help="prompts (the first tokens of held-out source files)"),
+    prompt_len: int = typer.Option(128, min=1),
+    max_tokens: int = typer.Option(96, min=2),
+    source: Optional[str] = typer.Option(None, help="prompts from this directory's .py files (default: the stdlib)"),
+) -> None:
+    """Speculative decoding with an MTP head against plain decoding: tokens/s, tokens a step, share of drafts kept."""
+    import torch
+
+    from opencomposer.inference.bench import SHAPES
+    from opencomposer.inference.bench_spec import run
+    from opencomposer.models.mtp import MTPError
+
+    if shape is not None and shape not in SHAPES:
+        fail(ValueError(f"--shape: unknown shape {shape!r}; expected one of {','.join(sorted(SHAPES))}"))
+    try:
+        ks = tuple(int(x) for x in num_draft.split(","))
+        bs = tuple(int(x) for x in batches.split(","))
+        ts = tuple(float(x) for x in temperatures.split(","))
+    except ValueError:
+        fail(ValueError(f"--num-draft / --batches / --temperatures: expected comma-separated numbers, got "
+                        f"{num_draft!r}, {batches!r}, {temperatures!r}"))
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        res = run(model, head, shape, dev, "bfloat16" if dev == "cuda" else "float32", ks, bs, ts, prompts,
+                  prompt_len, max_tokens, source)
+    except (*known_errors(), MTPError, ValueError) as e:
+        fail(e)
+    emit(res)
 
 
 # --------------------------------------------------------------------------- eval

@@ -71,7 +71,8 @@ class Speculator:
     def run(self, runner, blocks: BlockManager, batch: ScheduledBatch, max_model_len: int) -> list[Result]:
         """Verify ``batch``'s decode rows with their drafts; returns each sequence's new tokens
         (kept drafts, then one sampled token); the first ``len(tokens)`` of the step's positions
-        (its last sampled token's and the kept drafts') have K/V in the cache. Drafts the next ones."""
+        (its last sampled token's and the kept drafts') have K/V in the cache. Drafts the next
+        ones. Everything stays on the device until one read of the results at the end."""
         seqs = batch.seqs
         drafts = [self._room(s, blocks, max_model_len) for s in seqs]
         lens = [len(s) for s in seqs]
@@ -83,16 +84,32 @@ class Speculator:
             for s, n in zip(seqs, lens):
                 del s.token_ids[n:]
         logits = self.model.logits(hidden).float()
-        results, rows, start = [], [], 0
-        for s, d in zip(seqs, drafts):
-            res = _accept(logits[start:start + 1 + len(d)], d, s)
-            results.append(res)
-            rows.append(start + len(res[0]) - 1)  # the row whose logits gave its last token
-            start += 1 + len(d)
+        starts = torch.tensor([0] + [1 + len(d) for d in drafts[:-1]]).cumsum(0).to(hidden.device)
+        n_keep, tokens, logprobs, tops = _accept(logits, starts, drafts, seqs)
+        # the next drafts start from the row that gave each sequence's last token, and that token
+        nxt, q = self._draft(seqs, hidden[starts + n_keep], tokens.gather(1, n_keep[:, None])[:, 0])
+        parts = [n_keep[:, None].double(), tokens.double(), logprobs.double(), nxt.double()]
+        if tops is not None:
+            parts += [tops[0].flatten(1).double(), tops[1].flatten(1).double()]
+        host = torch.cat(parts, 1).tolist()  # the step's one device -> host read
+        results, new = [], []
+        width = tokens.shape[1]
+        for i, (s, d, row) in enumerate(zip(seqs, drafts, host)):
+            n = int(row[0]) + 1
+            toks = [int(t) for t in row[1:1 + n]]
+            lps = row[1 + width:1 + width + n]
+            top_n = s.params.top_logprobs
+            if tops is not None and top_n:
+                ids, vals = _unflat(row, 1 + 2 * width + self.k, width, tops[0].shape[2])
+                top = [[(int(ids[j][m]), vals[j][m]) for m in range(min(top_n, len(ids[j])))] for j in range(n)]
+            else:
+                top = [None] * n
+            results.append((toks, lps, top))
+            new.append(toks)
             self.counts["spec_draft_tokens"] += len(d)
-            self.counts["spec_accepted_tokens"] += len(res[0]) - 1
+            self.counts["spec_accepted_tokens"] += n - 1
         self.counts["spec_steps"] += 1
-        self._draft(seqs, hidden[torch.tensor(rows, device=hidden.device)], [r[0] for r in results])
+        self._store(seqs, [[int(t) for t in row[1 + 2 * width:1 + 2 * width + self.k]] for row in host], q, new)
         return results
 
     def _room(self, s: Sequence, blocks: BlockManager, max_model_len: int) -> list[int]:
@@ -104,16 +121,17 @@ class Speculator:
             blocks.append_slot(s, len(s.block_table) * bs + 1)
         return s.draft[:max(0, min(k, len(s.block_table) * bs - len(s)))]
 
-    def _draft(self, seqs: list[Sequence], hidden: torch.Tensor, new: list[list[int]]) -> None:
-        """Chain the head ``k`` times from each sequence's ``hidden`` row and the last of its
-        ``new`` tokens (this step's, not yet appended to the sequence). Drafts come from the
-        head's draft vocabulary (``MTPHead.draft_vocab``); ``q`` is kept over the whole one."""
+    def _draft(self, seqs: list[Sequence], hidden: torch.Tensor, last: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Chain the head ``k`` times from each sequence's ``hidden`` row and ``last`` token:
+        [B, k] drafted ids, and [B, k, V] the distributions they were drawn from (zero outside
+        the head's draft vocabulary, ``MTPHead.draft_vocab``; None if every request is greedy)."""
         dev = hidden.device
-        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=dev)[:, None]
-        greedy = torch.tensor([s.params.temperature == 0 for s in seqs], device=dev)
+        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs]).to(dev)[:, None]
+        greedy = torch.tensor([s.params.temperature == 0 for s in seqs]).to(dev)
         params = [s.params for s in seqs]
         embed, vocab, rows = self.model.model.embed_tokens, self.head.draft_vocab, self._rows()
-        h, tok = hidden, torch.tensor([n[-1] for n in new], device=dev)
+        h, tok = hidden, last
         toks, qs = [], []
         for _ in range(self.k):
             h = self.head(h, embed(tok))
@@ -123,16 +141,19 @@ class Speculator:
             tok = vocab[pick]
             toks.append(tok)
             qs.append(q)
-        table = torch.stack(toks, 1).tolist()
-        sampled = [i for i, s in enumerate(seqs) if s.params.temperature != 0]
-        if sampled:  # q over the whole vocabulary, zero outside the draft vocabulary
-            q_sub = torch.stack(qs, 1)[sampled]  # [S, k, N]
-            q_all = q_sub.new_zeros(*q_sub.shape[:2], self.model.cfg.vocab_size)
-            q_all[..., vocab] = q_sub
-        where = {i: j for j, i in enumerate(sampled)}
+        if all(s.params.temperature == 0 for s in seqs):
+            return torch.stack(toks, 1), None
+        q_sub = torch.stack(qs, 1)  # [B, k, N]
+        q_all = q_sub.new_zeros(*q_sub.shape[:2], self.model.cfg.vocab_size)
+        q_all[..., vocab] = q_sub
+        return torch.stack(toks, 1), q_all
+
+    def _store(self, seqs: list[Sequence], drafts: list[list[int]], q: torch.Tensor | None,
+               new: list[list[int]]) -> None:
+        """Keep each sequence's next drafts (``new``: this step's tokens, not yet appended)."""
         for i, s in enumerate(seqs):
-            s.draft = [int(t) for t in table[i]]
-            s.draft_q = q_all[where[i]] if i in where else None
+            s.draft = drafts[i]
+            s.draft_q = None if q is None or s.params.temperature == 0 else q[i]
 
     def _rows(self) -> torch.Tensor:
         """``lm_head``'s rows of the draft vocabulary, gathered again after the weights change."""
@@ -143,33 +164,54 @@ class Speculator:
         return self._cached[1]
 
 
-def _accept(logits: torch.Tensor, draft: list[int], s: Sequence) -> Result:
-    """``logits`` [k + 1, V]: the model's at the last sampled token and each draft."""
-    k, p_ = len(draft), s.params
-    dev = logits.device
-    logprobs = (logits / (p_.temperature or 1.0)).log_softmax(-1)
-    d = torch.tensor(draft, dtype=torch.long, device=dev)
-    ar = torch.arange(k + 1, device=dev)
-    if p_.temperature == 0:
-        picks = logits.argmax(-1)  # the model's token at every row
-        keep = picks[:k] == d
-    else:
-        p = truncate(logprobs, [p_] * (k + 1)).exp()
-        u = uniforms([s], 2 * k + 1, dev)[0]
-        q = s.draft_q[:k] if k else p[:0]
-        keep = u[:k] * q[ar[:k], d] < p[ar[:k], d]  # accept with probability min(1, p / q)
-        residual = torch.cat([(p[:k] - q).clamp_(min=0), p[k:]])  # a rejection's distribution; the bonus row's p
+def _accept(logits: torch.Tensor, starts: torch.Tensor, drafts: list[list[int]], seqs: list[Sequence]):
+    """Every sequence's accept / reject at once. ``logits`` [N, V]: the model's at each
+    sequence's last sampled token and its drafts (rows ``starts[i]`` on). Returns, on the
+    device: kept drafts per sequence [B], its new tokens [B, K + 1] (kept drafts, then the
+    sampled one; padding after), their logprobs [B, K + 1], and top logprobs (ids, values
+    [B, K + 1, n]) when a request asked for them."""
+    dev, vocab = logits.device, logits.shape[-1]
+    b, k = len(seqs), max(len(d) for d in drafts)
+    lens = torch.tensor([len(d) for d in drafts]).to(dev)
+    cols = torch.arange(k + 1, device=dev)
+    rows = starts[:, None] + torch.minimum(cols[None, :], lens[:, None])  # padding repeats the last row
+    view = logits[rows]  # [B, K + 1, V]
+    temps = torch.tensor([s.params.temperature or 1.0 for s in seqs]).to(dev)
+    greedy = torch.tensor([s.params.temperature == 0 for s in seqs]).to(dev)
+    logprobs = (view / temps[:, None, None]).log_softmax(-1)
+    d = torch.tensor([x + [0] * (k - len(x)) for x in drafts], dtype=torch.long).to(dev).view(b, k)
+    valid = cols[None, :k] < lens[:, None]
+    picks = view.argmax(-1)
+    keep = (picks[:, :k] == d) & valid
+    if not all(s.params.temperature == 0 for s in seqs):
+        params = [s.params for s in seqs for _ in range(k + 1)]
+        p = truncate(logprobs.reshape(-1, vocab), params).exp().view(b, k + 1, vocab)
+        q = torch.zeros(b, k, vocab, device=dev)
+        for i, s in enumerate(seqs):  # a draft's distribution; zero rows where there is none
+            if s.draft_q is not None and drafts[i]:
+                q[i, :len(drafts[i])] = s.draft_q[:len(drafts[i])]
+        u = uniforms(seqs, 2 * k + 1, dev)
+        at = (torch.arange(b, device=dev)[:, None], cols[None, :k], d)
+        kept_s = (u[:, :k] * q[at] < p[at]) & valid  # keep with probability min(1, p / q)
+        residual = torch.cat([(p[:, :k] - q).clamp_(min=0), p[:, k:]], 1)  # a rejection's; the bonus row's p
         empty = residual.sum(-1, keepdim=True) <= 0  # p == q there: no rejection can happen
-        picks = draw(torch.where(empty, p, residual), u[k:])
-    n_keep = int(keep.long().cumprod(0).sum()) if k else 0
-    tokens = torch.cat([d[:n_keep], picks[n_keep:n_keep + 1]])
-    rows = [tokens, logprobs[ar[:n_keep + 1], tokens]]
-    top_n = min(p_.top_logprobs, logprobs.shape[-1])
+        drawn = draw(torch.where(empty, p, residual).view(-1, vocab), u[:, k:].reshape(-1)).view(b, k + 1)
+        picks = torch.where(greedy[:, None], picks, drawn)
+        keep = torch.where(greedy[:, None], keep, kept_s)
+    n_keep = keep.long().cumprod(1).sum(1)
+    padded = torch.cat([d, d.new_zeros(b, 1)], 1)
+    tokens = torch.where(cols[None, :] < n_keep[:, None], padded, picks)
+    chosen = logprobs.gather(2, tokens[..., None])[..., 0]
+    top_n = min(max(s.params.top_logprobs for s in seqs), vocab)
+    tops = None
     if top_n:
-        values, ids = logprobs[:n_keep + 1].topk(top_n, dim=-1)
-        rows += [ids.T.double(), values.T.double()]
-    out = torch.cat([r.double().reshape(-1, n_keep + 1) for r in rows]).tolist()
-    toks, lps = [int(t) for t in out[0]], out[1]
-    tops = [[(int(out[2 + j][i]), out[2 + top_n + j][i]) for j in range(top_n)] for i in range(n_keep + 1)] \
-        if top_n else [None] * (n_keep + 1)
-    return toks, lps, tops
+        values, ids = logprobs.topk(top_n, dim=-1)
+        tops = (ids, values)
+    return n_keep, tokens, chosen, tops
+
+
+def _unflat(row: list, at: int, width: int, n: int) -> tuple[list, list]:
+    """Top-logprob ids and values of one sequence from its flattened host row."""
+    ids = [row[at + j * n:at + (j + 1) * n] for j in range(width)]
+    vals = [row[at + width * n + j * n:at + width * n + (j + 1) * n] for j in range(width)]
+    return ids, vals

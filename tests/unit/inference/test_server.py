@@ -98,6 +98,7 @@ def srv(tmp_path_factory):
     train_tool_caller(model_dir)
     s = Running(ServeConfig(model=str(model_dir), served_model_name=MODEL, max_num_seqs=8, max_pending=32,
                             max_model_len=MAX_LEN, default_max_tokens=48))
+    s.model_dir = model_dir
     yield s
     s.close()
 
@@ -362,3 +363,30 @@ def test_engine_settings_reach_the_engine_and_bad_ones_are_config_errors():
         server.loop.stop()
     with pytest.raises(ConfigError, match=r"serve --model tiny-random: kv_blocks=1 cannot hold one sequence"):
         build_server(ServeConfig(model="tiny-random", max_model_len=64, kv_blocks=1))
+
+
+def test_speculative_serving_answers_as_plain_serving(srv, client, tmp_path):
+    """``serve --draft HEAD``: the same greedy answers (the tool call included), drafts verified."""
+    from opencomposer.config import ConfigError
+    from opencomposer.models import load_model
+    from opencomposer.train.mtp import head_for
+
+    head_for(load_model(str(srv.model_dir))[0]).save(tmp_path / "head")
+    spec = Running(ServeConfig(model=str(srv.model_dir), served_model_name=MODEL, max_num_seqs=4, max_pending=8,
+                               max_model_len=MAX_LEN, default_max_tokens=24, draft=str(tmp_path / "head"), num_draft=3))
+    try:
+        other = openai.OpenAI(base_url=spec.url, api_key="sk-none", max_retries=0, timeout=60)
+        for kw in ({"messages": ASK, "tools": [READ_FILE]}, {"messages": [{"role": "user", "content": "Hello"}]}):
+            a = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=24, **kw).choices[0]
+            b = other.chat.completions.create(model=MODEL, temperature=0, max_tokens=24, **kw).choices[0]
+            assert (b.message.content, b.finish_reason) == (a.message.content, a.finish_reason)
+            assert [t.function.model_dump() for t in b.message.tool_calls or []] == \
+                [t.function.model_dump() for t in a.message.tool_calls or []]
+        assert a.message.content  # the second prompt answered in text
+        m = spec.metrics()["engine"]
+        assert m["spec_steps"] > 0 and m["spec_num_draft"] == 3
+        no_leaks(spec)
+    finally:
+        spec.close()
+    with pytest.raises(ConfigError, match="--draft .*missing.*mtp.json: no such file"):
+        build_server(ServeConfig(model=str(srv.model_dir), draft=str(tmp_path / "missing")))

@@ -29,14 +29,14 @@ def _head(hf, seed: int = 0) -> MTPHead:
 
 
 class _Oracle(Speculator):
-    """A drafter that knows plain decoding's answer (a test double for the head): it drafts
+    """A drafter that knows greedy decoding's answer (a test double for the head): it drafts
     the true next tokens, but spoils one in three, so steps keep 0..k drafts."""
 
     def __init__(self, model, head, k, answers: dict[tuple, list[int]]):
         super().__init__(model, head, k)
         self.answers, self.calls = answers, 0
 
-    def _draft(self, seqs, hidden, new):
+    def _store(self, seqs, drafts, q, new):
         for s, n in zip(seqs, new):
             done = s.completion_ids + n
             truth = next(a for p, a in self.answers.items() if list(p) == s.token_ids[:s.num_prompt])
@@ -44,7 +44,10 @@ class _Oracle(Speculator):
             self.calls += 1
             if self.calls % 3 == 0 and d:
                 d = d[:-1] + [(d[-1] + 1) % 97]
-            s.draft, s.draft_q = d, None
+            # drafts fixed by the context: their distribution is a point mass on each
+            s.draft = d
+            s.draft_q = None if s.params.temperature == 0 else torch.nn.functional.one_hot(
+                torch.tensor(d, dtype=torch.long), 97).float()
 
 
 def _oracle_engine(hf, answers, k=4, max_model_len=128, **kw):
@@ -107,7 +110,9 @@ def test_rejection_sampling_reproduces_the_models_distribution():
     for _ in range(3_000):
         d = [int(torch.multinomial(q[0], 1, generator=g)), int(torch.multinomial(q[1], 1, generator=g))]
         seq.draft_q = q
-        toks, lps, _ = _accept(logits, d, seq)
+        n_keep, tokens, chosen, _ = _accept(logits, torch.tensor([0]), [d], [seq])
+        n = int(n_keep[0]) + 1
+        toks, lps = tokens[0, :n].tolist(), chosen[0, :n].tolist()
         first[toks[0]] += 1
         if len(toks) > 1:
             second[toks[1]] += 1
@@ -161,3 +166,19 @@ def test_bad_speculation_settings_are_named(hf, tmp_path):
     _head(hf).save(tmp_path / "ok")  # a saved head loads and drafts
     engine = Engine(hf, None, max_model_len=64, draft=tmp_path / "ok")
     assert engine.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0))[0].token_ids
+
+
+def test_top_logprobs_of_every_token_of_a_speculative_step(hf, prompts):
+    ps = prompts(2, seed=12)
+    params = [SamplingParams(max_tokens=12, temperature=0.7, top_logprobs=3), SamplingParams(max_tokens=12, temperature=0)]
+    plain = Engine(hf, None, max_model_len=128, block_size=4).generate(ps, SamplingParams(max_tokens=12, temperature=0))
+    engine = _oracle_engine(hf, {tuple(p): c.token_ids for p, c in zip(ps, plain)}, k=3)
+    sampled, greedy = engine.generate(ps, params)
+    assert greedy.token_ids == plain[1].token_ids and greedy.top_logprobs == []
+    with torch.no_grad():
+        logits = hf(torch.tensor([ps[0] + sampled.token_ids])).logits[0, len(ps[0]) - 1:-1].float() / 0.7
+    values, ids = logits.log_softmax(-1).topk(3, dim=-1)
+    assert len(sampled.top_logprobs) == len(sampled.token_ids) == 12
+    for j, top in enumerate(sampled.top_logprobs):
+        assert [t for t, _ in top] == ids[j].tolist()
+        assert [v for _, v in top] == pytest.approx(values[j].tolist(), abs=1e-4)
