@@ -187,6 +187,7 @@ def serve(
     draft: Optional[str] = typer.Option(None, help="speculative decoding with this MTP head (a directory "
                                         "written by `opencomposer train-mtp`)"),
     num_draft: int = typer.Option(3, min=1, max=16, help="tokens the head drafts per step (with --draft)"),
+    spec_max_batch: int = typer.Option(16, min=1, help="with --draft: larger decode batches step plainly"),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
     /v1/feedback and /admin/weights for the real-time loop)."""
@@ -202,7 +203,8 @@ def serve(
                           dtype=dtype, device=device,
                           log_dir=log_dir, log_window_s=parse_duration(log_window, "--log-window"),
                           ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token,
-                          weights_from=weights_from, weights_poll_s=weights_poll, draft=draft, num_draft=num_draft)
+                          weights_from=weights_from, weights_poll_s=weights_poll, draft=draft, num_draft=num_draft,
+                          spec_max_batch=spec_max_batch)
         run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model,
                                                    "log_dir": log_dir, "ab_model": ab_model,
                                                    "weights_from": weights_from}))

@@ -139,7 +139,8 @@ class Engine:
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int | None = None,
                  cuda_graphs: bool | str = True, kernels: str | None = None,
                  kv_memory_fraction: float = 0.8, policy_version: int = 0, gemv: bool | None = None,
-                 pdl: bool | None = None, run_ahead: bool | None = None, draft: Any = None, num_draft: int = 3):
+                 pdl: bool | None = None, run_ahead: bool | None = None, draft: Any = None, num_draft: int = 3,
+                 spec_max_batch: int = 16):
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
         if not 0 < kv_memory_fraction <= 1:
@@ -203,7 +204,7 @@ class Engine:
 
             if run_ahead:
                 raise ValueError("run_ahead=True and draft=: speculative decode steps are not launched ahead")
-            self.speculator, run_ahead = Speculator(self.model, draft, num_draft), False
+            self.speculator, run_ahead = Speculator(self.model, draft, num_draft, spec_max_batch), False
         self.run_ahead = bool(self.runner.graphs) if run_ahead is None else bool(run_ahead)
         if self.run_ahead and not self.runner.graphs:
             raise ValueError("run_ahead=True needs decode graphs: cuda_graphs=True on a CUDA device, "
@@ -286,8 +287,10 @@ class Engine:
                 if batch is None:
                     return outputs
                 if self.speculator is not None and batch.decode:
-                    self._speculative_step(batch, t0, outputs)
-                    return outputs
+                    if self.speculator.wants(batch.seqs):
+                        self._speculative_step(batch, t0, outputs)
+                        return outputs
+                    self.speculator.forget(batch.seqs)  # a plain step moves them past their drafts
                 launch = self.runner.launch_decode(batch) if self.run_ahead and batch.decode else None
                 if launch is None:
                     self._step_now(batch, t0, outputs)

@@ -91,6 +91,7 @@ class ServeConfig:
     # speculative decoding (``speculate.py``): an MTP head directory (``opencomposer train-mtp``)
     draft: str | None = None
     num_draft: int = 3
+    spec_max_batch: int = 16  # larger decode batches step plainly
 
 
 class HTTPError(Exception):
@@ -472,7 +473,7 @@ def build_server(cfg: ServeConfig) -> OpenAIServer:
         engine = Engine.from_name(cfg.model, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
                                   kv_blocks=cfg.kv_blocks, kv_memory_fraction=cfg.kv_memory_fraction,
                                   max_num_batched_tokens=cfg.max_num_batched_tokens, device=cfg.device, dtype=dtype,
-                                  draft=cfg.draft, num_draft=cfg.num_draft)
+                                  draft=cfg.draft, num_draft=cfg.num_draft, spec_max_batch=cfg.spec_max_batch)
     except ValueError as e:  # limits the engine cannot meet, e.g. a context longer than the model's
         draft = f" --draft {cfg.draft}" if cfg.draft else ""
         raise ConfigError(f"serve --model {cfg.model}{draft}: {e}") from None

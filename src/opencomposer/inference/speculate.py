@@ -24,7 +24,9 @@ each kept row: the values plain decoding reports for the same tokens. K/V of rej
 was written to slots past the sequence's end; those slots are overwritten as it grows, and
 only whole computed blocks reach the prefix cache. Drafts take only free KV blocks (fewer
 drafts when there are none), never preempting. A seeded request is reproducible with the
-same ``k`` and head, but draws other numbers than without speculation.
+same ``k`` and head, but draws other numbers than without speculation. Decode batches of
+more than ``max_batch`` sequences step plainly (their drafts dropped): there the GPU is busy
+already and verifying ``k + 1`` tokens a sequence multiplies the work.
 
 Test: ``pytest tests/unit/inference/test_speculate.py``.
 """
@@ -47,9 +49,12 @@ Result = tuple[list[int], list[float], list]  # a sequence's new tokens, their l
 
 
 class Speculator:
-    def __init__(self, model, head: MTPHead | str | Path, k: int = 3):
+    def __init__(self, model, head: MTPHead | str | Path, k: int = 3, max_batch: int = 16):
         if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT:
             raise ValueError(f"num_draft={k!r}: expected an int in [1, {MAX_DRAFT}] (tokens drafted per step)")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"spec_max_batch={max_batch!r}: expected an int >= 1 (larger decode batches step plainly)")
+        self.max_batch = max_batch
         p = next(model.parameters())
         cfg = model.cfg
         if not isinstance(head, MTPHead):
@@ -61,9 +66,19 @@ class Speculator:
         self._cached: tuple | None = None  # (lm_head's identity and version, its draft-vocabulary rows)
         self.counts = {"spec_steps": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
 
+    def wants(self, seqs: list[Sequence]) -> bool:
+        """Speculate for this decode batch? Only up to ``max_batch`` sequences: a larger batch
+        already keeps the GPU busy, and verifying k + 1 tokens a sequence would multiply its work."""
+        return len(seqs) <= self.max_batch
+
+    def forget(self, seqs: list[Sequence]) -> None:
+        """These sequences take a plain step: their drafts no longer follow their last token."""
+        for s in seqs:
+            s.draft, s.draft_q = [], None
+
     def stats(self) -> dict:
         c = self.counts
-        return {**c, "spec_num_draft": self.k,
+        return {**c, "spec_num_draft": self.k, "spec_max_batch": self.max_batch,
                 "spec_acceptance": round(c["spec_accepted_tokens"] / c["spec_draft_tokens"], 4)
                 if c["spec_draft_tokens"] else None}
 

@@ -182,3 +182,22 @@ def test_top_logprobs_of_every_token_of_a_speculative_step(hf, prompts):
     for j, top in enumerate(sampled.top_logprobs):
         assert [t for t, _ in top] == ids[j].tolist()
         assert [v for _, v in top] == pytest.approx(values[j].tolist(), abs=1e-4)
+
+
+def test_batches_over_spec_max_batch_step_plainly(hf, prompts):
+    ps = prompts(4, seed=13)
+    params = SamplingParams(max_tokens=16, temperature=0)
+    base = Engine(hf, None, max_model_len=128, block_size=4)
+    plain = base.generate(ps, params)
+    engine = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=2, spec_max_batch=2)
+    rids = [engine.add_request(p, params) for p in ps[:3]]  # 3 > 2: plain steps ...
+    for _ in range(4):
+        engine.step()
+    assert engine.stats()["spec_steps"] == 0
+    engine.abort(rids[2])  # ... then 2 sequences: speculative steps
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats()["spec_steps"] > 0 and engine.stats()["kv_blocks_used"] == 0
+    assert [engine.completion(r).token_ids for r in rids[:2]] == [c.token_ids for c in plain[:2]]
+    with pytest.raises(ValueError, match="spec_max_batch=0"):
+        Engine(hf, None, max_model_len=64, draft=_head(hf), spec_max_batch=0)
