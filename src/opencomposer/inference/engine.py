@@ -62,6 +62,12 @@ run-ahead, the steps launched ahead and the rows of them dropped (``run_ahead_st
 whose results were used). ``cuda_graphs="eager"`` runs the decode graphs' bodies eagerly on
 their static buffers (CPU tests of the graph and run-ahead paths).
 
+Speculative decoding: ``draft`` (an ``MTPHead`` or its directory, ``models/mtp.py``) with
+``num_draft`` drafted tokens a step; decode batches of up to ``spec_max_batch`` sequences then
+verify each sequence's drafts in one step and keep what rejection sampling accepts
+(``speculate.py``): several tokens a step, each reported in one ``StepOutput`` per sequence,
+outputs distributed exactly as without; ``stats()`` adds ``spec_*`` counts. No run-ahead then.
+
 Test: ``pytest tests/unit/inference``; GPU: ``pytest tests/gpu/test_engine_cuda.py``;
 benchmark: ``opencomposer bench engine``.
 """
