@@ -54,8 +54,9 @@ def test_greedy_speculation_equals_plain_graph_decoding(graphs):
     params = SamplingParams(max_tokens=40, temperature=0)
     plain = Engine(hf, None, max_model_len=256).generate(ps, params)
     head = head_for(hf).cuda()
-    engine = Engine(hf, None, max_model_len=256, draft=head, num_draft=4, cuda_graphs=graphs)
-    oracle = _Oracle(engine.model, engine.speculator.head, 4)
+    engine = Engine(hf, None, max_model_len=256, draft=head, num_draft=4, cuda_graphs=graphs,
+                    spec_max_batch=8)
+    oracle = _Oracle(engine.model, engine.speculator.head, 4, max_batch=8)
     oracle.answers = {tuple(p): c.token_ids for p, c in zip(ps, plain)}
     engine.speculator = oracle
     out = engine.generate(ps, params)
@@ -70,7 +71,7 @@ def test_greedy_speculation_equals_plain_graph_decoding(graphs):
 def test_sampled_speculation_reports_the_models_logprobs_in_bf16():
     hf = _tiny(torch.bfloat16)
     ps = _prompts(4, seed=1)
-    engine = Engine(hf, None, max_model_len=256, draft=head_for(hf).cuda(), num_draft=3)
+    engine = Engine(hf, None, max_model_len=256, draft=head_for(hf).cuda(), num_draft=3, spec_max_batch=8)
     outs = engine.generate(ps, SamplingParams(max_tokens=30, temperature=1.0))
     for p, c in zip(ps, outs):
         with torch.no_grad():

@@ -187,7 +187,7 @@ def serve(
     draft: Optional[str] = typer.Option(None, help="speculative decoding with this MTP head (a directory "
                                         "written by `opencomposer train-mtp`)"),
     num_draft: int = typer.Option(3, min=1, max=16, help="tokens the head drafts per step (with --draft)"),
-    spec_max_batch: int = typer.Option(16, min=1, help="with --draft: larger decode batches step plainly"),
+    spec_max_batch: int = typer.Option(1, min=1, help="with --draft: larger decode batches step plainly (on the 2-core CPU speculation paid at batch 1 only)"),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
     /v1/feedback and /admin/weights for the real-time loop)."""

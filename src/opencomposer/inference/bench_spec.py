@@ -107,7 +107,8 @@ def run(model: str = "smollm2-135m", head: str | None = None, shape: str | None 
     common = {"max_model_len": max_len, "max_num_seqs": max(batches), "device": device, "dtype": dt,
               "kv_blocks": 2 * max(batches) * -(-max_len // 16) + 16}  # several engines share the device
     plain = Engine(hf, tok, **common)
-    speculative = {k: Engine(hf, tok, draft=head_obj, num_draft=k, **common) for k in num_draft}
+    speculative = {k: Engine(hf, tok, draft=head_obj, num_draft=k, spec_max_batch=max(batches), **common)
+                   for k in num_draft}  # speculating at every batch size asked for
     rows = []
     for temp in temperatures:
         params = SamplingParams(max_tokens=max_tokens, temperature=temp)

@@ -146,7 +146,7 @@ class Engine:
                  cuda_graphs: bool | str = True, kernels: str | None = None,
                  kv_memory_fraction: float = 0.8, policy_version: int = 0, gemv: bool | None = None,
                  pdl: bool | None = None, run_ahead: bool | None = None, draft: Any = None, num_draft: int = 3,
-                 spec_max_batch: int = 16):
+                 spec_max_batch: int = 1):
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError(f"need max_num_seqs >= 1 and block_size >= 1; got {max_num_seqs}, {block_size}")
         if not 0 < kv_memory_fraction <= 1:

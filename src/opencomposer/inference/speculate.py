@@ -25,8 +25,10 @@ was written to slots past the sequence's end; those slots are overwritten as it 
 only whole computed blocks reach the prefix cache. Drafts take only free KV blocks (fewer
 drafts when there are none), never preempting. A seeded request is reproducible with the
 same ``k`` and head, but draws other numbers than without speculation. Decode batches of
-more than ``max_batch`` sequences step plainly (their drafts dropped): there the GPU is busy
-already and verifying ``k + 1`` tokens a sequence multiplies the work.
+more than ``max_batch`` sequences step plainly (their drafts dropped): verifying ``k + 1``
+tokens a sequence multiplies a busy step's work. The default, 1, is what was measured to pay
+(the embedded model on the 2-core CPU: 1.07-1.35x at batch 1, 0.42-0.67x at batch 4;
+``benchmarks/RESULTS.md``).
 
 Test: ``pytest tests/unit/inference/test_speculate.py``.
 """
@@ -49,7 +51,7 @@ Result = tuple[list[int], list[float], list]  # a sequence's new tokens, their l
 
 
 class Speculator:
-    def __init__(self, model, head: MTPHead | str | Path, k: int = 3, max_batch: int = 16):
+    def __init__(self, model, head: MTPHead | str | Path, k: int = 3, max_batch: int = 1):
         if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT:
             raise ValueError(f"num_draft={k!r}: expected an int in [1, {MAX_DRAFT}] (tokens drafted per step)")
         if not isinstance(max_batch, int) or max_batch < 1:

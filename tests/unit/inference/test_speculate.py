@@ -33,7 +33,7 @@ class _Oracle(Speculator):
     the true next tokens, but spoils one in three, so steps keep 0..k drafts."""
 
     def __init__(self, model, head, k, answers: dict[tuple, list[int]]):
-        super().__init__(model, head, k)
+        super().__init__(model, head, k, max_batch=8)
         self.answers, self.calls = answers, 0
 
     def _store(self, seqs, drafts, q, new):
@@ -61,7 +61,7 @@ def test_greedy_speculation_gives_plain_decodings_tokens_and_logprobs(hf, prompt
     base = Engine(hf, None, max_model_len=128, block_size=4)
     plain = base.generate(ps, GREEDY)
     # a random head: nearly every draft rejected, one token a step
-    spec = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=3)
+    spec = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=3, spec_max_batch=8)
     for a, b in zip(plain, spec.generate(ps, GREEDY)):
         assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
@@ -127,7 +127,7 @@ def test_rejection_sampling_reproduces_the_models_distribution():
 def test_sampled_speculation_reports_the_models_logprobs(hf, prompts):
     ps = prompts(3, seed=8)
     params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=11)
-    engine = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=2)
+    engine = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=2, spec_max_batch=8)
     for p, c in zip(ps, engine.generate(ps, [params] * 3)):
         ids = torch.tensor([p + c.token_ids])
         with torch.no_grad():
@@ -137,7 +137,8 @@ def test_sampled_speculation_reports_the_models_logprobs(hf, prompts):
     st = engine.stats()
     assert st["spec_draft_tokens"] > 0 and st["kv_blocks_used"] == 0
     # the same seed, the same engine settings: the same tokens
-    again = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=2).generate(ps, [params] * 3)
+    again = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=2,
+                   spec_max_batch=8).generate(ps, [params] * 3)
     assert [c.token_ids for c in again] == [c.token_ids for c in engine.generate(ps, [params] * 3)]
 
 
