@@ -35,7 +35,7 @@ def _prompts(n, seed=0):
 class _Oracle(Speculator):
     """Drafts plain decoding's own next tokens, one in three spoiled (a test double for the head)."""
 
-    answers: dict = {}
+    answers: dict | None = None  # set per test
 
     def _store(self, seqs, drafts, q, new):
         for s, n in zip(seqs, new):
