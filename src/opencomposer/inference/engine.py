@@ -358,34 +358,33 @@ class Engine:
         self._counts["decode_seconds"] += time.perf_counter() - t0
         self._counts["steps"] += 1
         for seq, (tokens, logprobs, tops) in zip(batch.seqs, results):
-            mark = len(outputs)
-            for tok, lp, top in zip(tokens, logprobs, tops):
-                seq.num_computed += 1  # the token before this one (last sampled, then each kept draft)
-                self.blocks.publish(seq)
-                self._append(seq, tok, lp, top, self.policy_version, outputs)
-                if seq.status is not Status.RUNNING:
-                    break  # a stop inside the kept drafts: the rest is not the sequence's
-            if len(outputs) - mark > 1:  # one StepOutput per sequence and step
-                mine = outputs[mark:]
-                del outputs[mark:]
-                tops_out = [t for o in mine for t in o.new_top_logprobs] if mine[0].new_top_logprobs else None
-                outputs.append(StepOutput(seq.request_id, [t for o in mine for t in o.new_token_ids],
-                                          [x for o in mine for x in o.new_logprobs], mine[-1].finished,
-                                          mine[-1].finish_reason, tops_out))
+            self._append(seq, tokens, logprobs, tops, self.policy_version, outputs, computed=True)
 
-    def _append(self, seq: Sequence, tok: int, lp: float, top, version: int, outputs: list[StepOutput]) -> None:
-        """Add a sampled token to ``seq``, finish it if it stops, and report it."""
-        seq.token_ids.append(tok)
-        seq.logprobs.append(lp)
-        if top is not None:
-            seq.top_logprobs.append(top)
-        seq.versions.append(version)
-        self._counts["generated_tokens"] += 1
-        reason = self._check_stop(seq)
-        if reason:
-            self._finish(seq, reason)
-        outputs.append(StepOutput(seq.request_id, [tok], [lp], reason is not None, reason,
-                                  [top] if top is not None else None))
+    def _append(self, seq: Sequence, tok, lp, top, version: int, outputs: list[StepOutput],
+                computed: bool = False) -> None:
+        """Add sampled tokens to ``seq`` (one, or a list: a speculative step's kept drafts and its
+        sampled token), finish it if it stops (the tokens after a stop are dropped), and report
+        them in one ``StepOutput``. ``computed``: each token but the last has its K/V in the cache
+        already, as has the token before the first (a speculative step computed them)."""
+        toks, lps, tops = (tok, lp, top) if isinstance(tok, list) else ([tok], [lp], [top])
+        reason, n = None, 0
+        for t, p, tp in zip(toks, lps, tops):
+            if computed:  # the token before this one (last sampled, then each kept draft)
+                seq.num_computed += 1
+                self.blocks.publish(seq)
+            seq.token_ids.append(t)
+            seq.logprobs.append(p)
+            if tp is not None:
+                seq.top_logprobs.append(tp)
+            seq.versions.append(version)
+            self._counts["generated_tokens"] += 1
+            n += 1
+            reason = self._check_stop(seq)
+            if reason:
+                self._finish(seq, reason)
+                break
+        outputs.append(StepOutput(seq.request_id, toks[:n], lps[:n], reason is not None, reason,
+                                  tops[:n] if tops[0] is not None else None))
 
     # ------------------------------------------------------------------ run-ahead
 

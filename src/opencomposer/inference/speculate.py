@@ -102,16 +102,19 @@ class Speculator:
                 del s.token_ids[n:]
         logits = self.model.logits(hidden).float()
         starts = torch.tensor([0] + [1 + len(d) for d in drafts[:-1]]).cumsum(0).to(hidden.device)
-        n_keep, tokens, logprobs, tops = _accept(logits, starts, drafts, seqs)
+        dev = hidden.device  # each request's temperature (1 for greedy) and greedy flag, for both
+        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs]).to(dev)
+        greedy = torch.tensor([s.params.temperature == 0 for s in seqs]).to(dev)
+        n_keep, tokens, logprobs, tops = _accept(logits, starts, drafts, seqs, temps, greedy)
         # the next drafts start from the row that gave each sequence's last token, and that token
-        nxt, q = self._draft(seqs, hidden[starts + n_keep], tokens.gather(1, n_keep[:, None])[:, 0])
+        nxt, q = self._draft(seqs, hidden[starts + n_keep], tokens.gather(1, n_keep[:, None])[:, 0], temps, greedy)
         parts = [n_keep[:, None].double(), tokens.double(), logprobs.double(), nxt.double()]
         if tops is not None:
             parts += [tops[0].flatten(1).double(), tops[1].flatten(1).double()]
         host = torch.cat(parts, 1).tolist()  # the step's one device -> host read
         results, new = [], []
         width = tokens.shape[1]
-        for i, (s, d, row) in enumerate(zip(seqs, drafts, host)):
+        for s, d, row in zip(seqs, drafts, host):
             n = int(row[0]) + 1
             toks = [int(t) for t in row[1:1 + n]]
             lps = row[1 + width:1 + width + n]
@@ -138,14 +141,12 @@ class Speculator:
             blocks.append_slot(s, len(s.block_table) * bs + 1)
         return s.draft[:max(0, min(k, len(s.block_table) * bs - len(s)))]
 
-    def _draft(self, seqs: list[Sequence], hidden: torch.Tensor, last: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _draft(self, seqs: list[Sequence], hidden: torch.Tensor, last: torch.Tensor, temps: torch.Tensor,
+               greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Chain the head ``k`` times from each sequence's ``hidden`` row and ``last`` token:
         [B, k] drafted ids, and [B, k, V] the distributions they were drawn from (zero outside
         the head's draft vocabulary, ``MTPHead.draft_vocab``; None if every request is greedy)."""
         dev = hidden.device
-        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs]).to(dev)[:, None]
-        greedy = torch.tensor([s.params.temperature == 0 for s in seqs]).to(dev)
         params = [s.params for s in seqs]
         embed, vocab, rows = self.model.model.embed_tokens, self.head.draft_vocab, self._rows()
         h, tok = hidden, last
@@ -153,7 +154,7 @@ class Speculator:
         for _ in range(self.k):
             h = self.head(h, embed(tok))
             logits = torch.nn.functional.linear(h, rows).float()  # [B, draft vocabulary]
-            q = truncate((logits / temps).log_softmax(-1), params).exp()
+            q = truncate((logits / temps[:, None]).log_softmax(-1), params).exp()
             pick = torch.where(greedy, logits.argmax(-1), draw(q, uniforms(seqs, 1, dev)[:, 0]))
             tok = vocab[pick]
             toks.append(tok)
@@ -181,7 +182,8 @@ class Speculator:
         return self._cached[1]
 
 
-def _accept(logits: torch.Tensor, starts: torch.Tensor, drafts: list[list[int]], seqs: list[Sequence]):
+def _accept(logits: torch.Tensor, starts: torch.Tensor, drafts: list[list[int]], seqs: list[Sequence],
+            temps: torch.Tensor, greedy: torch.Tensor):
     """Every sequence's accept / reject at once. ``logits`` [N, V]: the model's at each
     sequence's last sampled token and its drafts (rows ``starts[i]`` on). Returns, on the
     device: kept drafts per sequence [B], its new tokens [B, K + 1] (kept drafts, then the
@@ -193,8 +195,6 @@ def _accept(logits: torch.Tensor, starts: torch.Tensor, drafts: list[list[int]],
     cols = torch.arange(k + 1, device=dev)
     rows = starts[:, None] + torch.minimum(cols[None, :], lens[:, None])  # padding repeats the last row
     view = logits[rows]  # [B, K + 1, V]
-    temps = torch.tensor([s.params.temperature or 1.0 for s in seqs]).to(dev)
-    greedy = torch.tensor([s.params.temperature == 0 for s in seqs]).to(dev)
     logprobs = (view / temps[:, None, None]).log_softmax(-1)
     d = torch.tensor([x + [0] * (k - len(x)) for x in drafts], dtype=torch.long).to(dev).view(b, k)
     valid = cols[None, :k] < lens[:, None]

@@ -47,10 +47,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from opencomposer.harness.trajectory import TRAJECTORY_FORMAT, Trajectory
 from opencomposer.models import load_model
 from opencomposer.models.mtp import MTPConfig, MTPHead
 from opencomposer.paths import atomic_write_text
-from opencomposer.train.sft import progress_bar
+from opencomposer.train.sft import build_sft_samples, progress_bar
 
 TEXT_SUFFIXES = {".py", ".pyi", ".md", ".txt", ".rst", ".toml", ".cfg", ".ini", ".yaml", ".yml", ".json",
                  ".js", ".ts", ".tsx", ".rs", ".go", ".c", ".h", ".cc", ".cpp", ".java", ".sh", ".sql", ".html",
@@ -91,11 +92,8 @@ def _documents(f: Path, tokenizer: Any, explicit: bool) -> list[list[int]]:
                 raise ValueError(f"{f}:{n}: expected a JSON object with a \"text\" string ({e})") from e
             out.append(tokenizer.encode(str(text)))
         return out
-    if f.suffix == ".json" and _is_transcript(f):
-        from opencomposer.harness.trajectory import Trajectory
-        from opencomposer.train.sft import build_sft_samples
-
-        samples, _ = build_sft_samples([Trajectory.load(f)], tokenizer, 1 << 30)
+    if f.suffix == ".json" and (obj := _transcript(f)) is not None:
+        samples, _ = build_sft_samples([Trajectory.from_dict(obj)], tokenizer, 1 << 30)
         return [list(s.input_ids) for s in samples]
     if f.suffix not in TEXT_SUFFIXES and not explicit:
         return []
@@ -104,14 +102,13 @@ def _documents(f: Path, tokenizer: Any, explicit: bool) -> list[list[int]]:
     return [tokenizer.encode(f.read_text(errors="replace"))]
 
 
-def _is_transcript(f: Path) -> bool:
+def _transcript(f: Path) -> dict | None:
+    """``f``'s JSON if it is an agent transcript (read once), else None."""
     try:
         obj = json.loads(f.read_text(errors="replace"))
     except json.JSONDecodeError:
-        return False
-    from opencomposer.harness.trajectory import TRAJECTORY_FORMAT
-
-    return isinstance(obj, dict) and obj.get("format") == TRAJECTORY_FORMAT
+        return None
+    return obj if isinstance(obj, dict) and obj.get("format") == TRAJECTORY_FORMAT else None
 
 
 def windows(docs: list[list[int]], seq_len: int, sep: int) -> list[list[int]]:

@@ -110,7 +110,8 @@ def test_rejection_sampling_reproduces_the_models_distribution():
     for _ in range(3_000):
         d = [int(torch.multinomial(q[0], 1, generator=g)), int(torch.multinomial(q[1], 1, generator=g))]
         seq.draft_q = q
-        n_keep, tokens, chosen, _ = _accept(logits, torch.tensor([0]), [d], [seq])
+        n_keep, tokens, chosen, _ = _accept(logits, torch.tensor([0]), [d], [seq], torch.tensor([1.0]),
+                                            torch.tensor([False]))
         n = int(n_keep[0]) + 1
         toks, lps = tokens[0, :n].tolist(), chosen[0, :n].tolist()
         first[toks[0]] += 1
