@@ -16,11 +16,10 @@ temperature 1 accepts the head's draft (exact, not a proxy), and ``top1`` = how 
 head's argmax is the model's argmax (greedy acceptance). Both assume the earlier drafts
 were accepted.
 
-Data: source files or directories of them (every text file with a code or text suffix),
-``.jsonl`` files of ``{"text": ...}``, and agent transcripts (``.json``: each assistant turn
-rendered as the deployed agent sees it, as ``sft.py`` does). All are tokenised, joined with
-the end-of-text token and cut into ``seq_len`` windows; a tenth (at least one, at most
-``eval_windows``) is held out.
+Data: source files or directories of them, ``.jsonl`` files of ``{"text": ...}`` and agent
+transcripts, read by ``train/corpus.py`` (shared with continued pretraining). All are
+tokenised, joined with the end-of-text token and cut into ``seq_len`` windows; a tenth of
+the windows (at least one, at most ``eval_windows``) is held out.
 
 The head drafts from the ``draft_vocab`` most frequent tokens of the training windows only
 (FR-Spec's observation: a few thousand tokens carry nearly all of the mass, and drafting
@@ -47,77 +46,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from opencomposer.harness.trajectory import TRAJECTORY_FORMAT, Trajectory
 from opencomposer.models import load_model
 from opencomposer.models.mtp import MTPConfig, MTPHead
 from opencomposer.paths import atomic_write_text
-from opencomposer.train.sft import build_sft_samples, progress_bar
-
-TEXT_SUFFIXES = {".py", ".pyi", ".md", ".txt", ".rst", ".toml", ".cfg", ".ini", ".yaml", ".yml", ".json",
-                 ".js", ".ts", ".tsx", ".rs", ".go", ".c", ".h", ".cc", ".cpp", ".java", ".sh", ".sql", ".html",
-                 ".css"}
-MAX_FILE_BYTES = 1 << 20
-
-
-def read_corpus(paths: Sequence[str | Path], tokenizer: Any) -> list[list[int]]:
-    """Token ids of every document found under ``paths`` (see the module docstring)."""
-    docs: list[list[int]] = []
-    limit, tokenizer.model_max_length = tokenizer.model_max_length, 1 << 62  # whole files; cut into windows later
-    try:
-        for p in map(Path, paths):
-            _read(p, tokenizer, docs)
-    finally:
-        tokenizer.model_max_length = limit
-    return [d for d in docs if len(d) > 1]
-
-
-def _read(p: Path, tokenizer: Any, docs: list[list[int]]) -> None:
-    if not p.exists():
-        raise FileNotFoundError(f"MTP data: {p} does not exist (expected source files, directories of "
-                                "them, .jsonl files of {\"text\": ...} or agent transcripts)")
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    for f in files:
-        docs.extend(_documents(f, tokenizer, explicit=not p.is_dir()))
-
-
-def _documents(f: Path, tokenizer: Any, explicit: bool) -> list[list[int]]:
-    if f.suffix == ".jsonl":
-        out = []
-        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{f}:{n}: expected a JSON object with a \"text\" string ({e})") from e
-            out.append(tokenizer.encode(str(text)))
-        return out
-    if f.suffix == ".json" and (obj := _transcript(f)) is not None:
-        samples, _ = build_sft_samples([Trajectory.from_dict(obj)], tokenizer, 1 << 30)
-        return [list(s.input_ids) for s in samples]
-    if f.suffix not in TEXT_SUFFIXES and not explicit:
-        return []
-    if f.stat().st_size > MAX_FILE_BYTES:
-        return []
-    return [tokenizer.encode(f.read_text(errors="replace"))]
-
-
-def _transcript(f: Path) -> dict | None:
-    """``f``'s JSON if it is an agent transcript (read once), else None."""
-    try:
-        obj = json.loads(f.read_text(errors="replace"))
-    except json.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) and obj.get("format") == TRAJECTORY_FORMAT else None
-
-
-def windows(docs: list[list[int]], seq_len: int, sep: int) -> list[list[int]]:
-    """``docs`` joined by ``sep`` and cut into windows of ``seq_len`` tokens (the tail dropped)."""
-    flat: list[int] = []
-    for d in docs:
-        flat.extend(d)
-        flat.append(sep)
-    return [flat[i:i + seq_len] for i in range(0, len(flat) - seq_len + 1, seq_len)]
+from opencomposer.train.corpus import read_corpus, windows
+from opencomposer.train.sft import progress_bar
 
 
 def head_for(model: Any, intermediate_size: int = 0, base_model: str = "") -> MTPHead:
