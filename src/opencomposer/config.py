@@ -113,6 +113,7 @@ ROOTS: dict[str, str] = {
     "demo": "opencomposer.rl.config:RLRunConfig",
     "factory": "opencomposer.tasks.factory:FactoryConfig",
     "learn": "opencomposer.rl.config:RLRunConfig",
+    "pretrain": "opencomposer.train.config:PretrainRunConfig",
     "rl": "opencomposer.rl.config:RLRunConfig",
     "realtime": "opencomposer.realtime.config:RealtimeConfig",
 }

@@ -1,4 +1,4 @@
-"""`opencomposer agent|train|sft|train-mtp|serve`: run the agent, train it, serve it."""
+"""`opencomposer agent|train|sft|pretrain|train-mtp|serve`: run the agent, train it, serve it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from opencomposer.cli.common import app, emit, err, fail, known_errors, make_policy
-from opencomposer.config import AgentRunConfig, ConfigError, load_config
+from opencomposer.config import AgentRunConfig, ConfigError, load_config, validate
 
 
 @app.command()
@@ -156,6 +156,54 @@ def train_mtp(
                   seed=seed, progress=sys.stderr.isatty())
     except (*known_errors(), MTPError, FileNotFoundError, ValueError) as e:
         fail(e)
+    emit(res)
+
+
+@app.command()
+def pretrain(
+    data: Optional[list[str]] = typer.Argument(None, help="source files or directories, .jsonl of {\"text\"}; "
+                                               "PATH or PATH:WEIGHT (2 = its windows twice a pass)"),
+    config: Optional[Path] = typer.Option(None, help="TOML with a pretrain table and a train table (configs/pretrain.toml)"),
+    model: Optional[str] = typer.Option(None, help="model to continue pretraining (default smollm2-135m)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="writes OUT/model, OUT/checkpoints (resumed), "
+                                           "OUT/result.json (default runs/pretrain)"),
+    steps: Optional[int] = typer.Option(None, min=1, help="optimizer steps (default 100)"),
+    seq_len: Optional[int] = typer.Option(None, min=2, help="tokens per window (default 256)"),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="windows per optimizer step (default 8)"),
+    lr: Optional[float] = typer.Option(None, min=0.0, help="peak learning rate (default 1e-4)"),
+    warmup_steps: Optional[int] = typer.Option(None, min=0, help="linear warm-up steps, then a cosine (default 10)"),
+    eval_every: Optional[int] = typer.Option(None, min=0, help="held-out loss every N steps (default 25)"),
+    save_every: Optional[int] = typer.Option(None, min=0, help="checkpoint every N steps (default 50)"),
+    eval_data: Optional[list[str]] = typer.Option(None, help="another codebase to measure on, never trained on "
+                                                  "(repeatable)"),
+) -> None:
+    """Continued pretraining: next-token loss on raw code, held-out loss before/after; writes a loadable model dir."""
+    from opencomposer.train.checkpoint import CheckpointError
+    from opencomposer.train.config import PretrainRunConfig
+    from opencomposer.train.pretrain import run_pretrain
+
+    try:
+        cfg = load_config(config, PretrainRunConfig) if config else PretrainRunConfig()
+        given = {"data": data, "model": model, "out_dir": str(out_dir) if out_dir else None, "steps": steps,
+                 "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
+                 "eval_every": eval_every, "save_every": save_every, "eval_data": eval_data}
+        merged = cfg.model_dump(exclude_unset=True)  # the command line over the file, checked as one
+        merged.setdefault("pretrain", {}).update({k: v for k, v in given.items() if v is not None})
+        cfg = validate(merged, PretrainRunConfig, f"{config} + command line" if config else "command line")
+        p = cfg.pretrain
+        if not p.data:
+            raise ConfigError("no data: give DATA paths, or data in the pretrain table of --config")
+        res = run_pretrain(p.data, p.model, p.out_dir, steps=p.steps, seq_len=p.seq_len, batch_size=p.batch_size,
+                           lr=p.lr, warmup=p.warmup_steps, min_lr_ratio=p.min_lr_ratio, eval_every=p.eval_every,
+                           eval_windows=p.eval_windows, save_every=p.save_every, held_out=p.held_out,
+                           eval_data=p.eval_data, seed=p.seed, cfg=cfg.train, progress=sys.stderr.isatty())
+    except (*known_errors(), CheckpointError, FileNotFoundError, ValueError) as e:
+        fail(e)
+    b, a = res["before"], res["after"]
+    for name in b:
+        if name != "step":
+            err.print(f"{name}: loss {b[name]['loss']} -> {a[name]['loss']} (perplexity {b[name]['perplexity']} -> "
+                      f"{a[name]['perplexity']})", highlight=False)
     emit(res)
 
 

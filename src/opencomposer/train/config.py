@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from opencomposer.config import Strict
 
@@ -48,3 +48,41 @@ class TrainConfig(Strict):
     @property
     def logprob_temperature(self) -> float:
         return self.temperature if self.temperature > 0 else 1.0
+
+
+class PretrainSection(Strict):
+    """``[pretrain]`` of ``opencomposer pretrain --config``: continued pretraining (``train/pretrain.py``)."""
+
+    data: list[str] = Field(default_factory=list, description="files or directories, each 'path' or "
+                            "'path:weight' (weight 2 = its windows twice a pass)")
+    eval_data: list[str] = Field(default_factory=list, description="other codebases, measured before and after "
+                                 "(never trained on)")
+    model: str = Field("smollm2-135m", description="smollm2-135m | tiny-random | a local HF dir")
+    out_dir: str = "runs/pretrain"
+    steps: int = Field(100, ge=1, description="optimizer steps")
+    seq_len: int = Field(256, ge=2, description="tokens per window")
+    batch_size: int = Field(8, ge=1, description="windows per optimizer step (the global batch)")
+    lr: float = Field(1e-4, gt=0, description="peak learning rate")
+    warmup_steps: int = Field(10, ge=0, description="linear warm-up to lr, then a cosine")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine ends at lr * min_lr_ratio")
+    held_out: float = Field(0.05, ge=0, lt=1, description="share of documents held out (by a hash of the path)")
+    eval_every: int = Field(25, ge=0, description="held-out loss every N steps (0: before and after only)")
+    eval_windows: int = Field(32, ge=1, description="held-out windows measured per eval set")
+    save_every: int = Field(50, ge=0, description="checkpoint every N steps (0: only at the end)")
+    seed: int = 0
+
+
+class PretrainRunConfig(Strict):
+    """Root config of ``opencomposer pretrain`` (``configs/pretrain*.toml``)."""
+
+    pretrain: PretrainSection = PretrainSection()
+    train: TrainConfig = TrainConfig(weight_decay=0.1, betas=(0.9, 0.95))
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> PretrainRunConfig:
+        # the schedule (warm-up, cosine) is [pretrain]'s; two learning rates would leave one silently unused
+        both = sorted({"lr", "warmup_steps"} & self.train.model_fields_set)
+        if both:
+            raise ValueError(f"set {' and '.join('pretrain.' + k for k in both)} instead of "
+                             f"{' and '.join('train.' + k for k in both)}: the schedule of continued pretraining is the pretrain table's")
+        return self
