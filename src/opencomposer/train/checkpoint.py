@@ -18,6 +18,13 @@ Each checkpoint is written into a temp dir and renamed into place, then ``latest
 replaced atomically, so a crash leaves the previous checkpoint as the newest; only the
 last ``keep`` are kept. Every load problem raises ``CheckpointError`` naming the file.
 
+A sharded trainer (``train/distributed.py``) writes the same format: every rank takes part
+in gathering the full weights and AdamW state to rank 0 (CPU), rank 0 writes, and the
+outcome (the path, or rank 0's error) is broadcast so no rank waits on a failed write.
+``rng-ranks.pt`` adds every rank's RNG state. Loading reads on rank 0 and broadcasts to
+the shards, so a checkpoint resumes on any number of ranks (RNG states then restart from
+rank 0's where the count differs).
+
 Test: ``pytest tests/unit/train/test_checkpoint.py``.
 """
 
@@ -36,6 +43,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from opencomposer.train import distributed
 from opencomposer.train.trainer import Trainer
 
 CHECKPOINT_FORMAT = "opencomposer.checkpoint/1"
@@ -60,17 +68,41 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{root}: the state to save is not JSON-serialisable: {e}") from None
     final = root / step_dir_name(step)
+    d = trainer.dist
+    if d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
+        weights, optimizer = trainer.full_state_dict(), _full_optimizer_state(trainer)
+        rngs = distributed.gather(_rng_state(), d)
+        error = None
+        if d.main:
+            try:
+                _write_step(root, final, trainer, state_text, step, keep, weights, optimizer, rngs)
+            except Exception as e:  # told to every rank below, then raised everywhere
+                error = f"{type(e).__name__}: {e}"
+        error = distributed.broadcast(error, d)
+        if error:
+            raise CheckpointError(f"{final}: rank 0 could not write the checkpoint: {error}")
+        return final
+    _write_step(root, final, trainer, state_text, step, keep, None, trainer.optimizer.state_dict(), None)
+    return final
+
+
+def _write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None,
+                weights: dict[str, torch.Tensor] | None, optimizer: dict, rngs: list | None) -> None:
     tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        trainer.model.save_pretrained(tmp / "model")
+        # weights=None: the model's own state dict (not sharded)
+        trainer.model.save_pretrained(tmp / "model", **({} if weights is None else {"state_dict": weights}))
         trainer.tokenizer.save_pretrained(tmp / "model")
-        torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer, tmp / "optimizer.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
+        if rngs is not None:
+            torch.save(rngs, tmp / "rng-ranks.pt")
         meta = {
             "format": CHECKPOINT_FORMAT, "step": step, "version": trainer.version, "model": trainer.name,
             "lr": trainer.base_lr, "schedule_start": trainer.schedule_start,
             "lora": trainer.cfg.lora, "config": trainer.cfg.model_dump(mode="json"),
+            "world_size": trainer.dist.world,
         }
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
         (tmp / "state.json").write_text(state_text)
@@ -80,7 +112,6 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
     _write_atomic(root / LATEST, final.name + "\n")
     if keep is not None:
         _prune(root, keep, final.name)
-    return final
 
 
 def resolve_checkpoint(dir: str | Path) -> Path:
@@ -110,16 +141,19 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
             f"is set up for {kinds[trainer.cfg.lora]} (TrainConfig.lora)"
         )
     state = _read_json(path / "state.json")
-    if trainer.cfg.lora:
-        _load_adapter(path / "model" / "adapter_model.safetensors", trainer.model)
+    if trainer.dist.enabled:
+        _load_sharded(path, trainer)
     else:
-        _load_full(path / "model", trainer.model)
-    optimizer = _torch_load(path / "optimizer.pt")
-    try:
-        trainer.optimizer.load_state_dict(optimizer)
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: {e}") from None
-    _set_rng_state(_torch_load(path / "rng.pt"))
+        if trainer.cfg.lora:
+            _load_adapter(path / "model" / "adapter_model.safetensors", trainer.model)
+        else:
+            _load_full(path / "model", trainer.model)
+        optimizer = _torch_load(path / "optimizer.pt")
+        try:
+            trainer.optimizer.load_state_dict(optimizer)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: {e}") from None
+        _set_rng_state(_torch_load(path / "rng.pt"))
     trainer.version = int(meta["version"])
     trainer.base_lr = float(meta.get("lr", trainer.base_lr))  # older checkpoints: the config's
     trainer.schedule_start = int(meta.get("schedule_start", 0))
@@ -127,22 +161,121 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
 
 
 def export_model(dir: str | Path, trainer: Trainer) -> Path:
-    """A plain HF model directory (LoRA merged in) for ``load_model(dir)``; replaces ``dir``."""
+    """A plain HF model directory (LoRA merged in) for ``load_model(dir)``; replaces ``dir``.
+    Sharded: every rank must call it; rank 0 writes."""
     final = Path(dir)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    d = trainer.dist
+    if d.enabled:
+        weights = trainer.full_state_dict()
+        error = None
+        if d.main:
+            try:
+                _export(final, trainer, trainer.model, {"state_dict": weights})
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+        error = distributed.broadcast(error, d)
+        if error:
+            raise CheckpointError(f"{final}: rank 0 could not export the model: {error}")
+        return final
     # Merge into a copy: merging in place would end the trainer's adapters.
     model = copy.deepcopy(trainer.model).merge_and_unload() if trainer.cfg.lora else trainer.model
+    _export(final, trainer, model, {})
+    return final
+
+
+def _export(final: Path, trainer: Trainer, model: Any, save_kwargs: dict) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **save_kwargs)
         trainer.tokenizer.save_pretrained(tmp)
         _replace_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 # --------------------------------------------------------------------------- weights
+
+
+def _trainable_names(trainer: Trainer) -> list[str]:
+    """Parameter names in the optimizer's order (its state is keyed by these positions)."""
+    return [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+
+
+def _full_optimizer_state(trainer: Trainer) -> dict:
+    """A sharded trainer's AdamW state, whole, on rank 0 (a collective), in the layout of
+    ``optimizer.state_dict()``: states and groups by parameter position, not name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(trainer.model, trainer.optimizer,
+                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not trainer.dist.main:
+        return {}
+    index = {n: i for i, n in enumerate(_trainable_names(trainer))}
+    return {"state": {index[n]: v for n, v in by_name["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]]}
+
+
+def _load_sharded(path: Path, trainer: Trainer) -> None:
+    """Rank 0 reads the checkpoint; weights and AdamW state go to every rank's shards."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
+
+    d = trainer.dist
+    if trainer.cfg.lora:
+        raise CheckpointError(f"{path}: resuming a LoRA checkpoint on {d.world} ranks is not supported; "
+                              "resume it in one process")
+    weights: dict[str, torch.Tensor] = {}
+    optimizer: dict = {}
+    error = None
+    if d.main:
+        try:
+            weights = _full_weights(path / "model", trainer.model)
+            ids = _torch_load(path / "optimizer.pt")
+            names = _trainable_names(trainer)
+            try:
+                optimizer = {"state": {names[int(i)]: v for i, v in ids["state"].items()},
+                             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                                              for g in ids["param_groups"]]}
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: "
+                                      f"{type(e).__name__}: {e}") from None
+        except CheckpointError as e:
+            error = str(e)
+    error = distributed.broadcast(error, d)
+    if error:
+        raise CheckpointError(error)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(trainer.model, weights, options=opts)
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer, options=opts)
+    rngs = path / "rng-ranks.pt"
+    saved = _torch_load(rngs) if rngs.is_file() else None
+    _set_rng_state(saved[d.rank] if saved is not None and len(saved) == d.world else _torch_load(path / "rng.pt"))
+
+
+def _full_weights(model_dir: Path, model: Any) -> dict[str, torch.Tensor]:
+    """Every tensor the model's state dict names, read from ``model_dir``; a tied weight that
+    ``save_pretrained`` wrote once (lm_head = embed_tokens) is filled in from its twin."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(_safetensors(f))
+    twins: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        twins.setdefault(id(p), []).append(name)
+    for names in twins.values():
+        have = [n for n in names if n in weights]
+        for n in names:
+            if have and n not in weights:
+                weights[n] = weights[have[0]]
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise CheckpointError(f"{model_dir}: weights do not fit the model (unexpected {unexpected[:3]}, "
+                              f"missing {missing[:3]})")
+    return weights
 
 
 def _load_adapter(file: Path, model: Any) -> None:

@@ -22,6 +22,14 @@ eval mode.
 Reference model for the KL term: with LoRA, the same model with adapters disabled; with
 full fine-tuning, a frozen copy the caller keeps (``frozen_copy(model)``) and passes in.
 
+Distributed (``train/distributed.py``): under torchrun, pass ``dist=init_from_env(device)``
+(after loading the model, before building the trainer); the model is sharded with FSDP2
+and every rank calls the same methods with the step's WHOLE sample list: each trains on
+its token-balanced share, shorter shares are padded with zero-weight passes (FSDP2
+gathers weights inside every pass, so all ranks must run as many), gradients are summed
+over ranks and the metrics come back summed too, identical on every rank. N ranks give
+the single-process update up to the order of float additions (tested).
+
 Test: ``pytest tests/unit/train/test_trainer.py``.
 """
 
@@ -41,11 +49,16 @@ import torch.nn.functional as F
 from opencomposer.models.moe_replay import pad_routes, replay_routes
 from opencomposer.rl.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
 from opencomposer.rl.samples import Sample
+from opencomposer.train import distributed
 from opencomposer.train.config import TrainConfig
+from opencomposer.train.distributed import Dist
 
 
 def frozen_copy(model: Any) -> Any:
     """A detached, gradient-free copy of ``model``: the KL reference for full fine-tuning."""
+    if distributed.is_sharded(model):
+        raise ValueError("frozen_copy of an FSDP-sharded model: make the reference from the unsharded model "
+                         "before building the Trainer, or use LoRA (its reference is the base weights)")
     ref = copy.deepcopy(model).eval()
     ref.requires_grad_(False)
     return ref
@@ -54,11 +67,13 @@ def frozen_copy(model: Any) -> Any:
 class Trainer:
     """Holds the model being trained, its optimizer and the weights version."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: TrainConfig | None = None, name: str | None = None):
+    def __init__(self, model: Any, tokenizer: Any, cfg: TrainConfig | None = None, name: str | None = None,
+                 dist: Dist | None = None):
         self.cfg = cfg or TrainConfig()
         self.tokenizer = tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", "") or "model")
-        self.device = next(model.parameters()).device
+        self.dist = dist if dist is not None else distributed.current()
+        self.device = distributed.rank_device(self.dist, next(model.parameters()).device)
         self.bf16 = _use_bf16(self.cfg.bf16, self.device)
         if self.cfg.lora:
             model = _add_lora(model, self.cfg, self.device)
@@ -66,16 +81,19 @@ class Trainer:
             _enable_checkpointing(model)
             if self.cfg.lora:  # frozen embeddings would cut the graph before the checkpoints
                 model.enable_input_require_grads()
-        self.model = model.eval()
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
             raise ValueError("the model has no trainable parameters")
-        bad = sorted({str(p.dtype) for p in self.params} - {"torch.float32"})
+        bad = sorted({str(p.dtype) for p in trainable} - {"torch.float32"})
         if bad:
             raise ValueError(
                 f"trainable parameters are {', '.join(bad)}; load the model in float32 "
                 "(bf16 is applied by autocast per forward, keeping fp32 master weights)"
             )
+        if self.dist.enabled:  # after LoRA and checkpointing wrap it, before the optimizer sees its parameters
+            model = distributed.shard_model(model, self.dist, self.device, self.bf16)
+        self.model = model.eval()
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
             weight_decay=self.cfg.weight_decay,
@@ -88,7 +106,20 @@ class Trainer:
 
     def policy_pair(self) -> tuple[Any, Any]:
         """``(model, tokenizer)`` for ``ModelPolicy``: it samples from the current weights."""
+        if self.dist.enabled:
+            raise ValueError("a sharded model cannot sample on one rank (each forward needs every rank): give "
+                             "an engine full_state_dict() instead")
         return self.model, self.tokenizer
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's whole weights under HF names (for an engine, an export, a weight store).
+        Sharded: a collective (every rank must call it); rank 0 gets the tensors on the CPU, the
+        other ranks an empty dict."""
+        if not self.dist.enabled:
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     # ------------------------------------------------------------------ steps
 
@@ -121,11 +152,14 @@ class Trainer:
         sums["replayed_route_tokens"] = float(sum(s.routes.shape[0] for s in samples
                                                   if s.routes is not None and s.loss_tokens))
         with self._training():
-            for b in self._micro_batches(samples):
+            for b in self._passes(samples):
+                idle, b = b is None, b or self._idle_batch()
                 ref = self._reference_logprobs(b, ref_model) if use_ref else None
                 lp, ent = self._logprobs(self.model, b, self.cfg.logprob_temperature)
                 loss, stats = grpo_loss(lp, b.old, b.adv, b.mask, ref, cfg)
-                loss.backward()
+                (loss * 0 if idle else loss).backward()
+                if idle:
+                    continue
                 n = stats["tokens"]
                 sums["loss"] += stats["loss"]
                 sums["pg_loss"] += stats["pg_loss"]
@@ -135,6 +169,7 @@ class Trainer:
                 sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
                 sums["tokens"] += b.tokens
                 sums["loss_tokens"] += n
+        sums = distributed.reduce_metrics(sums, self.dist, maxed=("ratio_max",))
         n = max(sums["loss_tokens"], 1.0)
         for key in ("kl", "clip_fraction", "ratio_mean", "entropy"):
             sums[key] /= n
@@ -149,19 +184,29 @@ class Trainer:
         """
         sums = {"distill_kl": 0.0, "distill_tokens": 0.0}
         t = self.cfg.logprob_temperature
+        for student, teacher in pairs:
+            if student.loss_tokens != teacher.loss_tokens:
+                raise ValueError(f"distill pair of task {student.task_id!r}: student has {student.loss_tokens} "
+                                 f"loss tokens, teacher {teacher.loss_tokens}")
+        mine = distributed.share(pairs, [len(s) + len(t) for s, t in pairs], self.dist)
+        passes = distributed.equal_count(len(mine), self.dist)
         with self._training():
-            for student, teacher in pairs:
-                if student.loss_tokens != teacher.loss_tokens:
-                    raise ValueError(f"distill pair of task {student.task_id!r}: student has {student.loss_tokens} "
-                                     f"loss tokens, teacher {teacher.loss_tokens}")
-                sb, tb = self._collate([student]), self._collate([teacher])
+            for i in range(passes):
+                idle = i >= len(mine)
+                if idle:
+                    sb = tb = self._idle_batch()
+                else:
+                    sb, tb = self._collate([mine[i][0]]), self._collate([mine[i][1]])
                 with torch.no_grad():
                     t_logits = self._logits(self.model, tb)
                 kl = distill_kl(self._logits(self.model, sb), t_logits, t)
                 loss = coef * (kl * sb.mask).sum() / normalizer
-                loss.backward()
+                (loss * 0 if idle else loss).backward()
+                if idle:
+                    continue
                 sums["distill_kl"] += float((kl.detach() * sb.mask).sum())
                 sums["distill_tokens"] += float(sb.mask.sum())
+        sums = distributed.reduce_metrics(sums, self.dist)
         sums["distill_kl"] /= max(sums["distill_tokens"], 1.0)
         return sums
 
@@ -169,21 +214,26 @@ class Trainer:
         """Accumulate the gradient of -sum(log p(loss tokens)) / ``normalizer``."""
         sums = {"loss": 0.0, "tokens": 0.0, "loss_tokens": 0.0}
         with self._training():
-            for b in self._micro_batches(samples):
+            for b in self._passes(samples):
+                idle, b = b is None, b or self._idle_batch()
                 # Plain NLL: fused cross-entropy skips token_logprobs' entropy, which SFT never reads.
                 logits = self._logits(self.model, b).float()
                 nll = F.cross_entropy(logits.flatten(0, 1), b.targets.flatten(), reduction="none")
                 loss = (nll.view_as(b.mask) * b.mask).sum() / normalizer
-                loss.backward()
+                (loss * 0 if idle else loss).backward()
+                if idle:
+                    continue
                 sums["loss"] += float(loss.detach())
                 sums["tokens"] += b.tokens
                 sums["loss_tokens"] += float(b.mask.sum())
-        return sums
+        return distributed.reduce_metrics(sums, self.dist)
 
     def clip_gradients(self) -> float:
         """Clip the accumulated gradients to ``grad_clip``; returns their norm before clipping."""
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        # sharded: a DTensor over every rank's gradients, the same global norm on each
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def set_lr(self, lr: float) -> None:
         """A new base learning rate from the next step on, warmed up again from there (a new
@@ -218,20 +268,37 @@ class Trainer:
         finally:
             self.model.eval()
 
-    def _micro_batches(self, samples: list[Sample]) -> Iterator[_Batch]:
-        """Samples grouped so rows x longest row <= micro_batch_tokens, as padded tensors."""
+    def _passes(self, samples: list[Sample]) -> Iterator[_Batch | None]:
+        """This rank's micro-batches of the step's ``samples``, then ``None`` (a zero-weight pass)
+        until it has run as many as the rank with the most (the same count everywhere)."""
         trainable = [s for s in samples if s.loss_tokens]  # the rest would add nothing but time
         if not trainable:
             raise ValueError(f"no samples to train on: {len(samples)} given, none with loss tokens")
+        groups = self._micro_batches(distributed.share(trainable, [len(s) for s in trainable], self.dist))
+        # agreed before any pass: a collective between passes would meet another rank's all-gather
+        passes = distributed.equal_count(len(groups), self.dist)
+        for g in groups:
+            yield self._collate(g)
+        for _ in range(passes - len(groups)):
+            yield None
+
+    def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """Samples grouped so rows x longest row <= micro_batch_tokens."""
         budget = self.cfg.micro_batch_tokens
-        order = sorted(trainable, key=len, reverse=True)  # similar lengths together: less padding
-        batch: list[Sample] = []
+        order = sorted(samples, key=len, reverse=True)  # similar lengths together: less padding
+        groups: list[list[Sample]] = []
         for s in order:
-            if batch and (len(batch) + 1) * len(batch[0]) > budget:
-                yield self._collate(batch)
-                batch = []
-            batch.append(s)
-        yield self._collate(batch)
+            if groups and (len(groups[-1]) + 1) * len(groups[-1][0]) <= budget:
+                groups[-1].append(s)
+            else:
+                groups.append([s])
+        return groups
+
+    def _idle_batch(self) -> _Batch:
+        """Two pad tokens, one of them a loss position: a pass that runs every layer (and so
+        every FSDP2 collective) and whose loss the caller multiplies by zero."""
+        return self._collate([Sample(input_ids=[self.pad_id] * 2, loss_mask=[0, 1], old_logprobs=[0.0, 0.0],
+                                     advantage=0.0, task_id="(idle)")])
 
     def _collate(self, batch: list[Sample]) -> _Batch:
         rows, width = len(batch), max(len(s) for s in batch)

@@ -1,0 +1,222 @@
+"""torch.distributed for the trainer: the process group torchrun describes, FSDP2 sharding,
+and how one optimizer step's samples are split over the ranks.
+
+    torchrun --nproc-per-node 4 -m opencomposer.cli sft runs/oracle --model M --out runs/sft
+    torchrun --nproc-per-node 4 -m opencomposer.cli pretrain src/ --model M --out runs/cpt
+
+Every rank runs the same program. ``Trainer`` (``train/trainer.py``) joins the group at
+construction (``init_from_env``), shards its model with FSDP2 (``shard_model``: each
+decoder layer, then the root; parameters, gradients and AdamW state are 1/world per rank,
+all-gathered layer by layer for the forward and backward), and from then on every
+``*_backward`` call takes the step's WHOLE sample list on every rank and trains on this
+rank's share (``split``). The shares are balanced by tokens and are a pure function of the
+list, so every rank agrees on them without talking.
+
+Two rules make N ranks compute exactly what one process would:
+
+* gradients are summed over ranks, not averaged (FSDP2 divides by the world size by
+  default; ``shard_model`` turns that off), because each loss already divides by a
+  constant that covers the whole step (``rl/loss.py``: no per-sequence normalisation);
+* every rank runs the same number of forward/backward passes: FSDP2 all-gathers inside
+  each one, so a rank with fewer micro-batches would leave the others waiting forever.
+  ``Trainer`` pads the shorter ranks with zero-weight passes (``equal_count``).
+
+Checkpoints stay in the single-process format (``train/checkpoint.py`` gathers full
+tensors to rank 0, which writes), so a run saved on 8 ranks resumes on 1 and vice versa.
+
+On CUDA the backend is NCCL and FSDP2 all-gathers parameters in bf16 (fp32 master weights
+and fp32 gradient reduction); on CPU it is gloo, which is what the tests use.
+
+Test: ``pytest tests/unit/train/test_distributed.py`` (2 ranks on gloo).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process stands: rank ``rank`` of ``world`` (1 = not distributed)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        """The rank that writes files, prints results and runs rollouts."""
+        return self.rank == 0
+
+
+SINGLE = Dist()
+
+
+def current() -> Dist:
+    """The process group this process is already in, or ``SINGLE``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return SINGLE
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_from_env(device: str | torch.device | None = None, timeout_s: float = 1800.0) -> Dist:
+    """Join the group torchrun set up in the environment (once per process); without
+    torchrun (``WORLD_SIZE`` unset or 1) this is a plain process: ``SINGLE``.
+
+    The backend follows the device: NCCL for CUDA (each rank on ``cuda:LOCAL_RANK``),
+    gloo otherwise. A half-set environment is an error naming what is missing.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return current()
+    if not launched_by_torchrun():
+        return SINGLE
+    missing = [k for k in ENV_KEYS if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} not set: start "
+                           "distributed runs with torchrun (e.g. torchrun --nproc-per-node 4 -m opencomposer.cli ...)")
+    local = int(os.environ["LOCAL_RANK"])
+    cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+    if cuda:
+        if local >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK={local} but this host has {torch.cuda.device_count()} CUDA devices")
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+                            **({"device_id": torch.device("cuda", local)} if cuda else {}))
+    return current()
+
+
+def rank_device(d: Dist, device: str | torch.device) -> torch.device:
+    """This rank's device: ``cuda`` means ``cuda:LOCAL_RANK`` under torchrun."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and d.enabled and dev.index is None:
+        return torch.device("cuda", d.local_rank)
+    return dev
+
+
+def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool) -> Any:
+    """FSDP2 over ``model`` in place: every decoder layer its own unit (its parameters are
+    gathered just before it runs and freed after), the rest (embeddings, final norm, a tied
+    lm_head) in the root unit. Gradients are summed over ranks (see the module docstring)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (d.world,))
+    # bf16 all-gathers halve the traffic; reduction stays fp32 so summed gradients keep their bits
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
+        bf16 and device.type == "cuda") else MixedPrecisionPolicy()
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: found no decoder layers to shard (looked for modules named "
+                         "*DecoderLayer / *Block in a ModuleList)")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in [*layers, model]:
+        m.set_gradient_divide_factor(1.0)
+        # a plain SUM collective (a factor of 1 would otherwise go through PREMUL_SUM, which gloo lacks)
+        m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (Llama, Qwen2/3, their MoE kin;
+    a peft wrapper included), found by class name inside ModuleLists."""
+    out = []
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList):
+            out += [m for m in mod if type(m).__name__.endswith(("DecoderLayer", "Block"))]
+    return out
+
+
+def split(lengths: Sequence[int], world: int) -> list[list[int]]:
+    """Indices of ``lengths`` per rank, balanced by total length: longest first, each to the
+    rank with the fewest tokens so far (ties: the lower rank). Deterministic, so every rank
+    computes the same split from the same list."""
+    shares: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        shares[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(s) for s in shares]
+
+
+def share(items: list, lengths: Sequence[int], d: Dist) -> list:
+    """This rank's part of ``items`` (all of them when not distributed)."""
+    if not d.enabled:
+        return list(items)
+    return [items[i] for i in split(lengths, d.world)[d.rank]]
+
+
+def _device() -> torch.device:
+    # NCCL reduces CUDA tensors only; gloo takes CPU ones
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def equal_count(n: int, d: Dist) -> int:
+    """The largest ``n`` over ranks: how many passes every rank must run."""
+    if not d.enabled:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def reduce_metrics(sums: dict[str, float], d: Dist, maxed: Sequence[str] = ()) -> dict[str, float]:
+    """``sums`` added over ranks (keys in ``maxed``: their maximum), in one collective each."""
+    if not d.enabled or not sums:
+        return sums
+    keys = sorted(sums)
+    add = [k for k in keys if k not in maxed]
+    out = dict(sums)
+    for names, op in ((add, dist.ReduceOp.SUM), ([k for k in keys if k in maxed], dist.ReduceOp.MAX)):
+        if names:
+            t = torch.tensor([float(sums[k]) for k in names], dtype=torch.float64, device=_device())
+            dist.all_reduce(t, op=op)
+            out.update(zip(names, t.tolist()))
+    return out
+
+
+def broadcast(obj: Any, d: Dist, src: int = 0) -> Any:
+    """``obj`` of rank ``src`` on every rank (pickled; for samples, states, small things)."""
+    if not d.enabled:
+        return obj
+    box = [obj if d.rank == src else None]
+    dist.broadcast_object_list(box, src=src, device=_device())
+    return box[0]
+
+
+def gather(obj: Any, d: Dist) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not d.enabled:
+        return [obj]
+    out: list[Any] = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def is_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)

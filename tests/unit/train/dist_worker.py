@@ -1,0 +1,53 @@
+"""Run by ``test_distributed.py`` under torchrun (2 gloo ranks): trainer steps on a sharded
+tiny-random model; rank 0 writes what came out for the test to compare with one process.
+
+    torchrun --standalone --nproc-per-node 2 tests/unit/train/dist_worker.py steps DATA OUT
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from opencomposer.models import load_model
+from opencomposer.rl.loss import LossConfig
+from opencomposer.train import TrainConfig, Trainer, export_model, load_checkpoint, save_checkpoint
+from opencomposer.train.distributed import init_from_env
+
+
+def steps(trainer: Trainer, data: dict) -> list[dict]:
+    """One GRPO + feedback-distillation update, then one SFT update: what every scenario runs."""
+    m = trainer.rl_backward(data["samples"], LossConfig(), data["normalizer"])
+    m.update(trainer.distill_backward(data["pairs"], 0.5, data["normalizer"]))
+    m.update(trainer.optimizer_step())
+    return [m, trainer.sft_step(data["samples"])]
+
+
+def main(scenario: str, data_file: str, out: str) -> None:
+    torch.set_num_threads(1)
+    d = init_from_env("cpu")
+    data = torch.load(data_file, weights_only=False)
+    model, tok = load_model("tiny-random")
+    trainer = Trainer(model, tok, TrainConfig(**data["cfg"]), dist=d)
+    out_dir = Path(out)
+    result: dict = {"world": d.world, "sharded_params": sum(p.to_local().numel() for p in trainer.params)}
+    if scenario == "steps":
+        result["metrics"] = steps(trainer, data)
+    elif scenario == "save":  # steps, a checkpoint, steps again, an export
+        result["metrics"] = steps(trainer, data)
+        save_checkpoint(out_dir / "ckpt", trainer, {"note": "from 2 ranks"}, step=1)
+        result["metrics"] += steps(trainer, data)
+        export_model(out_dir / "model", trainer)
+    elif scenario == "resume":  # a checkpoint (from any world size), then steps
+        result["state"] = load_checkpoint(data["checkpoint"], trainer)
+        result["version"] = trainer.version
+        result["metrics"] = steps(trainer, data)
+    weights = trainer.full_state_dict()
+    if d.main:
+        torch.save({**result, "weights": weights}, out_dir / f"{scenario}.pt")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

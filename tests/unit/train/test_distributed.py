@@ -1,0 +1,94 @@
+"""The FSDP2 trainer on 2 gloo ranks (torchrun, CPU) against the same steps in one process:
+N ranks must give the single-process update, and their checkpoints must resume anywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opencomposer.models import load_model
+from opencomposer.rl.samples import Sample
+from opencomposer.train import TrainConfig, Trainer, load_checkpoint, save_checkpoint
+from opencomposer.train.distributed import SINGLE, split
+
+from .dist_worker import steps
+from .trainutil import rollout_samples
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+CFG = {"bf16": False, "lr": 1e-3, "temperature": 1.0, "micro_batch_tokens": 64}
+
+
+def torchrun(scenario: str, data: dict, tmp: Path, nproc: int = 2) -> dict:
+    torch.save(data, tmp / "data.pt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(WORKER), scenario, str(tmp / "data.pt"), str(tmp)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(tmp / f"{scenario}.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def data():
+    """Sampled one-turn rollouts of uneven lengths, and feedback pairs (the same completion
+    after a longer context), so that the two ranks' shares need different pass counts."""
+    model, tok = load_model("tiny-random")
+    samples = rollout_samples(model, tok, n=5, max_new_tokens=12)
+    samples[1].advantage = 0.5
+    pairs = [(s, Sample(input_ids=[7, 8, 9] + s.input_ids, loss_mask=[0, 0, 0] + s.loss_mask,
+                        old_logprobs=[0.0] * 3 + s.old_logprobs, advantage=0.0))
+             for s in samples[:3]]
+    return {"samples": samples, "pairs": pairs, "normalizer": 200.0, "cfg": CFG}
+
+
+def one_process(data: dict) -> tuple[Trainer, list[dict]]:
+    trainer = Trainer(*load_model("tiny-random"), TrainConfig(**data["cfg"]), dist=SINGLE)
+    return trainer, steps(trainer, data)
+
+
+def assert_same(weights: dict, trainer: Trainer, atol: float = 1e-5) -> None:
+    mine = trainer.model.state_dict()
+    assert set(weights) == set(mine)
+    worst = max(float((weights[k] - mine[k]).abs().max()) for k in mine)
+    assert worst < atol, f"max |difference| {worst:.2e}"
+
+
+def test_two_ranks_make_the_single_process_update(data, tmp_path):
+    lengths = [len(s) for s in data["samples"]]
+    shares = split(lengths, 2)
+    assert sorted(sum(shares, [])) == list(range(5)) and len(shares[0]) != len(shares[1])  # uneven: idle passes run
+    got = torchrun("steps", data, tmp_path)
+    trainer, metrics = one_process(data)
+    # each rank holds half the parameters; metrics are summed over ranks
+    assert got["sharded_params"] < 0.6 * sum(p.numel() for p in trainer.params)
+    for mine, theirs in zip(metrics, got["metrics"]):
+        for key in ("loss", "tokens", "loss_tokens", "grad_norm", "distill_kl", "distill_tokens", "kl", "ratio_max"):
+            if key in mine:
+                assert theirs[key] == pytest.approx(mine[key], rel=1e-4, abs=1e-6), key
+    assert got["metrics"][0]["grad_norm"] > 0 and got["metrics"][1]["version"] == 2
+    assert_same(got["weights"], trainer)
+
+
+def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data, tmp_path):
+    got = torchrun("save", data, tmp_path)
+    # one process: resume from the 2-rank checkpoint, run the second round of steps
+    trainer = Trainer(*load_model("tiny-random"), TrainConfig(**data["cfg"]), dist=SINGLE)
+    state = load_checkpoint(tmp_path / "ckpt", trainer)
+    assert state["note"] == "from 2 ranks" and trainer.version == 2
+    steps(trainer, data)
+    assert_same(got["weights"], trainer)  # optimizer moments came through: same as never stopping
+    exported = load_model(str(tmp_path / "model"))[0]
+    assert_same(exported.state_dict(), trainer)
+    # two ranks: resume from a checkpoint written by one process
+    single = Trainer(*load_model("tiny-random"), TrainConfig(**data["cfg"]), dist=SINGLE)
+    steps(single, data)
+    save_checkpoint(tmp_path / "ckpt1", single, {"note": "from 1 process"}, step=1)
+    resumed = torchrun("resume", {**data, "checkpoint": str(tmp_path / "ckpt1")}, tmp_path)
+    assert resumed["state"]["note"] == "from 1 process" and resumed["version"] == 2
+    steps(single, data)
+    assert_same(resumed["weights"], single)
