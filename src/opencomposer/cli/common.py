@@ -4,6 +4,7 @@ line (``emit``), the known-error exit (``fail``) and the policy a command runs."
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
@@ -18,7 +19,9 @@ out = Console()
 
 
 def emit(result: dict) -> None:
-    """The machine-readable last line."""
+    """The machine-readable last line (under torchrun, rank 0's only: one line per run)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     print(json.dumps(result, default=str), flush=True)
 
 

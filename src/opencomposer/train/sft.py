@@ -12,6 +12,12 @@ oracle, an API model, another tokenizer) train any model. Sequences longer than 
 model's context are dropped and counted. Writes ``<out_dir>/checkpoints`` (resumable
 trainer state) and ``<out_dir>/model`` (plain HF directory).
 
+Under torchrun every rank runs this function: the model is sharded (FSDP2), each step's
+batch is the same on every rank and split over them (``train/distributed.py``), rank 0
+shows progress and writes; the result is the same everywhere.
+
+    torchrun --nproc-per-node 4 -m opencomposer.cli sft runs/oracle --model M --out runs/sft
+
 Test: ``pytest tests/unit/train/test_sft.py``.
 """
 
@@ -31,6 +37,7 @@ from opencomposer.models import load_model
 from opencomposer.rl.samples import Sample, sft_samples
 from opencomposer.train.checkpoint import export_model, save_checkpoint
 from opencomposer.train.config import TrainConfig
+from opencomposer.train.distributed import init_from_env, rank_device
 from opencomposer.train.trainer import Trainer
 
 
@@ -75,6 +82,8 @@ def run_sft(
         raise ValueError(f"need epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
     out_dir = Path(out_dir)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dist = init_from_env(device)  # a plain process unless started by torchrun
+    device = str(rank_device(dist, device))
     trajectories = load_transcripts(transcripts)
     model, tokenizer = load_model(model_name, device=device)
     max_tokens = int(model.config.max_position_embeddings)
@@ -84,12 +93,12 @@ def run_sft(
             f"no trainable assistant turns in {len(trajectories)} transcripts "
             f"({dropped} sequences longer than the {max_tokens}-token context)"
         )
-    trainer = Trainer(model, tokenizer, cfg, name=model_name)
+    trainer = Trainer(model, tokenizer, cfg, name=model_name, dist=dist)
     rng = random.Random(cfg.seed)
     batches_per_epoch = -(-len(samples) // batch_size)
     losses: list[float] = []
     tokens, t0 = 0.0, time.perf_counter()
-    with progress_bar(progress) as bar:
+    with progress_bar(progress and dist.main) as bar:
         task = bar.add_task("sft", total=epochs * batches_per_epoch, loss=float("nan")) if bar else None
         for _ in range(epochs):
             order = samples[:]
@@ -105,7 +114,7 @@ def run_sft(
         "model": model_name, "transcripts": len(trajectories), "samples": len(samples),
         "dropped_too_long": dropped, "steps": len(losses), "first_loss": losses[0],
         "last_loss": losses[-1], "losses": losses, "tokens": int(tokens), "seconds": round(seconds, 3),
-        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else 0.0,
+        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else 0.0, "world_size": dist.world,
     }
     if save:
         result["checkpoint"] = str(save_checkpoint(out_dir / "checkpoints", trainer, dict(result), len(losses)))

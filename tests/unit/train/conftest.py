@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+from opencomposer.harness.loop import Agent
+from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox import make_sandbox
 
 from opencomposer.models import load_model
 
@@ -23,3 +31,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def transcripts(tmp_path: Path) -> list[Path]:
+    """Two transcripts of a scripted (token-less, like the oracle) policy in a real sandbox."""
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    paths = []
+    with make_sandbox(SandboxSpec(base_dir=tmp_path / "repo", env_dir=Path(sys.prefix)), "local") as sb:
+        for i in range(2):
+            policy = ScriptedPolicy([
+                [tool_call("read_file", path="calc.py")],
+                [tool_call("edit_file", path="calc.py", old="a - b", new="a + b")],
+                [tool_call("submit", message=f"fixed add ({i})")],
+            ])
+            traj = Agent(sb, policy).run("Fix add in calc.py.", task_id=f"t{i}")
+            assert traj.exit_reason == "submitted"
+            paths.append(traj.save(tmp_path / "transcripts" / f"t{i}.json"))
+    return paths

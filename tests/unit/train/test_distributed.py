@@ -3,6 +3,7 @@ N ranks must give the single-process update, and their checkpoints must resume a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,3 +93,25 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data,
     assert resumed["state"]["note"] == "from 1 process" and resumed["version"] == 2
     steps(single, data)
     assert_same(resumed["weights"], single)
+
+
+def test_sft_command_under_torchrun_prints_one_result_and_exports(tmp_path, transcripts):
+    """`torchrun -m opencomposer.cli sft` as a user runs it: one JSON line (rank 0's), a
+    model directory that loads, and the losses of the same run in one process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = ["sft", str(transcripts[0].parent), "--model", "tiny-random", "--epochs", "2", "--lr", "3e-3"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "opencomposer.cli", *args, "--out", str(tmp_path / "two")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, proc.stdout  # rank 1 prints nothing
+    two = json.loads(lines[0])
+    assert two["world_size"] == 2 and two["steps"] == 2 and two["samples"] == 2
+    one = json.loads(subprocess.run([sys.executable, "-m", "opencomposer.cli", *args, "--out", str(tmp_path / "one")],
+                                    env=env, capture_output=True, text=True, timeout=600).stdout.splitlines()[-1])
+    assert one["world_size"] == 1
+    # same batches, the same update; bf16 autocast where the CPU has it: agree to its rounding
+    assert two["losses"] == pytest.approx(one["losses"], rel=2e-2)
+    model, _ = load_model(two["export"])
+    assert sum(p.numel() for p in model.parameters()) > 0
