@@ -77,6 +77,13 @@ def _is_context_overflow(e: Exception) -> bool:
     return type(e).__name__ == "ContextLengthError" or getattr(e, "code", None) == "context_length_exceeded"
 
 
+def _mixed_versions(out: PolicyOutput) -> list[int]:
+    """The per-token versions of a turn that new weights reached mid-turn (``Step.policy_versions``);
+    empty for a turn of one version (``EnginePolicy`` and ``ServerPolicy`` report them per token)."""
+    versions = list(getattr(out, "policy_versions", None) or [])
+    return versions if len(set(versions)) > 1 and len(versions) == len(out.token_ids) else []
+
+
 def _prose(text: str) -> str:
     """The text of a turn without its tool-call blocks (the calls travel in ``tool_calls``)."""
     return parse_tool_calls(text)[0] if OPEN in text else text
@@ -183,6 +190,7 @@ class Agent:
             completion_tokens=out.completion_tokens or estimate_tokens(out.text), tokens_estimated=estimated,
             finish_reason=out.finish_reason, token_ids=list(out.token_ids),
             logprobs=list(out.logprobs), policy_version=out.policy_version, segment=len(traj.segments),
+            policy_versions=_mixed_versions(out),
             routes=routes, routes_from=routes_from,
         )
         traj.steps.append(step)

@@ -56,6 +56,9 @@ class Step:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_version: int = 0
+    # per completion token, only when the turn spans several versions (weights updated in
+    # flight mid-turn); empty means every token is ``policy_version``'s, as transcripts were
+    policy_versions: list[int] = field(default_factory=list)
     segment: int = 0  # which context segment the turn belongs to (see harness/summarize.py)
     summary: bool = False  # the turn answered the summary request; its text is the summary
     # MoE: the experts of the turn's prompt + completion tokens from ``routes_from`` on (the

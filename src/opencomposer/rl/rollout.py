@@ -44,6 +44,7 @@ from opencomposer.rewards.length import Usage
 from opencomposer.rewards.shaping import ShapedReward, shape
 from opencomposer.rl.batching import BatchedPolicy
 from opencomposer.rl.episode import EpisodeResult, run_task
+from opencomposer.rl.samples import token_versions
 from opencomposer.tasks.format import Task
 
 __all__ = ["BatchedPolicy", "Rollout", "TokenCounts", "collect_rollouts", "shape_rollouts", "token_counts"]
@@ -168,7 +169,7 @@ def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | ModelPo
         traj = result.trajectory
         return Rollout(
             task.id, group, index, result, tokens=token_counts(traj, policy.tokenizer),
-            invalid_calls=traj.invalid_calls, policy_versions=sorted({s.policy_version for s in traj.steps}),
+            invalid_calls=traj.invalid_calls, policy_versions=sorted({v for s in traj.steps for v in token_versions(s)}),
             seconds=time.monotonic() - t0,
         )
     except Exception as e:  # one broken episode is a failed rollout, never a failed batch

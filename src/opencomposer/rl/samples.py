@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.harness.trajectory import Trajectory
+from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.models.chat import speaks_hermes, encode_prompt, render_prompt, to_template_messages
 from opencomposer.models.moe_replay import decode_routes
 from opencomposer.protocols import Message
@@ -88,7 +88,7 @@ class _Turn:
     prompt: list[int]
     completion: list[int]
     logprobs: list[float]
-    version: int
+    versions: list[int]  # per completion token
     routes: torch.Tensor | None = None  # the turn's request: experts of its prompt + completion
     joined: bool = False  # routes joined to the previous turn's (valid only if its prompt extends that turn)
 
@@ -170,9 +170,17 @@ def trajectory_samples(
         prompt = encode_prompt(tokenizer, render_prompt(tokenizer, history, tools))
         if check:
             _check_prompt(traj, k, prompt)
-        turns.append(_Turn(prompt, list(step.token_ids), list(step.logprobs), step.policy_version, routes,
+        turns.append(_Turn(prompt, list(step.token_ids), list(step.logprobs), token_versions(step), routes,
                            step.routes_from > 0))
     return _pack(turns, advantage, traj.task_id, group_id)
+
+
+def token_versions(step: Step) -> list[int]:
+    """The policy version of each sampled token of a turn (several when new weights came in
+    flight mid-turn: ``Step.policy_versions``)."""
+    if step.policy_versions and len(step.policy_versions) == len(step.token_ids):
+        return list(step.policy_versions)
+    return [step.policy_version] * len(step.token_ids)
 
 
 # --------------------------------------------------------------------------- SFT
@@ -222,7 +230,7 @@ def sft_samples(traj: Trajectory, tokenizer: Any, tools: list[dict[str, Any]], g
     for history, message in turn_contexts(traj):
         prompt = encode_prompt(tokenizer, render_prompt(tokenizer, history, tools))
         completion = encode_prompt(tokenizer, assistant_completion(tokenizer, history, message, tools))
-        turns.append(_Turn(prompt, completion, [0.0] * len(completion), NOT_GENERATED))
+        turns.append(_Turn(prompt, completion, [0.0] * len(completion), [NOT_GENERATED] * len(completion)))
     return _pack(turns, 1.0, traj.task_id, group_id)
 
 
@@ -253,7 +261,7 @@ def _pack(turns: list[_Turn], advantage: float, task_id: str = "", group_id: str
         ids += new + turn.completion
         mask += [0] * len(new) + [1] * len(turn.completion)
         old += [0.0] * len(new) + turn.logprobs
-        ver += [NOT_GENERATED] * len(new) + [turn.version] * len(turn.completion)
+        ver += [NOT_GENERATED] * len(new) + turn.versions
         # a turn starting a sequence afresh (its prompt does not extend the last turn) cannot use
         # routes that were joined to the last turn's on the assumption that it did
         routes = turn.routes if len(new) < len(turn.prompt) or not turn.joined else None
