@@ -98,7 +98,7 @@ class HarderTasks:
         had = set(self.made_tasks())
         rep = self.factory.make()
         new = [p for p in self.made_tasks() if p not in had]
-        added = extend_sampler(sampler, new)
+        added = sampler.extend(new)
         self.log(f"  {len(new)} new tasks ({rep.summary()['levels']}), {added} added to the pool")
         row["tasks_added"] = float(added)
         return row
@@ -111,13 +111,3 @@ class HarderTasks:
         self.factory.rounds = int(state["rounds"])
         self.rates = [float(r) for r in state["rates"]][-self.window:]
 
-
-def extend_sampler(sampler: TaskSampler, paths: list[Path]) -> int:
-    """Append tasks the sampler does not know yet to the end of its order; returns how many."""
-    added = 0
-    for p in paths:
-        if p.name not in sampler.paths:
-            sampler.paths[p.name] = p
-            sampler.order.append(p.name)
-            added += 1
-    return added
