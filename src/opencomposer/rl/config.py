@@ -69,6 +69,12 @@ class RolloutSection(Strict):
     base_url: str | None = Field(None, description="rollout.engine='server': the server, e.g. http://gpu-7:8000/v1")
     sync_timeout_s: float = Field(300.0, gt=0, description="rollout.engine='server': how long a step waits for "
                                                            "the server to run the trainer's version")
+    max_staleness: int = Field(
+        0, ge=0, description="0: synchronous steps (sync weights, collect, train). N >= 1: rollouts run ahead of "
+                             "the trainer in a thread, up to N batches, and each update reaches the engine in flight "
+                             "(mid-rollout; 'server': published without waiting); a batch whose oldest token is more "
+                             "than N versions behind the trainer is dropped (its tasks handed out again). Needs "
+                             "engine 'builtin' or 'server' (rl/async_rollouts.py)")
 
 
 class LossSection(Strict):
@@ -151,6 +157,10 @@ class RLRunConfig(Strict):
         if self.rollout.engine == "server" and (not self.rollout.base_url or self.sync is None):
             raise ValueError("rollout.engine='server' needs rollout.base_url (the server) and a [sync] store "
                              "(the server follows it: opencomposer serve --weights-from STORE)")
+        if self.rollout.max_staleness and self.rollout.engine == "hf":
+            raise ValueError("rollout.max_staleness >= 1 with rollout.engine='hf': 'hf' samples with the trainer's own "
+                             "model object, which the optimizer would change under running rollouts; use "
+                             "rollout.engine='builtin' or 'server', or rollout.max_staleness = 0")
         if self.sync is not None and self.train.lora:
             raise ValueError("[sync] with train.lora=true: followers take full weights; merge the adapters "
                              "(export the model) or train without LoRA")

@@ -2,16 +2,23 @@
 
     opencomposer train --config configs/demo.toml [--resume]
 
-One step, in named pieces (``RLRun.step``): take the next unused tasks (single epoch),
-collect K rollouts of each through the deployment harness with the current weights,
-score them with the hidden tests, turn rewards into group advantages (no std division
-for equal groups), build token-level samples with the same prompt renderer the policy
-used, and take one optimizer step of the Composer GRPO variant. Metrics go to
-``metrics.jsonl`` (and TensorBoard when installed); checkpoints (weights, optimizer,
-sampler state) are written atomically every ``save_every`` steps, so ``--resume``
+One step, in named pieces (``RLRun.step``): ``collect_batch`` takes the next unused tasks
+(single epoch), collects K rollouts of each through the deployment harness and ``score``s
+them (hidden-test rewards, shaping, group advantages with no std division for equal groups,
+token-level samples rendered by the same prompt builder the policy used); ``train`` takes
+one optimizer step of the Composer GRPO variant; the new weights go to the rollout engine.
+
+``[rollout] max_staleness = 0``: synchronous (weights synced, batch collected, then trained).
+``N >= 1``: ``collect_batch`` runs in a thread up to N batches ahead of the trainer
+(``rl/async_rollouts.py``), each update reaches the engine in flight (mid-rollout), and
+``next_batch`` drops a batch whose oldest token is more than N versions old. Either way a
+task counts as used once trained on, so tasks in flight at a stop are collected again after
+``--resume``. Metrics go to ``metrics.jsonl`` (and TensorBoard when installed), including
+staleness, versions per rollout and where each side waited; checkpoints (weights,
+optimizer, sampler state) are written atomically every ``save_every`` steps, so ``--resume``
 continues exactly where a run stopped.
 
-Test: ``pytest tests/integration/test_rl_run.py``.
+Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.py``.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ from opencomposer.rl.loss import LossConfig
 from opencomposer.rl.metrics import summarize_groups
 from opencomposer.rl.batching import BatchedPolicy
 from opencomposer.rl.rollout import Rollout, collect_rollouts, shape_rollouts
-from opencomposer.rl.samples import trajectory_samples
+from opencomposer.rl.async_rollouts import RolloutsAhead
+from opencomposer.rl.samples import Sample, trajectory_samples
 from opencomposer.rl.sampler import TaskSampler
+from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
 from opencomposer.rl.taskpool import HarderTasks
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from opencomposer.train.trainer import Trainer, frozen_copy
@@ -107,6 +116,21 @@ def sandbox_pool(rollout: RolloutSection):
 
 
 @dataclass
+class Batch:
+    """One step's rollouts, scored: what one optimizer step updates on."""
+
+    paths: list[Path]  # the tasks (in flight in the sampler until trained)
+    task_ids: list[str]
+    rollouts: list[Rollout]  # K per task, group-major: groups stay whole
+    samples: list[Sample]
+    pairs: list  # feedback distillation (hinted, original) pairs
+    points: list  # feedback failure points
+    shaping: dict[str, float]
+    oldest: int | None  # the oldest policy version among its sampled tokens
+    times: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class RLRun:
     cfg: RLRunConfig
     train_tasks: list[Path]
@@ -140,6 +164,7 @@ class RLRun:
         self.policy = self.make_policy(self.cfg.rollout.temperature)
         self.tools = agent_tools()
         self.pool = sandbox_pool(self.cfg.rollout)  # closed by run() (or close())
+        self.ahead: RolloutsAhead | None = None  # the rollout thread while run() runs, if max_staleness
 
     def _publisher(self):
         if self.cfg.sync is None:
@@ -186,13 +211,19 @@ class RLRun:
                                max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed, policy_version=version)
         return BatchedPolicy(base, max_batch=r.max_batch)
 
-    def sync_weights(self) -> None:
-        """Make the rollout policy sample from the trainer's current weights (and say so)."""
+    def sync_weights(self, wait: bool = True) -> None:
+        """Make the rollout policy sample from the trainer's current weights (and say so).
+
+        The built-in engine takes them between two decode steps, in flight if rollouts are
+        running (``max_staleness``); a server gets them through the store, and ``wait=False``
+        leaves it to apply them when its follower polls (its tokens then say which version ran).
+        """
         if self.policy.policy_version == self.trainer.version:
             return
         if self.cfg.rollout.engine == "server":  # through the weight store: publish, then wait for the server
             self.publish()
-            self.policy.policy.wait_for_version(self.trainer.version, self.cfg.rollout.sync_timeout_s)
+            if wait:
+                self.policy.policy.wait_for_version(self.trainer.version, self.cfg.rollout.sync_timeout_s)
         elif self.cfg.rollout.engine == "builtin":
             self.policy.policy.update_weights(self.trainer.model.state_dict(), self.trainer.version)
         else:  # same model object: only the label moves
@@ -208,16 +239,32 @@ class RLRun:
                 "sync_compression": s["compression"], "sync_changed_fraction": s["changed_fraction"],
                 "time_sync": round(s["seconds"], 3)}
 
-    def step(self, step: int) -> dict[str, Any]:
+    # ------------------------------------------------------------------ one step, in pieces
+
+    def collect_batch(self) -> Batch:
+        """The next unused tasks -> K rollouts each -> scored samples (in the rollout thread
+        when rollouts run ahead; there the engine's weights move on their own)."""
         from opencomposer.tasks.format import Task
 
         r, t0 = self.cfg.rollout, time.perf_counter()
-        tasks = [Task.load(p) for p in self.sampler.next_batch()]
-        self.sync_weights()
+        paths = self.sampler.issue()
+        tasks = [Task.load(p) for p in paths]
+        if not r.max_staleness:
+            self.sync_weights()
+        gen0 = self.policy.stats.get("generate_seconds", 0.0)
         rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
                                     max_concurrent=r.k * r.tasks_per_step,
                                     sandboxes=self.pool.lease if self.pool is not None else None)
         t1 = time.perf_counter()
+        batch = self.score(paths, [t.id for t in tasks], rollouts)
+        reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
+        batch.times = {"time_rollout": round(t1 - t0, 2),
+                       "time_generate": round(self.policy.stats.get("generate_seconds", 0.0) - gen0, 2),
+                       "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2)}
+        return batch
+
+    def score(self, paths: list[Path], task_ids: list[str], rollouts: list[Rollout]) -> Batch:
+        """Shaped rewards -> group advantages -> token samples (and feedback pairs)."""
         shaping = shape_rollouts(rollouts, self.cfg.reward)
         groups: dict[str, list[float]] = {}
         for ro in rollouts:
@@ -231,16 +278,6 @@ class RLRun:
             if ro.result is not None:
                 samples += trajectory_samples(ro.result.trajectory, self.trainer.tokenizer, self.tools,
                                               adv[ro.task_id][i], group_id=ro.task_id)
-        t2 = time.perf_counter()
-        lc = self.cfg.loss
-        loss_cfg = LossConfig(clip_low=lc.clip_low, clip_high=lc.clip_high, kl_coef=lc.kl_coef,
-                              kl_estimator=lc.kl_estimator)
-        # constant normaliser: the most tokens a batch could hold (no per-sequence averaging)
-        normalizer = float(self.cfg.agent.max_tokens * len(rollouts))
-        if lc.kl_coef == 0:
-            # a zero-advantage sample contributes exactly zero gradient without a KL term:
-            # skip its forward/backward (a group whose K rewards are equal costs nothing)
-            samples = [s for s in samples if s.advantage != 0.0]
         fb = self.cfg.feedback
         points, pairs = [], []  # targeted textual feedback: hints at failure points, distilled
         for ro in rollouts if fb.enabled else []:
@@ -248,35 +285,89 @@ class RLRun:
                 found = detect(ro.result.trajectory, fb)
                 points += found
                 pairs += distill_pairs(ro.result.trajectory, found, self.trainer.tokenizer, self.tools)
+        return Batch(paths, task_ids, rollouts, samples, pairs, points, shaping, oldest_version(rollouts))
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of the Composer GRPO variant (+ feedback distillation) on a batch."""
+        lc, fb = self.cfg.loss, self.cfg.feedback
+        loss_cfg = LossConfig(clip_low=lc.clip_low, clip_high=lc.clip_high, kl_coef=lc.kl_coef,
+                              kl_estimator=lc.kl_estimator)
+        # constant normaliser: the most tokens a batch could hold (no per-sequence averaging)
+        normalizer = float(self.cfg.agent.max_tokens * len(batch.rollouts))
+        samples = batch.samples
+        if lc.kl_coef == 0:
+            # a zero-advantage sample contributes exactly zero gradient without a KL term:
+            # skip its forward/backward (a group whose K rewards are equal costs nothing)
+            samples = [s for s in samples if s.advantage != 0.0]
         train = dict.fromkeys(("loss", "pg_loss", "kl", "grad_norm", "clip_fraction", "tokens"), 0.0)
+        train.update(staleness(batch.samples, self.trainer.version))  # the version this update starts from
+        train["samples"] = float(len(samples))
         if samples:
             train.update(self.trainer.rl_backward(samples, loss_cfg, normalizer, self.reference()))
-        if pairs:
-            train.update(self.trainer.distill_backward(pairs, fb.coef, normalizer))
-        if samples or pairs:
+        if batch.pairs:
+            train.update(self.trainer.distill_backward(batch.pairs, fb.coef, normalizer))
+        if samples or batch.pairs:
             train.update(self.trainer.optimizer_step())
         else:
             train["skipped"] = 1.0
         if fb.enabled:
-            kinds = [p.kind for p in points]
+            kinds = [p.kind for p in batch.points]
             train.update({"feedback_points": float(len(kinds)),
                           **{f"feedback_{k}": float(kinds.count(k)) for k in fb.detectors}})
+        return train
+
+    def next_batch(self) -> tuple[Batch, float, int]:
+        """(batch, seconds the trainer waited for it, batches dropped as too stale).
+
+        Synchronous: collected now, with the trainer's weights. Ahead: the rollout thread's
+        next batch, trained only if its oldest token is at most ``max_staleness`` versions
+        behind the trainer; a staler one (a server that lags, a slow step) is dropped, its
+        tasks handed out again."""
+        n = self.cfg.rollout.max_staleness
+        if self.ahead is None:
+            t0 = time.perf_counter()
+            return self.collect_batch(), time.perf_counter() - t0, 0
+        waited, dropped = 0.0, 0
+        while True:
+            batch, w = self.ahead.get()
+            waited += w
+            if batch.oldest is None or batch.oldest >= self.trainer.version - n:
+                return batch, waited, dropped
+            self.sampler.release(batch.paths)
+            self.ahead.redo()
+            dropped += 1
+
+    def step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        idle0 = self.ahead.idle_seconds if self.ahead is not None else 0.0
+        batch, waited, dropped = self.next_batch()
+        t1 = time.perf_counter()
+        train = self.train(batch)
+        self.sampler.trained(batch.paths)  # only now: tasks in flight at a stop are handed out again
+        t2 = time.perf_counter()
+        sync = self.publish()
+        if self.ahead is not None:
+            self.sync_weights(wait=False)  # in flight: the rollouts running now continue on them
         t3 = time.perf_counter()
-        reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
-        row = {
-            "step": step + 1, **rollout_stats(rollouts, r.k), **shaping, "task_ids": [t.id for t in tasks],
-            "samples": len(samples), "train_tokens": train.get("tokens", 0.0),
+        r = self.cfg.rollout
+        # the engine idles while a synchronous step trains; ahead, while the thread waits for room
+        rollout_idle = (self.ahead.idle_seconds - idle0) if self.ahead is not None else t3 - t1
+        return {
+            "step": step + 1, **rollout_stats(batch.rollouts, r.k), **batch.shaping,
+            "task_ids": batch.task_ids,
+            "samples": int(train["samples"]), "train_tokens": train.get("tokens", 0.0),
             **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},
             **{k: v for k, v in train.items() if k.startswith(("distill_", "feedback_"))},
             "replayed_route_tokens": train.get("replayed_route_tokens", 0.0),  # MoE: router replay
             "update_skipped": bool(train.get("skipped", 0.0)),
-            "time_rollout": round(t1 - t0, 2), "time_generate": round(self.policy.stats.get("generate_seconds", 0.0), 2),
-            "time_reward_cpu": round(reward_s, 2), "time_samples": round(t2 - t1, 2), "time_train": round(t3 - t2, 2),
+            **batch.times, "time_train": round(t2 - t1, 2),
+            "time_step": round(t3 - t0, 2), "time_wait_rollouts": round(waited, 2),
+            "time_rollout_idle": round(rollout_idle, 2),
+            "staleness_mean": train["staleness_mean"], "staleness_max": train["staleness_max"],
+            **versions_per_rollout(batch.rollouts), "dropped_stale": dropped,
             "policy_version": self.trainer.version,
-            **self.publish(),
+            **sync,
         }
-        self.policy.stats["generate_seconds"] = 0.0
-        return row
 
     def reference(self):
         """Frozen copy of the policy at the start of RL (after SFT, if any), for the KL term.
@@ -300,6 +391,10 @@ class RLRun:
         self.reference()
         self.publish()  # followers start from the weights RL starts from
         try:
+            if self.cfg.rollout.max_staleness:  # rollouts run ahead in a thread (rl/async_rollouts.py)
+                self.ahead = RolloutsAhead(self.collect_batch, self.cfg.rollout.max_staleness,
+                                           total=self.cfg.run.steps - self.start_step,
+                                           interrupt=self.policy.close).start()
             for step in range(self.start_step, self.cfg.run.steps):
                 row = self.step(step)
                 if self.harder is not None:
@@ -320,7 +415,11 @@ class RLRun:
         return rows
 
     def close(self) -> None:
-        """Close the sandbox pool, if the run has one (every sandbox it made goes)."""
+        """Stop the rollout thread, if any (a collection in progress is cut short, its
+        sandboxes closed), then the sandbox pool, if the run has one (every sandbox it made goes)."""
+        if self.ahead is not None:
+            self.ahead.close()
+            self.ahead = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None

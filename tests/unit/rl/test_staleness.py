@@ -1,0 +1,31 @@
+"""Staleness and versions per rollout, from per-token policy versions of real data structures."""
+
+from opencomposer.harness.trajectory import Step, Trajectory
+from opencomposer.protocols import RewardResult
+from opencomposer.rl.episode import EpisodeResult
+from opencomposer.rl.rollout import Rollout
+from opencomposer.rl.samples import NOT_GENERATED, Sample, token_versions
+from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
+
+
+def rollout(*steps: Step) -> Rollout:
+    traj = Trajectory(messages=[], steps=list(steps))
+    return Rollout("t", 0, 0, EpisodeResult("t", traj, RewardResult(0.0, False), {}))
+
+
+def test_a_turn_updated_mid_way_keeps_each_tokens_version():
+    one = Step(turn=0, text="", token_ids=[5, 6, 7], logprobs=[0.0] * 3, policy_version=4)
+    mixed = Step(turn=1, text="", token_ids=[5, 6, 7], logprobs=[0.0] * 3, policy_version=4, policy_versions=[4, 4, 5])
+    assert token_versions(one) == [4, 4, 4] and token_versions(mixed) == [4, 4, 5]
+    assert token_versions(Step(turn=0, text="no ids (an API policy)")) == []
+    rollouts = [rollout(one), rollout(one, mixed), rollout(), Rollout("t", 0, 1, None)]  # + empty and failed
+    assert oldest_version(rollouts) == 4 and oldest_version(rollouts[2:]) is None
+    assert versions_per_rollout(rollouts) == {"versions_per_rollout": 1.5, "versions_per_rollout_max": 2.0}
+
+
+def test_staleness_counts_loss_tokens_only():
+    g = NOT_GENERATED
+    a = Sample([1, 2, 3, 4], [0, 1, 1, 0], [0.0] * 4, policy_version=[g, 3, 4, g])
+    b = Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, policy_version=[g, 4, 4])
+    assert staleness([a, b], 4) == {"staleness_mean": 0.25, "staleness_max": 1.0}
+    assert staleness([], 4) == {"staleness_mean": 0.0, "staleness_max": 0.0}
