@@ -52,6 +52,19 @@ def model_flops_per_token(model: Any, seq_len: int) -> float:
     return 6.0 * matmul + 6.0 * cfg.num_hidden_layers * seq_len * cfg.hidden_size
 
 
+def profile_step(trainer: Any, samples: list, d: Any, top: int = 14) -> list[str]:
+    """One more step under the profiler: where the GPU time goes, the top ops by their own time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer.sft_step(samples)
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in events) or 1
+    return [f"{e.key[:70]}: {e.self_device_time_total / 1e3:.1f} ms ({100 * e.self_device_time_total / total:.1f}%), "
+            f"{e.count} calls" for e in events[:top]] if d.main else []
+
+
 def worker(args: argparse.Namespace) -> None:
     from opencomposer.inference.bench import SHAPES, random_model
     from opencomposer.rl.samples import Sample
@@ -87,6 +100,8 @@ def worker(args: argparse.Namespace) -> None:
             losses.append(m["loss"])
             if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
+        if args.profile and cuda:
+            out["profile"] = profile_step(trainer, samples, d)
         step_s = statistics.median(times)
         tok_s = args.batch * args.seq_len / step_s
         peak = torch.cuda.max_memory_allocated() if cuda else 0
@@ -145,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler (CUDA)")
     ap.add_argument("--timeout", type=float, default=560.0, help="seconds per world size")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
