@@ -1,6 +1,6 @@
-"""Training: the ``Trainer`` (RL and SFT steps), checkpoints and exports, the SFT stage.
+"""Training: the ``Trainer`` (RL and SFT steps), checkpoints and exports, the CPT and SFT stages.
 
-    from opencomposer.train import Trainer, TrainConfig, save_checkpoint, run_sft
+    from opencomposer.train import Trainer, TrainConfig, save_checkpoint, run_pretrain, run_sft
 
 Names resolve lazily, so importing the package does not load torch or peft.
 
@@ -21,6 +21,7 @@ _EXPORTS = {
     "export_model": "checkpoint",
     "CheckpointError": "checkpoint",
     "run_sft": "sft",
+    "run_pretrain": "pretrain",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,5 @@
-"""``TrainConfig``: optimiser, LoRA, precision and batching settings of a ``Trainer``.
+"""``TrainConfig``: optimiser, LoRA, precision and batching settings of a ``Trainer``; and
+``PretrainRunConfig``, the root of ``opencomposer pretrain --config`` (``configs/pretrain.toml``).
 
 Loaded from a TOML table like every config (``config.load_config``)::
 
