@@ -89,7 +89,8 @@ def train(
         result = run_pipeline(cfg, resume=resume, log=lambda m: err.print(m, highlight=False), on_step=show)
     except known_errors() + (PoolExhausted,) as e:
         fail(e)
-    err.print(f"report: {result['report']}")
+    if "report" in result:  # rank 0's (under torchrun the others only train)
+        err.print(f"report: {result['report']}")
     emit(result)
 
 

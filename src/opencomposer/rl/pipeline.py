@@ -12,6 +12,9 @@ Every stage leaves its result in the run directory (``evals.json``, ``sft.json``
 ``sft_model/``, ``checkpoints/``, ``metrics.jsonl``), and a resumed run skips the
 stages already done.
 
+Under torchrun, rank 0 makes the tasks, runs the oracle, the evaluations and the report;
+every rank takes part in the SFT and RL updates (sharded, ``rl/run.py``).
+
 Test: ``pytest tests/integration/test_rl_run.py``.
 """
 
@@ -33,6 +36,7 @@ from opencomposer.rl.run import RLRun
 from opencomposer.rl.samples import sft_samples
 from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.tasks.format import Task
+from opencomposer.train import distributed
 from opencomposer.train.checkpoint import export_model, save_checkpoint
 
 
@@ -87,9 +91,16 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     backend = cfg.rollout.backend
-    tasks = ensure_tasks(cfg.tasks, backend, log)
-    train, held = split_tasks(tasks, cfg.tasks.heldout, cfg.tasks.seed, out)
-    log(f"{len(train)} training tasks, {len(held)} held out; model {cfg.model.name}")
+    dist = distributed.init_from_env(cfg.model.device)  # a plain process unless started by torchrun
+    if not dist.main:
+        log = _quiet
+    split = None
+    if dist.main:  # tasks are made and split once; the other ranks only train
+        tasks = ensure_tasks(cfg.tasks, backend, log)
+        split = split_tasks(tasks, cfg.tasks.heldout, cfg.tasks.seed, out)
+    train, held = distributed.broadcast(split, dist)
+    log(f"{len(train)} training tasks, {len(held)} held out; model {cfg.model.name}"
+        + (f"; trainer sharded over {dist.world} ranks" if dist.enabled else ""))
     t0 = time.perf_counter()
     run = RLRun(cfg, train, out, resume=resume, on_step=on_step)
     log(f"model loaded in {time.perf_counter() - t0:.1f}s" + (f"; resuming at step {run.start_step}" if run.start_step else ""))
@@ -98,7 +109,7 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     held_tasks = [Task.load(p) for p in held]
 
     def measure(name: str) -> None:
-        if held_tasks and name in cfg.eval.stages and name not in evals:
+        if dist.main and held_tasks and name in cfg.eval.stages and name not in evals:
             log(f"evaluating held-out pass@1 ({name}) ...")
             with run.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
                 evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
@@ -109,17 +120,21 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     if run.start_step == 0:
         if cfg.sft.enabled and not (resume and sft_path.exists()):
             log("SFT warm start on oracle traces ...")
-            trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg)
-            sft = sft_warm_start(run, trajs, cfg, log)
+            trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg) if dist.main else None
+            sft = sft_warm_start(run, distributed.broadcast(trajs, dist), cfg, log)
             export_model(out / "sft_model", run.trainer)
             # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
             # RL checkpoint resumes from them instead of from the base model
             save_checkpoint(run.ckpt_dir, run.trainer, {"sampler": run.sampler.state()}, 0,
                             keep=cfg.run.keep_checkpoints)
-            _write_json(sft_path, sft)
+            run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
+            if dist.main:
+                _write_json(sft_path, sft)
             measure("sft")
     log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
     rows = run.run()
+    if not dist.main:
+        return {"out": str(out), "rank": dist.rank, "steps": cfg.run.steps - run.start_step}
     run.policy.close()
     measure("rl")
     measure("base")
@@ -127,3 +142,7 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     return {"out": str(out), "report": str(report), "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
             "steps": len(rows), "last_step": rows[-1] if rows else None,
             "checkpoint": str(run.latest_checkpoint() or "")}
+
+
+def _quiet(_: str) -> None:
+    """The log of ranks other than 0: rank 0 speaks for the run."""

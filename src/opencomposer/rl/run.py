@@ -18,6 +18,15 @@ staleness, versions per rollout and where each side waited; checkpoints (weights
 optimizer, sampler state) are written atomically every ``save_every`` steps, so ``--resume``
 continues exactly where a run stopped.
 
+Under torchrun (``torchrun --nproc-per-node N -m opencomposer.cli train --config C``) the
+trainer is sharded over the ranks (FSDP2, ``train/distributed.py``). Rank 0 is also the
+actor: it collects every batch (its engine, its sandboxes, its rollout thread) and
+broadcasts it, or its error, to the others; every rank trains on its share; then all of
+them gather the new weights to rank 0 (``refresh_weights``, one collective a version),
+where the engine, the weight store and the evaluations read them. Logs and metrics are
+rank 0's. ``rollout.engine = "hf"`` samples with the trainer's own model, which no single
+rank holds, so it is refused there.
+
 Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.py``.
 """
 
@@ -29,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from opencomposer.config import ConfigError
 from opencomposer.harness.prompt import agent_tools
 from opencomposer.models.policy import ModelPolicy
 from opencomposer.models.registry import load_model
@@ -45,6 +55,7 @@ from opencomposer.rl.samples import Sample, trajectory_samples
 from opencomposer.rl.sampler import TaskSampler
 from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
 from opencomposer.rl.taskpool import HarderTasks
+from opencomposer.train import distributed
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from opencomposer.train.trainer import Trainer, frozen_copy
 
@@ -131,6 +142,13 @@ class Batch:
 
 
 @dataclass
+class _Abort:
+    """What rank 0 broadcasts instead of a batch when collecting it failed."""
+
+    reason: str
+
+
+@dataclass
 class RLRun:
     cfg: RLRunConfig
     train_tasks: list[Path]
@@ -142,14 +160,22 @@ class RLRun:
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         m = self.cfg.model
-        model, tok = load_model(m.name, device=m.device)
-        self.trainer = Trainer(model, tok, self.cfg.train.model_copy(update={"temperature": self.cfg.rollout.temperature}))
+        self.dist = distributed.init_from_env(m.device)  # a plain process unless started by torchrun
+        self.main = self.dist.main  # rank 0: the actor (rollouts, engine, logs)
+        self.device = str(distributed.rank_device(self.dist, m.device))
+        if self.dist.enabled and self.cfg.rollout.engine == "hf":
+            raise ConfigError("rollout.engine='hf' samples with the trainer's own model, which torchrun shards "
+                              "over the ranks: use rollout.engine='builtin' (rank 0's engine) or 'server'")
+        model, tok = load_model(m.name, device=self.device)
+        self.trainer = Trainer(model, tok, self.cfg.train.model_copy(update={"temperature": self.cfg.rollout.temperature}),
+                               dist=self.dist)
         self.ref = None  # the KL reference: the policy RL starts from (see reference())
-        self.log = MetricsLog(self.out)
+        self._gathered: tuple[int, dict] | None = None  # sharded: (version, whole weights on rank 0)
+        self.log = MetricsLog(self.out) if self.main else None
         self.ckpt_dir = self.out / "checkpoints"
         self.start_step = 0
         # difficulty on demand: harder tasks from the factory as the pass rate rises (rl/taskpool.py)
-        self.harder = HarderTasks(self.cfg.tasks, self.out) if self.cfg.tasks.harder_every else None
+        self.harder = HarderTasks(self.cfg.tasks, self.out) if self.cfg.tasks.harder_every and self.main else None
         if self.harder is not None:  # what it made in earlier sessions of this run is in the pool
             self.train_tasks = self.train_tasks + self.harder.made_tasks()
         self.sampler = TaskSampler(self.train_tasks, self.cfg.rollout.tasks_per_step, self.cfg.run.seed)
@@ -159,11 +185,14 @@ class RLRun:
             self.sampler = TaskSampler.from_state(self.train_tasks, state["sampler"])
             if self.harder is not None and "harder" in state:
                 self.harder.restore(state["harder"])
-            self.log.truncate(self.start_step, state.get("row"))
-        self.publisher = self._publisher()  # [sync]: every version goes to a weight store for remote followers
-        self.policy = self.make_policy(self.cfg.rollout.temperature)
+            if self.log is not None:
+                self.log.truncate(self.start_step, state.get("row"))
+        self.refresh_weights()
+        # [sync]: every version goes to a weight store for remote followers
+        self.publisher = self._publisher() if self.main else None
+        self.policy = self.make_policy(self.cfg.rollout.temperature) if self.main else None
         self.tools = agent_tools()
-        self.pool = sandbox_pool(self.cfg.rollout)  # closed by run() (or close())
+        self.pool = sandbox_pool(self.cfg.rollout) if self.main else None  # closed by run() (or close())
         self.ahead: RolloutsAhead | None = None  # the rollout thread while run() runs, if max_staleness
 
     def _publisher(self):
@@ -196,13 +225,19 @@ class RLRun:
             self.publish()  # the server samples the trainer's weights, not its own
             base.wait_for_version(self.trainer.version, r.sync_timeout_s)
             return BatchedPolicy(base, max_batch=r.max_batch)
-        model, tok = load_model(m.name, device=m.device) if base_model else self.trainer.policy_pair()
+        if base_model:
+            model, tok = load_model(m.name, device=self.device)
+        elif self.dist.enabled:  # the engine's own copy, of the weights gathered from the shards
+            model, tok = load_model(m.name, device=self.device)
+            model.load_state_dict(self.weights())
+        else:
+            model, tok = self.trainer.policy_pair()
         version = 0 if base_model else self.trainer.version
         if r.engine == "builtin":
             from opencomposer.inference.engine import Engine
             from opencomposer.inference.policy import EnginePolicy
 
-            engine = Engine(model, tok, max_num_seqs=r.max_batch, device=m.device, policy_version=version,
+            engine = Engine(model, tok, max_num_seqs=r.max_batch, device=self.device, policy_version=version,
                             max_model_len=min(int(model.config.max_position_embeddings), 8192))
             base = EnginePolicy(engine, temperature=temperature, top_p=r.top_p,
                                 max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed)
@@ -225,7 +260,7 @@ class RLRun:
             if wait:
                 self.policy.policy.wait_for_version(self.trainer.version, self.cfg.rollout.sync_timeout_s)
         elif self.cfg.rollout.engine == "builtin":
-            self.policy.policy.update_weights(self.trainer.model.state_dict(), self.trainer.version)
+            self.policy.policy.update_weights(self.weights(), self.trainer.version)
         else:  # same model object: only the label moves
             self.policy.policy_version = self.trainer.version
 
@@ -234,10 +269,26 @@ class RLRun:
         metrics row gets what it cost."""
         if self.publisher is None or self.publisher.version == self.trainer.version:
             return {}
-        s = self.publisher.publish(self.trainer.model.state_dict(), self.trainer.version)
+        s = self.publisher.publish(self.weights(), self.trainer.version)
         return {"sync_kind_full": float(s["kind"] == "full"), "sync_stored_mb": s["stored_bytes"] / 2**20,
                 "sync_compression": s["compression"], "sync_changed_fraction": s["changed_fraction"],
                 "time_sync": round(s["seconds"], 3)}
+
+    def refresh_weights(self) -> None:
+        """Sharded: gather the trainer's weights to rank 0 for the engine and the store (a
+        collective: every rank calls it after every update, in step). One process: nothing."""
+        if self.dist.enabled:
+            self._gathered = (self.trainer.version, self.trainer.full_state_dict())
+
+    def weights(self) -> dict:
+        """The trainer's current weights, whole, under HF names (rank 0's view when sharded)."""
+        if not self.dist.enabled:
+            return self.trainer.model.state_dict()
+        version, weights = self._gathered or (None, {})
+        if version != self.trainer.version:
+            raise RuntimeError(f"weights gathered at version {version}, the trainer is at {self.trainer.version}: "
+                               "call refresh_weights() on every rank after an update")
+        return weights
 
     # ------------------------------------------------------------------ one step, in pieces
 
@@ -337,13 +388,34 @@ class RLRun:
             self.ahead.redo()
             dropped += 1
 
+    def shared_batch(self) -> tuple[Batch, float, int]:
+        """``next_batch`` on rank 0, the same on every rank (one process: just ``next_batch``).
+        A failure on rank 0 reaches the others as an error, not as a wait without end."""
+        if not self.dist.enabled:
+            return self.next_batch()
+        got: Any = None
+        if self.main:
+            try:
+                got = self.next_batch()
+            except BaseException as e:
+                distributed.broadcast(_Abort(f"{type(e).__name__}: {e}"), self.dist)
+                raise
+        got = distributed.broadcast(got, self.dist)
+        if isinstance(got, _Abort):
+            raise RuntimeError(f"rank 0 stopped the run while collecting rollouts: {got.reason}")
+        return got
+
     def step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         idle0 = self.ahead.idle_seconds if self.ahead is not None else 0.0
-        batch, waited, dropped = self.next_batch()
+        batch, waited, dropped = self.shared_batch()
         t1 = time.perf_counter()
         train = self.train(batch)
-        self.sampler.trained(batch.paths)  # only now: tasks in flight at a stop are handed out again
+        if self.main:
+            self.sampler.trained(batch.paths)  # only now: tasks in flight at a stop are handed out again
+        self.refresh_weights()
+        if not self.main:
+            return {"step": step + 1}
         t2 = time.perf_counter()
         sync = self.publish()
         if self.ahead is not None:
@@ -378,12 +450,14 @@ class RLRun:
         if self.cfg.loss.kl_coef == 0 or self.cfg.train.lora:
             return None
         if self.ref is None:
-            if self.start_step == 0:
+            if self.start_step == 0 and not self.dist.enabled:
                 self.ref = frozen_copy(self.trainer.model)
-            else:
+            else:  # resumed, or sharded (no rank holds the whole policy): what RL started from, from disk
                 sft = self.out / "sft_model"
                 self.ref = frozen_copy(load_model(str(sft) if sft.exists() else self.cfg.model.name,
-                                                  device=self.cfg.model.device)[0])
+                                                  device=self.device)[0])
+                if self.dist.enabled:
+                    self.ref = distributed.shard_model(self.ref, self.dist, self.trainer.device, self.trainer.bf16)
         return self.ref
 
     def run(self) -> list[dict]:
@@ -391,13 +465,13 @@ class RLRun:
         self.reference()
         self.publish()  # followers start from the weights RL starts from
         try:
-            if self.cfg.rollout.max_staleness:  # rollouts run ahead in a thread (rl/async_rollouts.py)
+            if self.main and self.cfg.rollout.max_staleness:  # rollouts run ahead in a thread (rl/async_rollouts.py)
                 self.ahead = RolloutsAhead(self.collect_batch, self.cfg.rollout.max_staleness,
                                            total=self.cfg.run.steps - self.start_step,
                                            interrupt=self.policy.close).start()
             for step in range(self.start_step, self.cfg.run.steps):
                 row = self.step(step)
-                if self.harder is not None:
+                if self.main and self.harder is not None:
                     row.update(self.harder.after_step(step + 1, row["pass@1"], self.sampler))
                 # checkpoint first (atomic), then the metrics row: a kill in between loses
                 # nothing, since the row travels in the checkpoint (see MetricsLog.truncate)
@@ -406,6 +480,8 @@ class RLRun:
                     save_checkpoint(self.ckpt_dir, self.trainer,
                                     {"sampler": self.sampler.state(), "row": row, **extra},
                                     step + 1, keep=self.cfg.run.keep_checkpoints)
+                if not self.main:
+                    continue
                 self.log.write(row)
                 rows.append(row)
                 if self.on_step:

@@ -92,7 +92,8 @@ def _write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step
     try:
         tmp.mkdir()
         # weights=None: the model's own state dict (not sharded)
-        trainer.model.save_pretrained(tmp / "model", **({} if weights is None else {"state_dict": weights}))
+        trainer.model.save_pretrained(tmp / "model", **({} if weights is None else
+                                                         {"state_dict": _without_twins(weights, trainer.model)}))
         trainer.tokenizer.save_pretrained(tmp / "model")
         torch.save(optimizer, tmp / "optimizer.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
@@ -170,7 +171,7 @@ def export_model(dir: str | Path, trainer: Trainer) -> Path:
         error = None
         if d.main:
             try:
-                _export(final, trainer, trainer.model, {"state_dict": weights})
+                _export(final, trainer, trainer.model, {"state_dict": _without_twins(weights, trainer.model)})
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
         error = distributed.broadcast(error, d)
@@ -253,6 +254,21 @@ def _load_sharded(path: Path, trainer: Trainer) -> None:
     _set_rng_state(saved[d.rank] if saved is not None and len(saved) == d.world else _torch_load(path / "rng.pt"))
 
 
+def _twins(model: Any) -> list[list[str]]:
+    """Names that share one parameter (a tied lm_head and embed_tokens), in module order."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _without_twins(weights: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
+    """Gathered weights name a tied tensor twice; ``save_pretrained`` of a plain model writes it
+    once, under its first name, and so does this (the files are the same either way)."""
+    drop = {n for names in _twins(model) for n in names[1:]}
+    return {k: v for k, v in weights.items() if k not in drop}
+
+
 def _full_weights(model_dir: Path, model: Any) -> dict[str, torch.Tensor]:
     """Every tensor the model's state dict names, read from ``model_dir``; a tied weight that
     ``save_pretrained`` wrote once (lm_head = embed_tokens) is filled in from its twin."""
@@ -262,10 +278,7 @@ def _full_weights(model_dir: Path, model: Any) -> dict[str, torch.Tensor]:
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(_safetensors(f))
-    twins: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        twins.setdefault(id(p), []).append(name)
-    for names in twins.values():
+    for names in _twins(model):
         have = [n for n in names if n in weights]
         for n in names:
             if have and n not in weights:

@@ -16,6 +16,7 @@ from opencomposer.inference.policy import EnginePolicy
 from opencomposer.models import load_model
 from opencomposer.models.moe_replay import decode_routes, encode_routes, routers
 from opencomposer.rl.samples import SampleError, trajectory_samples
+from opencomposer.train.config import TrainConfig
 from opencomposer.train.trainer import Trainer
 
 
@@ -49,7 +50,7 @@ def test_routes_travel_from_the_engine_to_the_trainers_forward_pass(moe, sandbox
     for s in samples:
         assert tuple(s.routes.shape) == (len(s) - 1, 2, 2)
 
-    trainer = Trainer(model, tok)
+    trainer = Trainer(model, tok, TrainConfig(bf16=False))  # fp32, as the sampler: no autocast where the CPU has bf16
     for s in samples:
         b = trainer._collate([s])
         replayed, _ = trainer._logprobs(model, b, 1.0)

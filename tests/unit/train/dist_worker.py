@@ -13,13 +13,15 @@ import torch
 
 from opencomposer.models import load_model
 from opencomposer.rl.loss import LossConfig
-from opencomposer.train import TrainConfig, Trainer, export_model, load_checkpoint, save_checkpoint
-from opencomposer.train.distributed import init_from_env
+from opencomposer.train import TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
+from opencomposer.train.distributed import init_from_env, shard_model
 
 
-def steps(trainer: Trainer, data: dict) -> list[dict]:
-    """One GRPO + feedback-distillation update, then one SFT update: what every scenario runs."""
-    m = trainer.rl_backward(data["samples"], LossConfig(), data["normalizer"])
+def steps(trainer: Trainer, data: dict, ref=None) -> list[dict]:
+    """One GRPO + feedback-distillation update, then one SFT update: what every scenario runs;
+    with a reference model, the GRPO loss has a k1 KL term."""
+    m = trainer.rl_backward(data["samples"], LossConfig(kl_coef=0.1 if ref is not None else 0.0),
+                            data["normalizer"], ref)
     m.update(trainer.distill_backward(data["pairs"], 0.5, data["normalizer"]))
     m.update(trainer.optimizer_step())
     return [m, trainer.sft_step(data["samples"])]
@@ -35,6 +37,9 @@ def main(scenario: str, data_file: str, out: str) -> None:
     result: dict = {"world": d.world, "sharded_params": sum(p.to_local().numel() for p in trainer.params)}
     if scenario == "steps":
         result["metrics"] = steps(trainer, data)
+    elif scenario == "kl":  # the reference sharded as the RL run shards it (rl/run.py: reference)
+        ref = shard_model(frozen_copy(load_model("tiny-random")[0]), d, trainer.device, trainer.bf16)
+        result["metrics"] = steps(trainer, data, ref) + steps(trainer, data, ref)
     elif scenario == "save":  # steps, a checkpoint, steps again, an export
         result["metrics"] = steps(trainer, data)
         save_checkpoint(out_dir / "ckpt", trainer, {"note": "from 2 ranks"}, step=1)

@@ -14,7 +14,7 @@ import torch
 
 from opencomposer.models import load_model
 from opencomposer.rl.samples import Sample
-from opencomposer.train import TrainConfig, Trainer, load_checkpoint, save_checkpoint
+from opencomposer.train import TrainConfig, Trainer, frozen_copy, load_checkpoint, save_checkpoint
 from opencomposer.train.distributed import SINGLE, split
 
 from .dist_worker import steps
@@ -75,6 +75,20 @@ def test_two_ranks_make_the_single_process_update(data, tmp_path):
     assert_same(got["weights"], trainer)
 
 
+def test_two_ranks_with_a_sharded_kl_reference_make_the_single_process_update(data, tmp_path):
+    got = torchrun("kl", data, tmp_path)
+    model, tok = load_model("tiny-random")
+    ref = frozen_copy(model)
+    trainer = Trainer(model, tok, TrainConfig(**data["cfg"]), dist=SINGLE)
+    metrics = steps(trainer, data, ref) + steps(trainer, data, ref)
+    assert metrics[2]["kl"] != 0  # the second update saw a policy that had moved from the reference
+    for mine, theirs in zip(metrics, got["metrics"]):
+        for key in ("loss", "kl", "grad_norm"):
+            if key in mine:
+                assert theirs[key] == pytest.approx(mine[key], rel=1e-4, abs=1e-6), key
+    assert_same(got["weights"], trainer)
+
+
 def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data, tmp_path):
     got = torchrun("save", data, tmp_path)
     # one process: resume from the 2-rank checkpoint, run the second round of steps
@@ -85,6 +99,9 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data,
     assert_same(got["weights"], trainer)  # optimizer moments came through: same as never stopping
     exported = load_model(str(tmp_path / "model"))[0]
     assert_same(exported.state_dict(), trainer)
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "model" / "model.safetensors"), "pt") as f:  # a tied weight written once
+        assert "lm_head.weight" not in set(f.keys()) and "model.embed_tokens.weight" in set(f.keys())
     # two ranks: resume from a checkpoint written by one process
     single = Trainer(*load_model("tiny-random"), TrainConfig(**data["cfg"]), dist=SINGLE)
     steps(single, data)
