@@ -35,6 +35,15 @@ def test_config_typo_names_key(tmp_path: Path):
     assert r.returncode == 2 and "agent.max_turnz" in r.stderr and "unknown key" in r.stderr
 
 
+def test_an_error_naming_a_config_table_keeps_its_brackets(tmp_path: Path):
+    """Messages name tables like [sync]; the console must show them, not eat them as markup."""
+    cfg = tmp_path / "rl.toml"
+    cfg.write_text(f'[tasks]\ndir = "{tmp_path / "tasks"}"\n[rollout]\nengine = "server"\n')
+    r = run_cli("train", "--config", str(cfg))
+    assert r.returncode == 2 and "[sync] store" in r.stderr.replace("\n", " ")
+    assert "[sync] store" in last_json(r.stdout)["error"]
+
+
 def test_bad_source_and_levels(tmp_path: Path):
     r = run_cli("tasks", "make", "--source", "github:foo/bar", "--out", str(tmp_path))
     assert r.returncode == 2 and "expected pypi:NAME==VERSION" in r.stderr

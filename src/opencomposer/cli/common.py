@@ -39,7 +39,10 @@ def known_errors() -> tuple[type[BaseException], ...]:
 
 
 def fail(e: BaseException) -> None:
-    err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+    from rich.markup import escape
+
+    # escaped: messages name config tables such as [sync] or [pretrain], which rich would eat as markup
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
     emit({"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
     raise typer.Exit(2)
 

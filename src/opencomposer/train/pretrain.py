@@ -22,6 +22,12 @@ Writes ``<out>/checkpoints`` (``save_checkpoint``, every ``save_every`` steps; a
 resumes from it at the exact step, the batch of step ``s`` being a function of the seed
 and ``s`` only), ``<out>/model`` (``export_model``) and ``<out>/result.json``.
 
+Under torchrun every rank runs this function: the model is sharded (FSDP2,
+``train/distributed.py``), each rank trains its share of the global batch of every step, and
+the update is the one a single process makes; rank 0 shows progress and writes the files.
+
+    torchrun --nproc-per-node 8 -m opencomposer.cli pretrain data/ --model M --out runs/cpt
+
 Test: ``pytest tests/unit/train/test_pretrain.py``.
 """
 
@@ -44,6 +50,7 @@ from opencomposer.train.checkpoint import (CheckpointError, export_model, load_c
                                            save_checkpoint)
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.corpus import Mix, PackedSource, cut, pack, pack_corpus, parse_source, read_documents
+from opencomposer.train.distributed import init_from_env, rank_device
 from opencomposer.train.sft import progress_bar
 from opencomposer.train.trainer import Trainer
 
@@ -147,6 +154,8 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
         if not s.path.exists():
             raise FileNotFoundError(f"{WHAT}: {s.path} does not exist")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dist = init_from_env(device)  # under torchrun: sharded, each rank trains its share of the global batch
+    device = str(rank_device(dist, device))
     model, tok = load_model(model_name, device=device)
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if context and seq_len > context:
@@ -159,7 +168,7 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
     setup = {"model": model_name, "seq_len": seq_len, "batch_size": batch_size, "seed": seed, "held_out": held_out,
              "corpus": counts}
     cfg = (cfg or TrainConfig()).model_copy(update={"lr": lr, "warmup_steps": 0})
-    trainer = Trainer(model, tok, cfg, name=model_name)
+    trainer = Trainer(model, tok, cfg, name=model_name, dist=dist)
     state = _resume(out / "checkpoints", trainer, setup)
     start, history, evals = int(state.get("step", 0)), state.get("history", []), state.get("evals", [])
     if start > steps:
@@ -169,7 +178,7 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
         evals.append(_evaluate(sets, trainer, 0))
     normalizer = loss_normalizer(batch_size, seq_len)
     train_s, t0 = 0.0, time.perf_counter()
-    with progress_bar(progress) as bar:
+    with progress_bar(progress and dist.main) as bar:
         task = bar.add_task("pretrain", total=steps, completed=start, loss=float("nan")) if bar else None
         for step in range(start, steps):
             t = time.perf_counter()
@@ -202,9 +211,10 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
         "seconds": round(time.perf_counter() - t0, 2),
         "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None,
         "before": evals[0], "after": evals[-1], "evals": evals,
-        "model_dir": str(out / "model"), "checkpoint": str(out / "checkpoints"),
+        "model_dir": str(out / "model"), "checkpoint": str(out / "checkpoints"), "world_size": dist.world,
     }
-    atomic_write_text(out / "result.json", json.dumps({**result, "history": history}, indent=1))
+    if dist.main:
+        atomic_write_text(out / "result.json", json.dumps({**result, "history": history}, indent=1))
     return result
 
 

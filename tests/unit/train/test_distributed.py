@@ -132,3 +132,37 @@ def test_sft_command_under_torchrun_prints_one_result_and_exports(tmp_path, tran
     assert two["losses"] == pytest.approx(one["losses"], rel=2e-2)
     model, _ = load_model(two["export"])
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_pretrain_command_on_two_ranks_makes_the_single_process_model(tmp_path):
+    """`torchrun -m opencomposer.cli pretrain`: each rank trains half of every global batch;
+    the exported model and the held-out loss are the single process's (fp32)."""
+    import shutil
+    import sysconfig
+
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"):
+        shutil.copy(Path(sysconfig.get_paths()["stdlib"]) / name, code / name)
+    cfg = tmp_path / "cpt.toml"
+    cfg.write_text(f"[pretrain]\ndata = ['{code}']\nmodel = 'tiny-random'\nsteps = 3\nseq_len = 32\nbatch_size = 4\n"
+                   "held_out = 0.3\neval_windows = 4\neval_every = 0\nlr = 3e-3\nwarmup_steps = 1\n[train]\nbf16 = false\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    results = []
+    for nproc, out in ((2, tmp_path / "two"), (1, tmp_path / "one")):
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m"] if nproc > 1 else ["-m"]
+        proc = subprocess.run([sys.executable, *launch, "opencomposer.cli", "pretrain", "--config", str(cfg),
+                               "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        assert len(lines) == 1, proc.stdout
+        results.append(json.loads(lines[0]))
+    two, one = results
+    assert (two["world_size"], one["world_size"]) == (2, 1)
+    assert two["after"]["held_out"]["loss"] != two["before"]["held_out"]["loss"]  # it trained
+    assert two["after"]["held_out"]["loss"] == pytest.approx(one["after"]["held_out"]["loss"], abs=1e-4)
+    a, b = load_model(two["model_dir"])[0].state_dict(), load_model(one["model_dir"])[0].state_dict()
+    start = load_model("tiny-random")[0].state_dict()
+    assert max(float((b[k] - start[k]).abs().max()) for k in b) > 1e-3
+    worst = max(float((a[k] - b[k]).abs().max()) for k in b)
+    assert worst < 1e-5, worst
