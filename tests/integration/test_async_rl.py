@@ -115,3 +115,44 @@ def test_a_stop_with_a_batch_in_flight_hands_its_tasks_out_again(toolz_tasks: Pa
     assert len(used) == len(set(used)) == 2  # no task trained twice
     state = json.loads((out / "checkpoints" / "step-0002" / "state.json").read_text())
     assert state["sampler"]["used"][-1] == in_flight[0]  # the task in flight at the stop, trained now
+
+
+def test_rollouts_ahead_on_a_server_that_follows_the_store(toolz_tasks: Path, tmp_path: Path):
+    """engine = "server": each update is published and the run goes on without waiting for the
+    server; the staleness check holds on the versions the server reports per token."""
+    from opencomposer.inference.front import build_front
+    from opencomposer.inference.server import ServeConfig, uvicorn_server
+
+    store, out = tmp_path / "weights", tmp_path / "server-ahead"
+    front = build_front(ServeConfig(model="tiny-random", max_num_seqs=8, weights_from=str(store), weights_poll_s=0.05))
+    uv = uvicorn_server(front, "127.0.0.1", 0)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        while not uv.started:
+            assert thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}/v1"
+        text = write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, engine="server", sync=store,
+                         base_url=url).read_text().replace("max_new_tokens = 12", "max_new_tokens = 12\nmax_staleness = 1")
+        p = tmp_path / "server-ahead.toml"
+        p.write_text(text)
+        cfg = load_config(p, RLRunConfig)
+        train, _ = split_tasks(ensure_tasks(cfg.tasks, "local"), cfg.tasks.heldout, cfg.tasks.seed, out)
+        run = RLRun(cfg, train, out)
+        run.run()
+        run.policy.close()
+        rows = rows_of(out)
+        assert [r["step"] for r in rows] == [1, 2] and [r["policy_version"] for r in rows] == [1, 2]
+        assert all(r["staleness_max"] <= 1 and r["train_tokens"] > 0 for r in rows)
+        used = [t for r in rows for t in r["task_ids"]]
+        assert len(used) == len(set(used)) == 2
+        engine = front.arms["a"].loop.engine
+        deadline = time.monotonic() + 30
+        while engine.policy_version != 2 and time.monotonic() < deadline:  # published, not waited for
+            time.sleep(0.05)
+        assert engine.policy_version == 2
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        front.stop()
