@@ -95,10 +95,12 @@ class RolloutsAhead(Generic[T]):
             self._stop = True
             busy = self._busy
             self._cond.notify_all()
-        if busy and self.interrupt is not None:
-            self.interrupt()
-        if self._thread.is_alive():
-            self._thread.join(self.join_timeout_s)
+        try:
+            if busy and self.interrupt is not None:
+                self.interrupt()
+        finally:  # the thread is a daemon: a collection that outlasts the timeout cannot hang the exit
+            if self._thread.is_alive():
+                self._thread.join(self.join_timeout_s)
 
     @property
     def alive(self) -> bool:
