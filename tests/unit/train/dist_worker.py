@@ -6,6 +6,7 @@ tiny-random model; rank 0 writes what came out for the test to compare with one 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,24 @@ import torch
 from opencomposer.models import load_model
 from opencomposer.rl.loss import LossConfig
 from opencomposer.train import TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
-from opencomposer.train.distributed import init_from_env, shard_model
+from opencomposer.train.distributed import init_from_env, rank_device, shard_model
+
+
+def test_model(device: str):
+    """tiny-random (its tokenizer comes from the embedded GGUF), or with OC_TEST_MODEL=random the
+    random 'tiny' Qwen2 shape and a small word-level tokenizer: what a GPU host without the
+    GGUF can build."""
+    if os.environ.get("OC_TEST_MODEL", "tiny-random") == "tiny-random":
+        return load_model("tiny-random", device=device)
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from opencomposer.inference.bench import random_model
+
+    vocab = {"<pad>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, 512)}}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+                                  pad_token="<pad>", unk_token="<unk>")
+    return random_model("tiny", device, torch.float32, seed=0).train(False), tok
 
 
 def steps(trainer: Trainer, data: dict, ref=None) -> list[dict]:
@@ -29,16 +47,18 @@ def steps(trainer: Trainer, data: dict, ref=None) -> list[dict]:
 
 def main(scenario: str, data_file: str, out: str) -> None:
     torch.set_num_threads(1)
-    d = init_from_env("cpu")
+    device = os.environ.get("OC_TEST_DEVICE", "cpu")  # tests/gpu runs it on CUDA (NCCL)
+    d = init_from_env(device)
+    device = str(rank_device(d, device))
     data = torch.load(data_file, weights_only=False)
-    model, tok = load_model("tiny-random")
+    model, tok = test_model(device)
     trainer = Trainer(model, tok, TrainConfig(**data["cfg"]), dist=d)
     out_dir = Path(out)
     result: dict = {"world": d.world, "sharded_params": sum(p.to_local().numel() for p in trainer.params)}
     if scenario == "steps":
         result["metrics"] = steps(trainer, data)
     elif scenario == "kl":  # the reference sharded as the RL run shards it (rl/run.py: reference)
-        ref = shard_model(frozen_copy(load_model("tiny-random")[0]), d, trainer.device, trainer.bf16)
+        ref = shard_model(frozen_copy(test_model(device)[0]), d, trainer.device, trainer.bf16)
         result["metrics"] = steps(trainer, data, ref) + steps(trainer, data, ref)
     elif scenario == "save":  # steps, a checkpoint, steps again, an export
         result["metrics"] = steps(trainer, data)

@@ -24,9 +24,10 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 CFG = {"bf16": False, "lr": 1e-3, "temperature": 1.0, "micro_batch_tokens": 64}
 
 
-def torchrun(scenario: str, data: dict, tmp: Path, nproc: int = 2) -> dict:
+def torchrun(scenario: str, data: dict, tmp: Path, nproc: int = 2, device: str = "cpu",
+             model: str = "tiny-random") -> dict:
     torch.save(data, tmp / "data.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OC_TEST_DEVICE": device, "OC_TEST_MODEL": model}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(WORKER), scenario, str(tmp / "data.pt"), str(tmp)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -47,15 +48,15 @@ def data():
     return {"samples": samples, "pairs": pairs, "normalizer": 200.0, "cfg": CFG}
 
 
-def one_process(data: dict) -> tuple[Trainer, list[dict]]:
-    trainer = Trainer(*load_model("tiny-random"), TrainConfig(**data["cfg"]), dist=SINGLE)
+def one_process(data: dict, device: str = "cpu") -> tuple[Trainer, list[dict]]:
+    trainer = Trainer(*load_model("tiny-random", device=device), TrainConfig(**data["cfg"]), dist=SINGLE)
     return trainer, steps(trainer, data)
 
 
 def assert_same(weights: dict, trainer: Trainer, atol: float = 1e-5) -> None:
     mine = trainer.model.state_dict()
     assert set(weights) == set(mine)
-    worst = max(float((weights[k] - mine[k]).abs().max()) for k in mine)
+    worst = max(float((weights[k].cpu() - mine[k].cpu()).abs().max()) for k in mine)
     assert worst < atol, f"max |difference| {worst:.2e}"
 
 
