@@ -24,6 +24,7 @@ from opencomposer.rl.sampler import PoolExhausted
 from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.train.checkpoint import load_checkpoint
 
+from conftest import following_server
 from test_rl_run import write_cfg
 
 
@@ -120,19 +121,8 @@ def test_a_stop_with_a_batch_in_flight_hands_its_tasks_out_again(toolz_tasks: Pa
 def test_rollouts_ahead_on_a_server_that_follows_the_store(toolz_tasks: Path, tmp_path: Path):
     """engine = "server": each update is published and the run goes on without waiting for the
     server; the staleness check holds on the versions the server reports per token."""
-    from opencomposer.inference.front import build_front
-    from opencomposer.inference.server import ServeConfig, uvicorn_server
-
     store, out = tmp_path / "weights", tmp_path / "server-ahead"
-    front = build_front(ServeConfig(model="tiny-random", max_num_seqs=8, weights_from=str(store), weights_poll_s=0.05))
-    uv = uvicorn_server(front, "127.0.0.1", 0)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    try:
-        while not uv.started:
-            assert thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        url = f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}/v1"
+    with following_server(store) as (front, url):
         text = write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, engine="server", sync=store,
                          base_url=url).read_text().replace("max_new_tokens = 12", "max_new_tokens = 12\nmax_staleness = 1")
         p = tmp_path / "server-ahead.toml"
@@ -152,7 +142,3 @@ def test_rollouts_ahead_on_a_server_that_follows_the_store(toolz_tasks: Path, tm
         while engine.policy_version != 2 and time.monotonic() < deadline:  # published, not waited for
             time.sleep(0.05)
         assert engine.policy_version == 2
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        front.stop()

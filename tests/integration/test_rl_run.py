@@ -17,6 +17,8 @@ from opencomposer.rl.pipeline import run_pipeline
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint
 from opencomposer.train.trainer import Trainer
 
+from conftest import following_server
+
 
 def write_cfg(tmp: Path, tasks: Path, out: Path, steps: int, kl: float, model: str = "tiny-random",
               engine: str = "hf", sync: Path | None = None, base_url: str | None = None) -> Path:
@@ -77,22 +79,8 @@ def test_rollouts_on_a_server_that_follows_the_runs_weight_store(toolz_tasks: Pa
     `opencomposer serve --weights-from` (here in a thread) applies it, and the run waits for
     the server to run its version before each step's rollouts; samples carry the server's
     exact token ids and logprobs."""
-    import threading
-    import time
-
-    from opencomposer.inference.front import build_front
-    from opencomposer.inference.server import ServeConfig, uvicorn_server
-
     store, out = tmp_path / "weights", tmp_path / "run"
-    front = build_front(ServeConfig(model="tiny-random", max_num_seqs=8, weights_from=str(store), weights_poll_s=0.05))
-    uv = uvicorn_server(front, "127.0.0.1", 0)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    try:
-        while not uv.started:
-            assert thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        url = f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}/v1"
+    with following_server(store) as (front, url):
         cfg = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, engine="server", sync=store,
                                     base_url=url), RLRunConfig)
         run_pipeline(cfg, log=lambda m: None)
@@ -106,10 +94,6 @@ def test_rollouts_on_a_server_that_follows_the_runs_weight_store(toolz_tasks: Pa
         sd = trainer.model.state_dict()
         for name, view in engine.weight_views({k: v.shape for k, v in sd.items()}).items():
             assert torch.equal(view, sd[name]), name
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        front.stop()
 
 
 def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):

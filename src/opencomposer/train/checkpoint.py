@@ -272,12 +272,7 @@ def _without_twins(weights: dict[str, torch.Tensor], model: Any) -> dict[str, to
 def _full_weights(model_dir: Path, model: Any) -> dict[str, torch.Tensor]:
     """Every tensor the model's state dict names, read from ``model_dir``; a tied weight that
     ``save_pretrained`` wrote once (lm_head = embed_tokens) is filled in from its twin."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{model_dir}: no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(_safetensors(f))
+    weights = _read_weights(model_dir)
     for names in _twins(model):
         have = [n for n in names if n in weights]
         for n in names:
@@ -303,13 +298,19 @@ def _load_adapter(file: Path, model: Any) -> None:
         )
 
 
-def _load_full(model_dir: Path, model: Any) -> None:
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files in ``model_dir`` (one or several shards)."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{model_dir}: no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(_safetensors(f))
+    return weights
+
+
+def _load_full(model_dir: Path, model: Any) -> None:
+    weights = _read_weights(model_dir)
     try:
         result = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # shape mismatches
