@@ -160,6 +160,11 @@ def collect_rollouts(
         return list(pool.map(one, jobs))
 
 
+def versions_of(traj: Trajectory) -> list[int]:
+    """The policy versions that sampled any token of ``traj`` (per token: ``token_versions``), sorted."""
+    return sorted({v for s in traj.steps for v in token_versions(s)})
+
+
 def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | ModelPolicy, backend: str,
              cfg: AgentConfig | None, sandboxes: Callable[[Any], Any] | None = None) -> Rollout:
     t0 = time.monotonic()
@@ -169,7 +174,7 @@ def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | ModelPo
         traj = result.trajectory
         return Rollout(
             task.id, group, index, result, tokens=token_counts(traj, policy.tokenizer),
-            invalid_calls=traj.invalid_calls, policy_versions=sorted({v for s in traj.steps for v in token_versions(s)}),
+            invalid_calls=traj.invalid_calls, policy_versions=versions_of(traj),
             seconds=time.monotonic() - t0,
         )
     except Exception as e:  # one broken episode is a failed rollout, never a failed batch

@@ -57,7 +57,7 @@ from opencomposer.rl.staleness import oldest_version, staleness, versions_per_ro
 from opencomposer.rl.taskpool import HarderTasks
 from opencomposer.train import distributed
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
-from opencomposer.train.trainer import Trainer, frozen_copy
+from opencomposer.train.trainer import Trainer, freeze, frozen_copy
 
 
 class MetricsLog:
@@ -142,13 +142,6 @@ class Batch:
 
 
 @dataclass
-class _Abort:
-    """What rank 0 broadcasts instead of a batch when collecting it failed."""
-
-    reason: str
-
-
-@dataclass
 class RLRun:
     cfg: RLRunConfig
     train_tasks: list[Path]
@@ -225,11 +218,10 @@ class RLRun:
             self.publish()  # the server samples the trainer's weights, not its own
             base.wait_for_version(self.trainer.version, r.sync_timeout_s)
             return BatchedPolicy(base, max_batch=r.max_batch)
-        if base_model:
+        if base_model or self.dist.enabled:
             model, tok = load_model(m.name, device=self.device)
-        elif self.dist.enabled:  # the engine's own copy, of the weights gathered from the shards
-            model, tok = load_model(m.name, device=self.device)
-            model.load_state_dict(self.weights())
+            if not base_model:  # the engine's own copy, of the weights gathered from the shards
+                model.load_state_dict(self.weights())
         else:
             model, tok = self.trainer.policy_pair()
         version = 0 if base_model else self.trainer.version
@@ -391,19 +383,7 @@ class RLRun:
     def shared_batch(self) -> tuple[Batch, float, int]:
         """``next_batch`` on rank 0, the same on every rank (one process: just ``next_batch``).
         A failure on rank 0 reaches the others as an error, not as a wait without end."""
-        if not self.dist.enabled:
-            return self.next_batch()
-        got: Any = None
-        if self.main:
-            try:
-                got = self.next_batch()
-            except BaseException as e:
-                distributed.broadcast(_Abort(f"{type(e).__name__}: {e}"), self.dist)
-                raise
-        got = distributed.broadcast(got, self.dist)
-        if isinstance(got, _Abort):
-            raise RuntimeError(f"rank 0 stopped the run while collecting rollouts: {got.reason}")
-        return got
+        return distributed.on_main(self.dist, self.next_batch, "rank 0 stopped the run while collecting rollouts")
 
     def step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -453,9 +433,9 @@ class RLRun:
             if self.start_step == 0 and not self.dist.enabled:
                 self.ref = frozen_copy(self.trainer.model)
             else:  # resumed, or sharded (no rank holds the whole policy): what RL started from, from disk
-                sft = self.out / "sft_model"
-                self.ref = frozen_copy(load_model(str(sft) if sft.exists() else self.cfg.model.name,
-                                                  device=self.device)[0])
+                sft = self.out / "sft_model"  # loaded for this alone: frozen in place, not copied
+                self.ref = freeze(load_model(str(sft) if sft.exists() else self.cfg.model.name,
+                                             device=self.device)[0])
                 if self.dist.enabled:
                     self.ref = distributed.shard_model(self.ref, self.dist, self.trainer.device, self.trainer.bf16)
         return self.ref

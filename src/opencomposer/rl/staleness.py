@@ -16,18 +16,12 @@ from __future__ import annotations
 from typing import Iterable
 
 from opencomposer.rl.rollout import Rollout
-from opencomposer.rl.samples import Sample, token_versions
-
-
-def _versions(rollout: Rollout) -> list[int]:
-    if rollout.result is None:
-        return []
-    return [v for s in rollout.result.trajectory.steps for v in token_versions(s)]
+from opencomposer.rl.samples import Sample
 
 
 def oldest_version(rollouts: Iterable[Rollout]) -> int | None:
     """The oldest policy version among every sampled token of these rollouts (None: no tokens)."""
-    return min((v for r in rollouts for v in _versions(r)), default=None)
+    return min((r.policy_versions[0] for r in rollouts if r.policy_versions), default=None)
 
 
 def staleness(samples: Iterable[Sample], version: int) -> dict[str, float]:
@@ -38,6 +32,6 @@ def staleness(samples: Iterable[Sample], version: int) -> dict[str, float]:
 
 def versions_per_rollout(rollouts: Iterable[Rollout]) -> dict[str, float]:
     """How many policy versions a rollout's tokens span: mean and max over rollouts with tokens."""
-    spans = [len(set(v)) for r in rollouts if (v := _versions(r))]
+    spans = [len(r.policy_versions) for r in rollouts if r.policy_versions]
     return {"versions_per_rollout": sum(spans) / len(spans) if spans else 0.0,
             "versions_per_rollout_max": float(max(spans, default=0))}

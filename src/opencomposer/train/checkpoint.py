@@ -19,8 +19,8 @@ replaced atomically, so a crash leaves the previous checkpoint as the newest; on
 last ``keep`` are kept. Every load problem raises ``CheckpointError`` naming the file.
 
 A sharded trainer (``train/distributed.py``) writes the same format: every rank takes part
-in gathering the full weights and AdamW state to rank 0 (CPU), rank 0 writes, and the
-outcome (the path, or rank 0's error) is broadcast so no rank waits on a failed write.
+in gathering the full weights and AdamW state to rank 0 (CPU), rank 0 writes, and its
+outcome reaches every rank (``distributed.on_main``) so no rank waits on a failed write.
 ``rng-ranks.pt`` adds every rank's RNG state. Loading reads on rank 0 and broadcasts to
 the shards, so a checkpoint resumes on any number of ranks (RNG states then restart from
 rank 0's where the count differs).
@@ -72,15 +72,9 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
     if d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
         weights, optimizer = trainer.full_state_dict(), _full_optimizer_state(trainer)
         rngs = distributed.gather(_rng_state(), d)
-        error = None
-        if d.main:
-            try:
-                _write_step(root, final, trainer, state_text, step, keep, weights, optimizer, rngs)
-            except Exception as e:  # told to every rank below, then raised everywhere
-                error = f"{type(e).__name__}: {e}"
-        error = distributed.broadcast(error, d)
-        if error:
-            raise CheckpointError(f"{final}: rank 0 could not write the checkpoint: {error}")
+        distributed.on_main(d, lambda: _write_step(root, final, trainer, state_text, step, keep, weights, optimizer,
+                                                   rngs), f"{final}: rank 0 could not write the checkpoint",
+                            CheckpointError)
         return final
     _write_step(root, final, trainer, state_text, step, keep, None, trainer.optimizer.state_dict(), None)
     return final
@@ -96,7 +90,7 @@ def _write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step
                                                          {"state_dict": _without_twins(weights, trainer.model)}))
         trainer.tokenizer.save_pretrained(tmp / "model")
         torch.save(optimizer, tmp / "optimizer.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
+        torch.save(rngs[0] if rngs else _rng_state(), tmp / "rng.pt")
         if rngs is not None:
             torch.save(rngs, tmp / "rng-ranks.pt")
         meta = {
@@ -168,15 +162,9 @@ def export_model(dir: str | Path, trainer: Trainer) -> Path:
     d = trainer.dist
     if d.enabled:
         weights = trainer.full_state_dict()
-        error = None
-        if d.main:
-            try:
-                _export(final, trainer, trainer.model, {"state_dict": _without_twins(weights, trainer.model)})
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"
-        error = distributed.broadcast(error, d)
-        if error:
-            raise CheckpointError(f"{final}: rank 0 could not export the model: {error}")
+        distributed.on_main(d, lambda: _export(final, trainer, trainer.model,
+                                               {"state_dict": _without_twins(weights, trainer.model)}),
+                            f"{final}: rank 0 could not export the model", CheckpointError)
         return final
     # Merge into a copy: merging in place would end the trainer's adapters.
     model = copy.deepcopy(trainer.model).merge_and_unload() if trainer.cfg.lora else trainer.model
@@ -212,9 +200,14 @@ def _full_optimizer_state(trainer: Trainer) -> dict:
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not trainer.dist.main:
         return {}
-    index = {n: i for i, n in enumerate(_trainable_names(trainer))}
-    return {"state": {index[n]: v for n, v in by_name["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]]}
+    return _rekey(by_name, {n: i for i, n in enumerate(_trainable_names(trainer))}.__getitem__)
+
+
+def _rekey(optimizer: dict, key: Any) -> dict:
+    """An optimizer state dict with every parameter key ``k`` replaced by ``key(k)``: by name
+    (what DSD speaks) <-> by position (what ``optimizer.state_dict()`` holds and we save)."""
+    return {"state": {key(k): v for k, v in optimizer["state"].items()},
+            "param_groups": [{**g, "params": [key(k) for k in g["params"]]} for g in optimizer["param_groups"]]}
 
 
 def _load_sharded(path: Path, trainer: Trainer) -> None:
@@ -226,29 +219,21 @@ def _load_sharded(path: Path, trainer: Trainer) -> None:
     if trainer.cfg.lora:
         raise CheckpointError(f"{path}: resuming a LoRA checkpoint on {d.world} ranks is not supported; "
                               "resume it in one process")
-    weights: dict[str, torch.Tensor] = {}
-    optimizer: dict = {}
-    error = None
-    if d.main:
+    read: dict[str, dict] = {"weights": {}, "optimizer": {}}  # rank 0's; the shards get them through DSD
+
+    def read_on_main() -> None:
+        read["weights"] = _full_weights(path / "model", trainer.model)
+        names = _trainable_names(trainer)
         try:
-            weights = _full_weights(path / "model", trainer.model)
-            ids = _torch_load(path / "optimizer.pt")
-            names = _trainable_names(trainer)
-            try:
-                optimizer = {"state": {names[int(i)]: v for i, v in ids["state"].items()},
-                             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
-                                              for g in ids["param_groups"]]}
-            except (KeyError, IndexError, TypeError, ValueError) as e:
-                raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: "
-                                      f"{type(e).__name__}: {e}") from None
-        except CheckpointError as e:
-            error = str(e)
-    error = distributed.broadcast(error, d)
-    if error:
-        raise CheckpointError(error)
+            read["optimizer"] = _rekey(_torch_load(path / "optimizer.pt"), lambda i: names[int(i)])
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: "
+                                  f"{type(e).__name__}: {e}") from None
+
+    distributed.on_main(d, read_on_main, f"{path}: rank 0 could not read the checkpoint", CheckpointError)
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(trainer.model, weights, options=opts)
-    set_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer, options=opts)
+    set_model_state_dict(trainer.model, read["weights"], options=opts)
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, read["optimizer"], options=opts)
     rngs = path / "rng-ranks.pt"
     saved = _torch_load(rngs) if rngs.is_file() else None
     _set_rng_state(saved[d.rank] if saved is not None and len(saved) == d.world else _torch_load(path / "rng.pt"))

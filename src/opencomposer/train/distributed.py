@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -171,11 +172,7 @@ def _device() -> torch.device:
 
 def equal_count(n: int, d: Dist) -> int:
     """The largest ``n`` over ranks: how many passes every rank must run."""
-    if not d.enabled:
-        return n
-    t = torch.tensor([n], dtype=torch.int64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(reduce_metrics({"n": n}, d, maxed=("n",))["n"])
 
 
 def reduce_metrics(sums: dict[str, float], d: Dist, maxed: Sequence[str] = ()) -> dict[str, float]:
@@ -211,9 +208,28 @@ def gather(obj: Any, d: Dist) -> list[Any]:
     return out
 
 
-def barrier(d: Dist) -> None:
-    if d.enabled:
-        dist.barrier()
+@dataclass
+class _Failed:
+    reason: str
+
+
+def on_main(d: Dist, fn: Callable[[], Any], what: str, error: type[Exception] = RuntimeError) -> Any:
+    """``fn()`` run on rank 0, its result on every rank (pickled: keep it small). If it raises,
+    rank 0 raises that and every other rank ``error(f"{what}: {reason}")``, instead of waiting
+    for a result that never comes. Not distributed: just ``fn()``."""
+    if not d.enabled:
+        return fn()
+    got: Any = None
+    if d.main:
+        try:
+            got = fn()
+        except BaseException as e:
+            broadcast(_Failed(f"{type(e).__name__}: {e}"), d)
+            raise
+    got = broadcast(got, d)
+    if isinstance(got, _Failed):
+        raise error(f"{what}: {got.reason}")
+    return got
 
 
 def is_sharded(model: Any) -> bool:

@@ -59,9 +59,13 @@ def frozen_copy(model: Any) -> Any:
     if distributed.is_sharded(model):
         raise ValueError("frozen_copy of an FSDP-sharded model: make the reference from the unsharded model "
                          "before building the Trainer, or use LoRA (its reference is the base weights)")
-    ref = copy.deepcopy(model).eval()
-    ref.requires_grad_(False)
-    return ref
+    return freeze(copy.deepcopy(model))
+
+
+def freeze(model: Any) -> Any:
+    """``model`` itself in eval mode without gradients (a reference loaded for that alone)."""
+    model.eval().requires_grad_(False)
+    return model
 
 
 class Trainer:
@@ -152,8 +156,7 @@ class Trainer:
         sums["replayed_route_tokens"] = float(sum(s.routes.shape[0] for s in samples
                                                   if s.routes is not None and s.loss_tokens))
         with self._training():
-            for b in self._passes(samples):
-                idle, b = b is None, b or self._idle_batch()
+            for b, idle in self._passes(samples):
                 ref = self._reference_logprobs(b, ref_model) if use_ref else None
                 lp, ent = self._logprobs(self.model, b, self.cfg.logprob_temperature)
                 loss, stats = grpo_loss(lp, b.old, b.adv, b.mask, ref, cfg)
@@ -189,14 +192,10 @@ class Trainer:
                 raise ValueError(f"distill pair of task {student.task_id!r}: student has {student.loss_tokens} "
                                  f"loss tokens, teacher {teacher.loss_tokens}")
         mine = distributed.share(pairs, [len(s) + len(t) for s, t in pairs], self.dist)
-        passes = distributed.equal_count(len(mine), self.dist)
         with self._training():
-            for i in range(passes):
-                idle = i >= len(mine)
-                if idle:
-                    sb = tb = self._idle_batch()
-                else:
-                    sb, tb = self._collate([mine[i][0]]), self._collate([mine[i][1]])
+            for pair in self._evened(mine):
+                idle = pair is None
+                sb, tb = (self._idle_batch(),) * 2 if idle else (self._collate([pair[0]]), self._collate([pair[1]]))
                 with torch.no_grad():
                     t_logits = self._logits(self.model, tb)
                 kl = distill_kl(self._logits(self.model, sb), t_logits, t)
@@ -214,8 +213,7 @@ class Trainer:
         """Accumulate the gradient of -sum(log p(loss tokens)) / ``normalizer``."""
         sums = {"loss": 0.0, "tokens": 0.0, "loss_tokens": 0.0}
         with self._training():
-            for b in self._passes(samples):
-                idle, b = b is None, b or self._idle_batch()
+            for b, idle in self._passes(samples):
                 # Plain NLL: fused cross-entropy skips token_logprobs' entropy, which SFT never reads.
                 logits = self._logits(self.model, b).float()
                 nll = F.cross_entropy(logits.flatten(0, 1), b.targets.flatten(), reduction="none")
@@ -268,19 +266,23 @@ class Trainer:
         finally:
             self.model.eval()
 
-    def _passes(self, samples: list[Sample]) -> Iterator[_Batch | None]:
-        """This rank's micro-batches of the step's ``samples``, then ``None`` (a zero-weight pass)
-        until it has run as many as the rank with the most (the same count everywhere)."""
+    def _passes(self, samples: list[Sample]) -> Iterator[tuple[_Batch, bool]]:
+        """``(micro-batch, idle)`` for this rank's share of the step's ``samples``; idle passes
+        (``_idle_batch``, whose loss the caller zeroes) pad it to the count of the busiest rank."""
         trainable = [s for s in samples if s.loss_tokens]  # the rest would add nothing but time
         if not trainable:
             raise ValueError(f"no samples to train on: {len(samples)} given, none with loss tokens")
         groups = self._micro_batches(distributed.share(trainable, [len(s) for s in trainable], self.dist))
-        # agreed before any pass: a collective between passes would meet another rank's all-gather
-        passes = distributed.equal_count(len(groups), self.dist)
-        for g in groups:
-            yield self._collate(g)
-        for _ in range(passes - len(groups)):
-            yield None
+        for g in self._evened(groups):
+            yield (self._idle_batch(), True) if g is None else (self._collate(g), False)
+
+    def _evened(self, items: list) -> Iterator[Any]:
+        """``items``, then ``None`` until this rank has as many passes as the rank with the most.
+        The count is agreed before the first pass: a collective between passes would meet another
+        rank's all-gather."""
+        passes = distributed.equal_count(len(items), self.dist)
+        yield from items
+        yield from [None] * (passes - len(items))
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Samples grouped so rows x longest row <= micro_batch_tokens."""

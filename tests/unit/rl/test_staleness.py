@@ -3,14 +3,14 @@
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.protocols import RewardResult
 from opencomposer.rl.episode import EpisodeResult
-from opencomposer.rl.rollout import Rollout
+from opencomposer.rl.rollout import Rollout, versions_of
 from opencomposer.rl.samples import NOT_GENERATED, Sample, token_versions
 from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
 
 
 def rollout(*steps: Step) -> Rollout:
-    traj = Trajectory(messages=[], steps=list(steps))
-    return Rollout("t", 0, 0, EpisodeResult("t", traj, RewardResult(0.0, False), {}))
+    traj = Trajectory(messages=[], steps=list(steps))  # as collect_rollouts makes one
+    return Rollout("t", 0, 0, EpisodeResult("t", traj, RewardResult(0.0, False), {}), policy_versions=versions_of(traj))
 
 
 def test_a_turn_updated_mid_way_keeps_each_tokens_version():

@@ -15,7 +15,7 @@ import torch
 from opencomposer.models import load_model
 from opencomposer.rl.loss import LossConfig
 from opencomposer.train import TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
-from opencomposer.train.distributed import init_from_env, rank_device, shard_model
+from opencomposer.train.distributed import init_from_env, on_main, rank_device, shard_model
 
 
 def test_model(device: str):
@@ -49,6 +49,18 @@ def main(scenario: str, data_file: str, out: str) -> None:
     torch.set_num_threads(1)
     device = os.environ.get("OC_TEST_DEVICE", "cpu")  # tests/gpu runs it on CUDA (NCCL)
     d = init_from_env(device)
+    if scenario == "on_main":  # rank 0 returns, then fails: every rank says what it got
+        got = on_main(d, lambda: {"from": "rank 0"}, "first")
+
+        def fail() -> None:
+            raise OSError("disk full")
+
+        try:
+            on_main(d, fail, "rank 0 could not write", ValueError)
+        except (OSError, ValueError) as e:
+            got["raised"] = f"{type(e).__name__}: {e}"
+        torch.save(got, Path(out) / f"on_main-{d.rank}.pt")
+        return
     device = str(rank_device(d, device))
     data = torch.load(data_file, weights_only=False)
     model, tok = test_model(device)

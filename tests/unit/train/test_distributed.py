@@ -90,6 +90,19 @@ def test_two_ranks_with_a_sharded_kl_reference_make_the_single_process_update(da
     assert_same(got["weights"], trainer)
 
 
+def test_rank_0s_result_and_its_failure_reach_every_rank(tmp_path):
+    torch.save({}, tmp_path / "data.pt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(WORKER), "on_main", str(tmp_path / "data.pt"), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    zero, one = (torch.load(tmp_path / f"on_main-{r}.pt") for r in (0, 1))
+    assert zero["from"] == one["from"] == "rank 0"
+    assert zero["raised"] == "OSError: disk full"  # rank 0: its own error, as one process would raise it
+    assert one["raised"] == "ValueError: rank 0 could not write: OSError: disk full"  # the others: named, not a hang
+
+
 def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data, tmp_path):
     got = torchrun("save", data, tmp_path)
     # one process: resume from the 2-rank checkpoint, run the second round of steps
