@@ -144,7 +144,8 @@ def _checkpoint_model_dir(path: Path) -> Path:
 
     The layout is ``train/checkpoint.py``'s (this layer cannot import it): a run's checkpoint
     dir holds ``latest`` naming a ``step-NNNN`` dir, which holds ``trainer.json`` and
-    ``model/`` (full fine-tuning: an HF directory; LoRA: only the adapter).
+    ``model/`` (full fine-tuning: an HF directory; LoRA: only the adapter), or ``shards/``
+    (a sharded checkpoint: DCP files, no model directory).
     """
     if (path / "config.json").is_file():
         return path
@@ -157,6 +158,12 @@ def _checkpoint_model_dir(path: Path) -> Path:
     if not (path / "trainer.json").is_file():
         return path
     model = path / "model"
+    if (path / "shards").is_dir() and not model.is_dir():
+        raise ModelLoadError(
+            f"{path}: a sharded checkpoint ([train] checkpoint_format = \"sharded\": each rank's DCP shards in "
+            f"{path / 'shards'}) holds no model directory; load the run's export (train.checkpoint.export_model, "
+            "e.g. the run's model/ dir), or resume the run and export it"
+        )
     if (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
         raise ModelLoadError(
             f"{path}: a LoRA checkpoint holds only the adapter ({model / 'adapter_config.json'}); "

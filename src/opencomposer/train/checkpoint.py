@@ -25,11 +25,24 @@ outcome reaches every rank (``distributed.on_main``) so no rank waits on a faile
 the shards, so a checkpoint resumes on any number of ranks (RNG states then restart from
 rank 0's where the count differs).
 
+``TrainConfig.checkpoint_format = "sharded"`` is the layout for models whose whole state does
+not fit one host (the gathered one needs ~16 bytes a parameter on rank 0): ``shards/`` replaces
+``model/`` and ``optimizer.pt``, a ``torch.distributed.checkpoint`` (DCP) directory in which
+every rank writes its own shards of the weights and AdamW state, keyed by parameter name
+(``.metadata``, ``__<rank>_0.distcp``; trainable weights only, a tied one once; no AdamW state
+before the first step). The RNG and JSON files are as above; ``trainer.json`` says
+``"layout": "sharded"``. Every rank writes into rank 0's temp dir, DCP's collectives carry one
+rank's write error to all, then rank 0 checks that every file ``.metadata`` names is there and
+renames. ``load_checkpoint`` reads the layout from ``trainer.json``, whatever the trainer's
+config, and DCP reshards: a checkpoint of N ranks resumes on M, or in one process (which
+writes and reads the same layout without a process group). ``export_model`` still gathers.
+
 Test: ``pytest tests/unit/train/test_checkpoint.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -37,6 +50,8 @@ import random
 import re
 import shutil
 import uuid
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +63,7 @@ from opencomposer.train.trainer import Trainer
 
 CHECKPOINT_FORMAT = "opencomposer.checkpoint/1"
 LATEST = "latest"
+SHARDS = "shards"  # a sharded checkpoint's DCP directory
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -60,7 +76,8 @@ def step_dir_name(step: int) -> str:
 
 
 def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], step: int, keep: int | None = 3) -> Path:
-    """Write ``<dir>/step-NNNN`` atomically, point ``latest`` at it, keep the newest ``keep``."""
+    """Write ``<dir>/step-NNNN`` atomically, point ``latest`` at it, keep the newest ``keep``.
+    Sharded trainer: every rank must call it. The layout is ``trainer.cfg.checkpoint_format``."""
     root = Path(dir)
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -69,32 +86,59 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
         raise CheckpointError(f"{root}: the state to save is not JSON-serialisable: {e}") from None
     final = root / step_dir_name(step)
     d = trainer.dist
-    if d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
+    if trainer.cfg.checkpoint_format == "sharded":
+        _save_sharded(root, final, trainer, state_text, step, keep)
+    elif d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
         weights, optimizer = trainer.full_state_dict(), _full_optimizer_state(trainer)
         rngs = distributed.gather(_rng_state(), d)
-        distributed.on_main(d, lambda: _write_step(root, final, trainer, state_text, step, keep, weights, optimizer,
-                                                   rngs), f"{final}: rank 0 could not write the checkpoint",
-                            CheckpointError)
-        return final
-    _write_step(root, final, trainer, state_text, step, keep, None, trainer.optimizer.state_dict(), None)
+        distributed.on_main(d, lambda: _write_step(root, final, trainer, state_text, step, keep, rngs,
+                                                   lambda tmp: _write_full(tmp, trainer, weights, optimizer)),
+                            f"{final}: rank 0 could not write the checkpoint", CheckpointError)
+    else:
+        _write_step(root, final, trainer, state_text, step, keep, None,
+                    lambda tmp: _write_full(tmp, trainer, None, trainer.optimizer.state_dict()))
     return final
 
 
-def _write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None,
-                weights: dict[str, torch.Tensor] | None, optimizer: dict, rngs: list | None) -> None:
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def _save_sharded(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None) -> None:
+    """Every rank writes its shards into rank 0's temp dir; once all have (DCP's own collectives
+    carry any rank's failure to every rank), rank 0 adds the small files and renames it into place."""
+    d = trainer.dist
+    tmp = Path(distributed.on_main(d, lambda: str(_new_temp(final)),
+                                   f"{root}: rank 0 could not make a temp dir", CheckpointError))
     try:
-        tmp.mkdir()
-        # weights=None: the model's own state dict (not sharded)
-        trainer.model.save_pretrained(tmp / "model", **({} if weights is None else
-                                                         {"state_dict": _without_twins(weights, trainer.model)}))
-        trainer.tokenizer.save_pretrained(tmp / "model")
-        torch.save(optimizer, tmp / "optimizer.pt")
+        _write_shards(tmp / SHARDS, trainer, final)
+        rngs = distributed.gather(_rng_state(), d) if d.enabled else None
+    except BaseException:
+        if d.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    distributed.on_main(d, lambda: _write_step(root, final, trainer, state_text, step, keep, rngs,
+                                               lambda t: _check_shards(t / SHARDS), tmp),
+                        f"{final}: rank 0 could not finish the checkpoint", CheckpointError)
+
+
+def _write_full(tmp: Path, trainer: Trainer, weights: dict[str, torch.Tensor] | None, optimizer: dict) -> None:
+    # weights=None: the model's own state dict (not sharded)
+    trainer.model.save_pretrained(tmp / "model", **({} if weights is None else
+                                                     {"state_dict": _without_twins(weights, trainer.model)}))
+    trainer.tokenizer.save_pretrained(tmp / "model")
+    torch.save(optimizer, tmp / "optimizer.pt")
+
+
+def _write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None,
+                rngs: list | None, payload: Callable[[Path], Any], tmp: Path | None = None) -> None:
+    """``payload(tmp)`` (the weights and optimizer state), then the RNG states and JSON files
+    into ``tmp`` (a new temp dir unless given), renamed to ``final``; then ``latest`` and pruning."""
+    tmp = tmp or _new_temp(final)
+    try:
+        payload(tmp)
         torch.save(rngs[0] if rngs else _rng_state(), tmp / "rng.pt")
         if rngs is not None:
             torch.save(rngs, tmp / "rng-ranks.pt")
         meta = {
-            "format": CHECKPOINT_FORMAT, "step": step, "version": trainer.version, "model": trainer.name,
+            "format": CHECKPOINT_FORMAT, "layout": trainer.cfg.checkpoint_format, "step": step,
+            "version": trainer.version, "model": trainer.name,
             "lr": trainer.base_lr, "schedule_start": trainer.schedule_start,
             "lora": trainer.cfg.lora, "config": trainer.cfg.model_dump(mode="json"),
             "world_size": trainer.dist.world,
@@ -136,7 +180,12 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
             f"is set up for {kinds[trainer.cfg.lora]} (TrainConfig.lora)"
         )
     state = _read_json(path / "state.json")
-    if trainer.dist.enabled:
+    layout = meta.get("layout", "full")  # checkpoints from before sharded ones existed: full
+    if layout == "sharded":
+        _load_shards(path, trainer)
+    elif layout != "full":
+        raise CheckpointError(f"{path / 'trainer.json'}: layout {layout!r}, expected 'full' or 'sharded'")
+    elif trainer.dist.enabled:
         _load_sharded(path, trainer)
     else:
         if trainer.cfg.lora:
@@ -148,7 +197,7 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
             trainer.optimizer.load_state_dict(optimizer)
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"{path / 'optimizer.pt'}: does not fit this trainer's parameters: {e}") from None
-        _set_rng_state(_torch_load(path / "rng.pt"))
+    _restore_rng(path, trainer.dist)
     trainer.version = int(meta["version"])
     trainer.base_lr = float(meta.get("lr", trainer.base_lr))  # older checkpoints: the config's
     trainer.schedule_start = int(meta.get("schedule_start", 0))
@@ -174,7 +223,7 @@ def export_model(dir: str | Path, trainer: Trainer) -> Path:
 
 def _export(final: Path, trainer: Trainer, model: Any, save_kwargs: dict) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = _new_temp(final)
     try:
         model.save_pretrained(tmp, **save_kwargs)
         trainer.tokenizer.save_pretrained(tmp)
@@ -234,9 +283,6 @@ def _load_sharded(path: Path, trainer: Trainer) -> None:
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(trainer.model, read["weights"], options=opts)
     set_optimizer_state_dict(trainer.model, trainer.optimizer, read["optimizer"], options=opts)
-    rngs = path / "rng-ranks.pt"
-    saved = _torch_load(rngs) if rngs.is_file() else None
-    _set_rng_state(saved[d.rank] if saved is not None and len(saved) == d.world else _torch_load(path / "rng.pt"))
 
 
 def _twins(model: Any) -> list[list[str]]:
@@ -319,6 +365,108 @@ def _safetensors(file: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{file}: unreadable safetensors: {type(e).__name__}: {e}") from None
 
 
+# --------------------------------------------------------------------------- sharded (DCP)
+
+
+def _dcp_options(trainer: Trainer) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # frozen weights (LoRA's base) are the base model's, as in the full layout. Loading is not
+    # strict because templates lack them and a tied weight's second name; dcp.load still insists
+    # that every key of the template is in the files.
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def _shard_templates(trainer: Trainer, optimizer: bool) -> dict[str, Any]:
+    """This rank's model (and AdamW) state by parameter name, as DTensor shards (whole tensors in
+    one process): what ``dcp.save`` writes, and what ``dcp.load`` fills in place."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    opts = _dcp_options(trainer)
+    state = {"model": _without_twins(get_model_state_dict(trainer.model, options=opts), trainer.model)}
+    if optimizer:
+        state["optimizer"] = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=opts)
+    return state
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    with warnings.catch_warnings():  # DCP warns that one process means one process: it is meant
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _write_shards(shards: Path, trainer: Trainer, final: Path) -> None:
+    """This rank's weights and AdamW state (DTensor shards, or whole tensors in one process)
+    into ``shards`` (to become ``final``), keyed by parameter name; a collective."""
+    import torch.distributed.checkpoint as dcp
+
+    # before the first step there is no AdamW state, and DSD would make one by a zero-lr step
+    # (step count 1: not the optimizer a resumed run would have had), so it is left out
+    state = _shard_templates(trainer, optimizer=bool(trainer.optimizer.state))
+    try:
+        with _quiet_single_process():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(shards),  # one file a rank, fsynced
+                     no_dist=not trainer.dist.enabled)
+    except (Exception, dcp.api.CheckpointException) as e:  # the latter a BaseException
+        raise CheckpointError(f"{final}: could not write the sharded checkpoint ({_failures(e)}); "
+                              f"the newest checkpoint is unchanged") from None
+
+
+def _load_shards(path: Path, trainer: Trainer) -> None:
+    """Weights and AdamW state from ``path/shards`` into this rank's shards, whatever world size
+    wrote them (DCP reads the overlap of the saved chunks with each rank's own)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    d, shards, opts = trainer.dist, path / SHARDS, _dcp_options(trainer)
+    has_optimizer = distributed.on_main(d, lambda: _check_shards(shards), f"{path}: rank 0 found it unreadable",
+                                        CheckpointError)
+    state = _shard_templates(trainer, has_optimizer)  # in this trainer's own sharding
+    try:
+        with _quiet_single_process():
+            dcp.load(state, storage_reader=dcp.FileSystemReader(shards), no_dist=not d.enabled)
+    except (Exception, dcp.api.CheckpointException) as e:
+        raise CheckpointError(f"{shards}: does not fit this trainer's parameters: {_failures(e)}") from None
+    set_model_state_dict(trainer.model, state["model"], options=opts)
+    if has_optimizer:
+        set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"], options=opts)
+    else:
+        trainer.optimizer.state.clear()
+
+
+def _check_shards(shards: Path) -> bool:
+    """Raise ``CheckpointError`` unless every file DCP's ``.metadata`` names is there, whole;
+    returns whether it holds AdamW state."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    index = shards / ".metadata"
+    if not index.is_file():
+        raise CheckpointError(f"{shards}: no .metadata (DCP writes it last, once every rank has written): "
+                              "the checkpoint is incomplete")
+    try:
+        metadata = FileSystemReader(shards).read_metadata()
+    except Exception as e:  # unpickling errors come in many types
+        raise CheckpointError(f"{index}: unreadable: {type(e).__name__}: {e}") from None
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    missing = sorted(f for f in needed if not (shards / f).is_file())
+    short = sorted(f for f, size in needed.items() if f not in missing and (shards / f).stat().st_size < size)
+    problems = [f"{what}: {', '.join(files)}" for what, files in (("missing", missing), ("cut short", short)) if files]
+    if problems:
+        raise CheckpointError(f"{shards}: shard files {'; '.join(problems)} (of the {len(needed)} its .metadata names)")
+    return any(k.startswith("optimizer.") for k in metadata.state_dict_metadata)
+
+
+def _failures(e: BaseException) -> str:
+    """DCP's ``CheckpointException`` as one line per failed rank, without its tracebacks."""
+    failures = getattr(e, "failures", None)
+    if not failures:
+        return f"{type(e).__name__}: {e}"
+    return "; ".join(f"rank {rank}: {type(x).__name__}: {x}" for rank, (x, _) in sorted(failures.items()))
+
+
 # --------------------------------------------------------------------------- files
 
 
@@ -350,6 +498,13 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def _restore_rng(path: Path, d: distributed.Dist) -> None:
+    """This rank's saved RNG state where the world size is the saved one, else rank 0's."""
+    ranks = path / "rng-ranks.pt"
+    saved = _torch_load(ranks) if d.enabled and ranks.is_file() else None
+    _set_rng_state(saved[d.rank] if saved is not None and len(saved) == d.world else _torch_load(path / "rng.pt"))
+
+
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -361,6 +516,13 @@ def _write_atomic(file: Path, text: str) -> None:
     tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.write_text(text)
     os.replace(tmp, file)
+
+
+def _new_temp(final: Path) -> Path:
+    """A new empty dir beside ``final``, to be renamed to it once complete; never a ``step-N``."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    return tmp
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

@@ -43,6 +43,10 @@ class TrainConfig(Strict):
     bf16: bool | Literal["auto"] = Field("auto", description="bf16 autocast; 'auto' = where native (CUDA bf16, CPU AVX512-BF16/AMX)")
     gradient_checkpointing: bool = False
     seed: int = 0
+    checkpoint_format: Literal["full", "sharded"] = Field(
+        "full", description="full: one process's files (weights and AdamW state gathered to rank 0, which writes); "
+        "sharded: every rank writes its own shards (torch.distributed.checkpoint), none holds the whole state. "
+        "Resuming reads either, on any number of ranks")
     # The sampler's temperature; 0 (greedy) means 1, since greedy logprobs are temperature-1.
     temperature: float = Field(1.0, ge=0)
 

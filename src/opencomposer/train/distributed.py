@@ -21,8 +21,9 @@ Two rules make N ranks compute exactly what one process would:
   each one, so a rank with fewer micro-batches would leave the others waiting forever.
   ``Trainer`` pads the shorter ranks with zero-weight passes (``equal_count``).
 
-Checkpoints stay in the single-process format (``train/checkpoint.py`` gathers full
-tensors to rank 0, which writes), so a run saved on 8 ranks resumes on 1 and vice versa.
+Checkpoints are in the single-process format by default (``train/checkpoint.py`` gathers
+full tensors to rank 0, which writes), or with ``[train] checkpoint_format = "sharded"`` each
+rank writes its own shards (DCP); either way a run saved on 8 ranks resumes on 1 and vice versa.
 
 On CUDA the backend is NCCL and FSDP2 all-gathers parameters in bf16 (fp32 master weights
 and fp32 gradient reduction); on CPU it is gloo, which is what the tests use.

@@ -127,6 +127,11 @@ def test_trainer_checkpoints_load_their_model(tiny, tmp_path):
     save_checkpoint(tmp_path / "lora", Trainer(lora, tok, TrainConfig(bf16=False, lora=True, lora_r=2)), {}, step=1)
     with pytest.raises(ModelLoadError, match="LoRA checkpoint holds only the adapter"):
         load_model(str(tmp_path / "lora"))
+    sharded, _ = load_model("tiny-random")
+    save_checkpoint(tmp_path / "sharded", Trainer(sharded, tok, TrainConfig(bf16=False, checkpoint_format="sharded")),
+                    {}, step=1)
+    with pytest.raises(ModelLoadError, match="a sharded checkpoint .* holds no model directory; load the run's export"):
+        load_model(str(tmp_path / "sharded"))
 
 
 def test_unknown_name_explains_what_was_tried():

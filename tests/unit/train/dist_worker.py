@@ -14,7 +14,7 @@ import torch
 
 from opencomposer.models import load_model
 from opencomposer.rl.loss import LossConfig
-from opencomposer.train import TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
+from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
 from opencomposer.train.distributed import init_from_env, on_main, rank_device, shard_model
 
 
@@ -43,6 +43,25 @@ def steps(trainer: Trainer, data: dict, ref=None) -> list[dict]:
     m.update(trainer.distill_backward(data["pairs"], 0.5, data["normalizer"]))
     m.update(trainer.optimizer_step())
     return [m, trainer.sft_step(data["samples"])]
+
+
+def _save_on_a_full_disk(trainer: Trainer, ckpt: Path, full: bool) -> str:
+    """save_checkpoint at step 2 where writing fails on this rank if ``full``: what each rank raised."""
+    from torch.distributed.checkpoint.filesystem import _FileSystemWriter
+
+    def write_data(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    real = _FileSystemWriter.write_data
+    if full:
+        _FileSystemWriter.write_data = write_data
+    try:
+        save_checkpoint(ckpt, trainer, {"note": "never"}, step=2)
+        return "saved"
+    except CheckpointError as e:
+        return str(e)
+    finally:
+        _FileSystemWriter.write_data = real
 
 
 def main(scenario: str, data_file: str, out: str) -> None:
@@ -77,6 +96,19 @@ def main(scenario: str, data_file: str, out: str) -> None:
         save_checkpoint(out_dir / "ckpt", trainer, {"note": "from 2 ranks"}, step=1)
         result["metrics"] += steps(trainer, data)
         export_model(out_dir / "model", trainer)
+    elif scenario == "save_fails":  # a good checkpoint, one that rank 1 cannot write, a damaged one
+        result["metrics"] = steps(trainer, data)
+        save_checkpoint(out_dir / "ckpt", trainer, {"note": "good"}, step=1)
+        result["errors"] = [_save_on_a_full_disk(trainer, out_dir / "ckpt", d.rank == 1)]
+        torch.distributed.barrier()
+        if d.main:  # one rank's shard file lost
+            next((out_dir / "ckpt" / "step-0001" / "shards").glob("__1_*.distcp")).unlink()
+        torch.distributed.barrier()
+        try:
+            load_checkpoint(out_dir / "ckpt", trainer)
+        except CheckpointError as e:
+            result["errors"].append(str(e))
+        torch.save(result["errors"], out_dir / f"errors-{d.rank}.pt")
     elif scenario == "resume":  # a checkpoint (from any world size), then steps
         result["state"] = load_checkpoint(data["checkpoint"], trainer)
         result["version"] = trainer.version

@@ -30,9 +30,10 @@ def _same(a: list, b: list) -> bool:
     )
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_resume_from_a_checkpoint_is_exact(tmp_path, lora):
-    cfg = TrainConfig(bf16=False, lr=1e-3, lora=lora, lora_r=4)
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full-ft", "lora"])
+def test_resume_from_a_checkpoint_is_exact(tmp_path, lora, layout):
+    cfg = TrainConfig(bf16=False, lr=1e-3, lora=lora, lora_r=4, checkpoint_format=layout)
     a = Trainer(*load_model("tiny-random"), cfg)
     first, second = (rollout_samples(*a.policy_pair(), n=2, seed=k, max_new_tokens=8) for k in (1, 2))
     loss = LossConfig(kl_coef=0.05 if lora else 0.0)
@@ -45,7 +46,7 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path, lora):
     expected = a.rl_step(second, loss, normalizer=16.0)
     expected_rng = torch.rand(3)
 
-    b = Trainer(*load_model("tiny-random"), cfg)
+    b = Trainer(*load_model("tiny-random"), cfg.model_copy(update={"checkpoint_format": "full"}))  # read as found
     got_state = load_checkpoint(tmp_path / "ckpt", b)
     assert got_state == {**state, "step": 2} and b.version == 2
     restored = params(b.model)
@@ -99,6 +100,48 @@ def test_bad_checkpoints_name_the_file(tmp_path, tiny):
     with pytest.raises(CheckpointError, match="trainer.json: checkpoint is full fine-tuning but the trainer is set up for LoRA"):
         load_checkpoint(tmp_path, lora)
     assert json.loads((path / "trainer.json").read_text())["model"].endswith("tiny-random")
+
+
+def test_a_damaged_sharded_checkpoint_names_the_directory_and_what_is_missing(tmp_path):
+    cfg = TrainConfig(bf16=False, lora=True, lora_r=4, checkpoint_format="sharded")
+    trainer = Trainer(*load_model("tiny-random"), cfg)
+    trainer.rl_step(rollout_samples(*trainer.policy_pair(), n=2, max_new_tokens=4), LossConfig(), normalizer=8.0)
+    shards = save_checkpoint(tmp_path, trainer, {}, step=1) / "shards"
+    other = Trainer(*load_model("tiny-random"), cfg.model_copy(update={"lora_r": 8}))
+    with pytest.raises(CheckpointError, match=r"step-0001[/\\]shards: does not fit this trainer's parameters: .*lora"):
+        load_checkpoint(tmp_path, other)
+    data = next(shards.glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=rf"step-0001[/\\]shards: shard files cut short: {data.name} \(of the 1"):
+        load_checkpoint(tmp_path, trainer)
+    data.unlink()
+    with pytest.raises(CheckpointError, match=rf"shards: shard files missing: {data.name}"):
+        load_checkpoint(tmp_path, trainer)
+    (shards / ".metadata").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match=r"shards[/\\].metadata: unreadable"):
+        load_checkpoint(tmp_path, trainer)
+    (shards / ".metadata").unlink()
+    with pytest.raises(CheckpointError, match=r"step-0001[/\\]shards: no .metadata .* incomplete"):
+        load_checkpoint(tmp_path, trainer)
+
+
+def test_a_failed_sharded_save_leaves_the_previous_checkpoint_newest(tmp_path, tiny, monkeypatch):
+    """Before the first step there is no AdamW state to save (nor one made up); a save that
+    fails halfway leaves neither a step directory nor a temp dir behind."""
+    from torch.distributed.checkpoint.filesystem import _FileSystemWriter
+
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, checkpoint_format="sharded"))
+    save_checkpoint(tmp_path, trainer, {"n": 0}, step=0)
+    assert not trainer.optimizer.state
+    assert load_checkpoint(tmp_path, trainer)["n"] == 0 and not trainer.optimizer.state
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_FileSystemWriter, "write_data", full_disk)
+    with pytest.raises(CheckpointError, match=r"step-0001: could not write the sharded checkpoint \(rank 0: OSError"):
+        save_checkpoint(tmp_path, trainer, {"n": 1}, step=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-0000"]
 
 
 def test_export_merges_lora_into_a_loadable_model(tmp_path, tiny):

@@ -126,6 +126,59 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data,
     assert_same(resumed["weights"], single)
 
 
+SHARDED = {**CFG, "checkpoint_format": "sharded"}
+
+
+def test_a_sharded_checkpoint_resumes_exactly_on_two_ranks_in_one_process_and_back(data, tmp_path):
+    """Each rank writes its own shards (DCP); the layout is read from the files, so a trainer
+    set up for the full layout resumes it too, on any number of ranks."""
+    got = torchrun("save", {**data, "cfg": SHARDED}, tmp_path)  # steps, a checkpoint, steps, an export
+    step = tmp_path / "ckpt" / "step-0001"
+    assert sorted(p.name for p in step.iterdir()) == ["rng-ranks.pt", "rng.pt", "shards", "state.json", "trainer.json"]
+    assert sorted(p.name for p in (step / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    meta = json.loads((step / "trainer.json").read_text())
+    assert (meta["layout"], meta["world_size"], meta["config"]["checkpoint_format"]) == ("sharded", 2, "sharded")
+    assert len(torch.load(step / "rng-ranks.pt", weights_only=True)) == 2
+    # the export is gathered as before: one safetensors file, a tied weight written once
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "model" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in set(f.keys()) and "model.embed_tokens.weight" in set(f.keys())
+    exported = load_model(str(tmp_path / "model"))[0].state_dict()
+    assert all(torch.equal(exported[k], got["weights"][k]) for k in exported)
+
+    # 2 -> 2: bit for bit what the uninterrupted run computed
+    resumed = torchrun("resume", {**data, "cfg": SHARDED, "checkpoint": str(tmp_path / "ckpt")}, tmp_path)
+    assert resumed["state"]["note"] == "from 2 ranks" and resumed["version"] == 2
+    assert all(torch.equal(resumed["weights"][k], got["weights"][k]) for k in got["weights"])
+    # 2 -> 1, by a trainer set up for the full layout: the files say which they are
+    trainer = Trainer(*load_model("tiny-random"), TrainConfig(**CFG), dist=SINGLE)
+    assert load_checkpoint(tmp_path / "ckpt", trainer)["note"] == "from 2 ranks" and trainer.version == 2
+    steps(trainer, data)
+    assert_same(got["weights"], trainer)
+    # 1 -> 2: one process writes one shard file; two ranks resume from it
+    single = Trainer(*load_model("tiny-random"), TrainConfig(**SHARDED), dist=SINGLE)
+    steps(single, data)
+    path = save_checkpoint(tmp_path / "ckpt1", single, {"note": "from 1 process"}, step=1)
+    assert sorted(p.name for p in (path / "shards").iterdir()) == [".metadata", "__0_0.distcp"]
+    resumed = torchrun("resume", {**data, "checkpoint": str(tmp_path / "ckpt1")}, tmp_path)
+    assert resumed["state"]["note"] == "from 1 process" and resumed["version"] == 2
+    steps(single, data)
+    assert_same(resumed["weights"], single)
+
+
+def test_a_failed_shard_write_or_a_lost_shard_is_an_error_on_every_rank(data, tmp_path):
+    """Rank 1 cannot write: both ranks raise, naming the rank and the cause, and the previous
+    checkpoint stays the newest, no temp dir left. Then a lost shard file: both ranks name it."""
+    torchrun("save_fails", {**data, "cfg": SHARDED}, tmp_path)
+    ckpt = tmp_path / "ckpt"
+    for rank in (0, 1):
+        failed_save, lost_shard = torch.load(tmp_path / f"errors-{rank}.pt")
+        assert "step-0002" in failed_save and "rank 1: OSError: [Errno 28] No space left on device" in failed_save
+        assert "shards: shard files missing: __1_0.distcp" in lost_shard and "step-0001" in lost_shard
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step-0001"]  # no step-0002, no temp dir
+    assert (ckpt / "latest").read_text().strip() == "step-0001"
+
+
 def test_sft_command_under_torchrun_prints_one_result_and_exports(tmp_path, transcripts):
     """`torchrun -m opencomposer.cli sft` as a user runs it: one JSON line (rank 0's), a
     model directory that loads, and the losses of the same run in one process."""
