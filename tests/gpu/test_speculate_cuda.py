@@ -58,6 +58,7 @@ def test_greedy_speculation_equals_plain_graph_decoding(graphs):
                     spec_max_batch=8)
     oracle = _Oracle(engine.model, engine.speculator.head, 4, max_batch=8)
     oracle.answers = {tuple(p): c.token_ids for p, c in zip(ps, plain)}
+    oracle.attach(engine.runner)
     engine.speculator = oracle
     out = engine.generate(ps, params)
     assert [c.token_ids for c in out] == [c.token_ids for c in plain]
@@ -66,6 +67,8 @@ def test_greedy_speculation_equals_plain_graph_decoding(graphs):
     st = engine.stats()
     assert st["spec_accepted_tokens"] > st["spec_draft_tokens"] / 2 and st["kv_blocks_used"] == 0
     assert bool(st["prefill_graph_tokens"]) == graphs
+    # with graphs every speculative step is two replays (spec_graph.py): verify as decode rows
+    assert st["spec_graph_steps"] == (st["spec_steps"] if graphs else 0) and st["spec_steps"] > 0
 
 
 def test_sampled_speculation_reports_the_models_logprobs_in_bf16():
@@ -78,4 +81,26 @@ def test_sampled_speculation_reports_the_models_logprobs_in_bf16():
             logits = hf(torch.tensor([p + c.token_ids], device="cuda")).logits[0, len(p) - 1:-1].float()
         want = logits.log_softmax(-1).gather(1, torch.tensor(c.token_ids, device="cuda")[:, None])[:, 0]
         assert (torch.tensor(c.logprobs, device="cuda") - want).abs().mean() < 0.05
-    assert engine.stats()["spec_draft_tokens"] > 0 and engine.stats()["kv_blocks_used"] == 0
+    st = engine.stats()
+    assert st["spec_draft_tokens"] > 0 and st["kv_blocks_used"] == 0
+    assert st["spec_graph_steps"] == st["spec_steps"] > 0
+
+
+def test_graph_steps_after_a_weight_update_draft_from_the_new_weights():
+    """An in-flight weight update changes lm_head in place; the graph's draft-vocabulary rows
+    (a copy) must follow, or drafts would come from the old weights: greedy outputs after the
+    update equal a fresh engine's on the new weights."""
+    hf = _tiny()
+    ps = _prompts(3, seed=2)
+    params = SamplingParams(max_tokens=24, temperature=0)
+    engine = Engine(hf, None, max_model_len=256, draft=head_for(hf).cuda(), num_draft=3, spec_max_batch=4)
+    engine.generate(ps, params)
+    # (named_parameters: the tied lm_head / embedding weight once, so both models get the same values)
+    new = {n: t.detach() + 0.05 * torch.randn_like(t) for n, t in hf.named_parameters() if n.endswith("weight")}
+    engine.update_weights(new, version=1)
+    hf.load_state_dict(new, strict=False)
+    want = Engine(hf, None, max_model_len=256).generate(ps, params)
+    got = engine.generate(ps, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    rows = engine.speculator._rows()
+    assert torch.equal(rows, engine.model.lm_head.weight.index_select(0, engine.speculator.head.draft_vocab))

@@ -72,6 +72,28 @@ def capture_batch1(runner: ModelRunner) -> torch.cuda.CUDAGraph:
     return best[0]
 
 
+def recapture_few_rows(runner: ModelRunner) -> None:
+    """Decode graphs of 2..``triton_gemv.MAX_ROWS`` rows captured again with the batch-1 plan's
+    GEMVs (after ``capture_batch1`` chose one), each kept where it replays faster than its
+    cuBLAS graph: a few rows still read every weight once. Such graphs serve small decode
+    batches and speculative decoding's verify steps (``spec_graph.py``: k + 1 rows a sequence)."""
+    from opencomposer.inference.triton_gemv import MAX_ROWS
+
+    model = runner.model
+    if not model.gemv_plan:
+        return
+    rows = 1
+    for b in sorted(b for b in runner.graphs if 1 < b <= MAX_ROWS):
+        t_blas = replay_ms(runner.graphs[b], reps=30)
+        model.gemv_rows = b
+        g = runner._capture_one(b)
+        t = replay_ms(g, reps=30)
+        runner.capture_ms.update({f"b{b} cublas": round(t_blas, 4), f"b{b} gemv": round(t, 4)})
+        if t < t_blas:
+            runner.graphs[b], rows = g, b
+    model.gemv_rows = rows  # eager forwards of up to this many rows take the GEMVs too
+
+
 def tune_projections(runner: ModelRunner) -> dict:
     """Per projection: cuBLAS against ``triton_gemv`` in its candidate configs ->
     {role: fastest GEMV config, or None for cuBLAS}; times in ``runner.gemv_timings``."""

@@ -68,6 +68,7 @@ def _timed(engine: Engine, prompts: list[list[int]], params: SamplingParams, bat
     row = {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1),
            "decode_steps": decode_steps, "decode_step_ms": round(1e3 * decode_s / max(decode_steps, 1), 3)}
     if "spec_draft_tokens" in st:
+        row["graph_steps"] = st["spec_graph_steps"] - before["spec_graph_steps"]
         drafted = st["spec_draft_tokens"] - before["spec_draft_tokens"]
         kept = st["spec_accepted_tokens"] - before["spec_accepted_tokens"]
         # a sequence's decode tokens (its first comes from the prefill) over the steps it took
@@ -75,6 +76,26 @@ def _timed(engine: Engine, prompts: list[list[int]], params: SamplingParams, bat
         row.update(drafted=drafted, kept=kept, kept_share=round(kept / drafted, 4) if drafted else None,
                    tokens_per_sequence_step=round(decoded / max(decoded - kept, 1), 3))
     return row, outs
+
+
+def _graph_parts(plain: Engine, speculative: dict[int, Engine], batches: tuple[int, ...]) -> dict[str, float]:
+    """GPU milliseconds of each graph a step replays, alone (after the timed runs: the replays
+    reuse the last step's inputs): the plain decode graph of b rows, and per k the verify
+    graph of b x (k + 1) rows and the accept-and-draft graphs (``spec_graph.py``)."""
+    from opencomposer.inference.batch1_plan import replay_ms
+
+    out = {}
+    for b in batches:
+        out[f"decode b{b}"] = round(replay_ms(plain.runner.graphs[plain.runner.decode_bucket(b)], 50), 4)
+        for k, eng in speculative.items():
+            bucket = eng.runner.decode_bucket(b * (k + 1))
+            if bucket is not None:
+                out[f"k={k} b{b} verify ({bucket} rows)"] = round(replay_ms(eng.runner.graphs[bucket], 50), 4)
+            for sampled in (False, True):
+                g = eng.speculator.graphs.graphs.get((b, sampled)) if eng.speculator.graphs else None
+                if g is not None:
+                    out[f"k={k} b{b} accept+draft {'sampled' if sampled else 'greedy'}"] = round(replay_ms(g, 50), 4)
+    return out
 
 
 def run(model: str = "smollm2-135m", head: str | None = None, shape: str | None = None, device: str = "cpu",
@@ -122,7 +143,8 @@ def run(model: str = "smollm2-135m", head: str | None = None, shape: str | None 
                 if temp == 0:
                     r["greedy_identical"] = sum(a.token_ids == c.token_ids for a, c in zip(base_out, out))
                 rows.append({"engine": f"spec k={k}", "temperature": temp, "batch": b, **r})
-    return {"bench": "spec", "model": label, "head": str(head) if head and not shape else "random",
+    graphs = _graph_parts(plain, speculative, batches) if plain.runner.graphs and plain.device.type == "cuda" else None
+    return {"bench": "spec", "model": label, "graph_ms": graphs, "head": str(head) if head and not shape else "random",
             "device": str(plain.device), "dtype": dtype, "torch_threads": torch.get_num_threads(),
             "prompts": len(plist), "prompt_len": prompt_len, "max_tokens": max_tokens, "rows": rows}
 

@@ -189,8 +189,14 @@ class Engine:
         kernels = kernels or ("triton" if self.device.type == "cuda" and pow2 and _has_triton() else "torch")
         if kernels not in ("torch", "triton") or (kernels == "triton" and self.device.type != "cuda"):
             raise ValueError(f"kernels={kernels!r}: expected 'torch', or 'triton' on a CUDA device")
+        graph_rows = max_num_seqs
+        if draft is not None:  # a speculative step verifies k + 1 rows a sequence in a decode graph (spec_graph.py)
+            from opencomposer.inference.speculate import check_settings
+
+            check_settings(num_draft, spec_max_batch)
+            graph_rows = max(max_num_seqs, spec_max_batch * (num_draft + 1))
         try:
-            self.runner = ModelRunner(self.model, kv_blocks, block_size, max_num_seqs, self.max_model_len,
+            self.runner = ModelRunner(self.model, kv_blocks, block_size, graph_rows, self.max_model_len,
                                       cuda_graphs=cuda_graphs, triton=kernels == "triton", gemv=gemv, pdl=pdl,
                                       max_num_batched_tokens=budget)
         except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
@@ -211,6 +217,7 @@ class Engine:
             if run_ahead:
                 raise ValueError("run_ahead=True and draft=: speculative decode steps are not launched ahead")
             self.speculator, run_ahead = Speculator(self.model, draft, num_draft, spec_max_batch), False
+            self.speculator.attach(self.runner)
         self.run_ahead = bool(self.runner.graphs) if run_ahead is None else bool(run_ahead)
         if self.run_ahead and not self.runner.graphs:
             raise ValueError("run_ahead=True needs decode graphs: cuda_graphs=True on a CUDA device, "
@@ -473,6 +480,8 @@ class Engine:
                 self._drop_inflight()
             edit()
             self.blocks.invalidate()
+            if self.speculator is not None:
+                self.speculator.weights_changed()  # its copy of lm_head's draft-vocabulary rows
             self.policy_version = int(version)
             self._counts["weight_updates"] += 1
 

@@ -58,7 +58,7 @@ from opencomposer.inference.attention import (
     PrefillSeq,
     attention_backends,
 )
-from opencomposer.inference.batch1_plan import capture_batch1
+from opencomposer.inference.batch1_plan import capture_batch1, recapture_few_rows
 from opencomposer.inference.block_manager import kv_slots
 from opencomposer.inference.decode_mirror import DecodeMirror, MirrorView
 from opencomposer.inference.models.transformer import DecoderLM
@@ -143,6 +143,7 @@ class ModelRunner:
         # run-ahead decode (``launch_decode`` / ``launch_next``): two host buffers its sampled
         # tokens are copied into (pinned on CUDA, so the copy is asynchronous), used in turn
         self._results: list[torch.Tensor] = []
+        self._rows_host: tuple[torch.Tensor, torch.Tensor] | None = None  # ``decode_rows``' host buffers
         self._events: list = []
         self._turn = 0
         if eager:
@@ -436,15 +437,51 @@ class ModelRunner:
         return Launch(n, bucket, host, event)
 
     def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor, mirror: MirrorView | None = None) -> torch.Tensor:
-        """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W]."""
+        """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W] -> logits."""
+        return self.model.logits(self._decode_hidden(vec, tables, mirror))
+
+    def _decode_hidden(self, vec: torch.Tensor, tables: torch.Tensor, mirror: MirrorView | None = None) -> torch.Tensor:
         attn = AttentionBatch(slot_mapping=vec[2], decode=True, block_tables=tables, context_lens=vec[3],
                               num_tokens=vec.shape[1], triton_decode=self.triton, kv_written=self.triton,
                               decode_counters=self._split_counters, mirror=mirror)
-        hidden = self.model(vec[0], vec[1], attn, self.k_cache, self.v_cache)
-        return self.model.logits(hidden)
+        return self.model(vec[0], vec[1], attn, self.k_cache, self.v_cache)
 
-    def _graph_forward(self, b: int) -> torch.Tensor:
-        return self._decode_forward(self._static["vec"][:, :b], self._static["tables"][:b])
+    @torch.inference_mode()
+    def decode_rows(self, rows: list[tuple[int, int, int, int, list[int]] | None], bucket: int) -> None:
+        """Replay the decode graph of ``bucket`` on ``rows`` given directly, each (token id,
+        position, slot, context length, block table), or None for a padding row; the rest of
+        the bucket is padding too. Rows of one sequence at consecutive positions are its next
+        tokens verified in one step (speculative decoding, ``spec_graph.py``): every row
+        writes its K/V before any row attends, and a row sees the keys up to its own context
+        length. The results are in ``decode_outputs()`` until the next decode step."""
+        st, pad = self._static, self.scratch_block
+        if self._rows_host is None:  # pinned on CUDA: the copies below do not wait for the host
+            cuda = self.device.type == "cuda"
+            self._rows_host = (torch.empty(4, self.max_num_seqs, dtype=torch.long, pin_memory=cuda),
+                               torch.empty(self.max_num_seqs, self.max_blocks_per_seq, dtype=torch.long, pin_memory=cuda))
+        vec_t, tables_t = self._rows_host[0], self._rows_host[1][:bucket]  # (all of vec: one contiguous copy)
+        vec, tables = vec_t.numpy(), tables_t.numpy()
+        vec[:] = np.array([[0], [0], [pad * self.block_size], [1]])
+        tables.fill(pad)
+        for i, row in enumerate(rows):
+            if row is not None:
+                tok, pos, slot, ctx, table = row
+                vec[:, i] = (tok, pos, slot, ctx)
+                tables[i, :len(table)] = table
+        # (the host buffers are written again by the next call: the caller reads each step's
+        # results, which waits for these copies, before calling again)
+        st["vec"].copy_(vec_t, non_blocking=True)
+        st["tables"][:bucket].copy_(tables_t, non_blocking=True)
+        with _pdl(self.pdl):
+            self.graphs[bucket].replay()
+
+    def decode_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode graphs' output buffers: hidden states [max_num_seqs, H], logits [max_num_seqs, V]."""
+        return self._static["hidden"], self._static["logits"]
+
+    def decode_bucket(self, n: int) -> int | None:
+        """The decode graph ``decode_rows`` replays for ``n`` rows (None: no graph holds them)."""
+        return self._bucket(n)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -463,6 +500,7 @@ class ModelRunner:
                                 dtype=torch.long, device=dev),
             "tables": torch.full((m, w), self.scratch_block, dtype=torch.long, device=dev),
             "logits": torch.zeros(m, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
+            "hidden": torch.zeros(m, self.model.cfg.hidden_size, dtype=self.dtype, device=dev),  # for drafting
             "sample_in": torch.ones(2, m, dtype=torch.float32, device=dev),  # temperatures, greedy flags
             "sampled": torch.zeros(2, m, dtype=torch.float64, device=dev),   # token ids, logprobs
         }
@@ -500,6 +538,8 @@ class ModelRunner:
                     self._graph_body(b)
         for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
             self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else capture_batch1(self)
+        if self.gemv is not False:
+            recapture_few_rows(self)  # 2-4 rows with the GEMVs where that is faster
         lap("decode_graphs")
         if self.triton:
             from opencomposer.inference.triton_prefill import warm_up
@@ -512,7 +552,7 @@ class ModelRunner:
 
     def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
         for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
-            self._graph_forward(b)
+            self._graph_body(b)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._pool):
@@ -523,7 +563,9 @@ class ModelRunner:
     def _graph_body(self, b: int) -> None:
         """What a decode graph of bucket ``b`` runs: forward and sample, static buffers in and out."""
         st = self._static
-        st["logits"][:b] = self._graph_forward(b)
+        hidden = self._decode_hidden(st["vec"][:, :b], st["tables"][:b])
+        st["hidden"][:b] = hidden
+        st["logits"][:b] = self.model.logits(hidden)
         st["sampled"][:, :b] = self._sample_in_graph(st["logits"][:b], st["sample_in"][:, :b])
 
     def _sample_in_graph(self, logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:

@@ -326,15 +326,18 @@ def rope_and_cache(qkv: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Te
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, n, eps, BLOCK: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        USE_PDL: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     gdc_enter(USE_PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n
-    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0).to(tl.float32)
-    s = (x + r).to(r_ptr.dtype.element_ty)  # the residual stream stays in the model dtype
-    tl.store(r_ptr + row * stride_r + cols, s, mask=m)
+    if HAS_RESIDUAL:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0).to(tl.float32)
+        s = (x + r).to(r_ptr.dtype.element_ty)  # the residual stream stays in the model dtype
+        tl.store(r_ptr + row * stride_r + cols, s, mask=m)
+    else:
+        s = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
     sf = s.to(tl.float32)
     y = sf * tl.rsqrt(tl.sum(sf * sf, axis=0) / n + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
@@ -346,7 +349,17 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     out = torch.empty_like(x)
     n = x.shape[1]
     launch(_add_rmsnorm_kernel, (x.shape[0],), x, residual, weight, out, x.stride(0), residual.stride(0), out.stride(0),
-           n, eps, BLOCK=triton.next_power_of_2(n), **pdl_args())
+           n, eps, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=True, **pdl_args())
+    return out
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rms_norm(x) * weight`` (fp32 inside) into ``out`` (rows may be strided, e.g. half of a
+    wider buffer) or a new tensor; 2-D, each row contiguous."""
+    out = torch.empty_like(x) if out is None else out
+    n = x.shape[1]
+    launch(_add_rmsnorm_kernel, (x.shape[0],), x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), n, eps,
+           BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=False, **pdl_args())
     return out
 
 

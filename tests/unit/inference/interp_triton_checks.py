@@ -233,3 +233,20 @@ def test_fused_sampling_matches_softmax(interpreted):
     assert (freq - ref.exp()).abs().max() < 0.12, (freq, ref.exp())  # 147 draws, fixed seed
     again = sample_plain_fused(logits, inputs, seed)
     assert not torch.equal(again[0], out[0])  # a new seed: new draws
+
+
+def test_fused_mtp_head_matches_the_module(interpreted):
+    """``speculate.fused_head`` (rmsnorm / silu_mul / add_rmsnorm kernels) against ``MTPHead.forward``."""
+    from opencomposer.inference.speculate import fused_head
+    from opencomposer.models.mtp import MTPConfig, MTPHead
+
+    torch.manual_seed(0)
+    head = MTPHead(MTPConfig(hidden_size=64, vocab_size=97))
+    torch.nn.init.normal_(head.down.weight, std=0.1)
+    for norm in (head.norm_h, head.norm_e, head.norm_m, head.norm_out):
+        torch.nn.init.normal_(norm.weight, mean=1.0, std=0.2)
+    h, e = torch.randn(3, 64), torch.randn(3, 64)
+    with torch.no_grad():
+        want = head(h, e)
+        got = fused_head(head, h, e)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()

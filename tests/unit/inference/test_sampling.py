@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from opencomposer.inference.sampler import draw, plain_inputs, sample, sample_plain
+from opencomposer.inference.sampler import draw, plain_inputs, race, sample, sample_plain
 from opencomposer.inference.sequence import SamplingParams, Sequence
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0, 0.5])
@@ -73,3 +73,16 @@ def test_draw_never_picks_zero_weight_and_reaches_a_sliver_late_in_a_large_vocab
     before, total = w[0, :k].sum().item(), w.sum().item()
     assert draw(big, torch.tensor([(before + sliver / 2) / total], dtype=torch.float64)).item() == k
     assert draw(big, torch.tensor([(before + 2 * sliver) / total], dtype=torch.float64)).item() == k + 1
+
+
+def test_race_draws_in_proportion_to_the_weights_and_never_a_zero_weight():
+    """``race`` (speculative graphs' draw): 20,000 draws a row over 6 tokens (unnormalised,
+    two rows at once, one with zeros) against the weights' shares."""
+    torch.manual_seed(0)
+    w = torch.tensor([[0.0, 3.0, 0.0, 1.0, 0.5, 0.5], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    picks = torch.stack([race(w) for _ in range(20_000)])  # [draws, 2]
+    for row in range(2):
+        freq = torch.bincount(picks[:, row], minlength=6).float() / 20_000
+        share = w[row] / w[row].sum()
+        assert (freq - share).abs().max() < 0.015, (row, freq, share)
+    assert not torch.isin(picks[:, 0], torch.tensor([0, 2])).any()

@@ -9,7 +9,8 @@ import torch
 
 from opencomposer.inference.engine import Engine, SamplingParams
 from opencomposer.inference.sequence import Sequence
-from opencomposer.inference.speculate import Speculator, _accept
+from opencomposer.inference.sampler import uniforms
+from opencomposer.inference.speculate import Speculator, accept
 from opencomposer.models.mtp import MTPError, MTPHead
 from opencomposer.train.mtp import head_for
 
@@ -53,6 +54,7 @@ class _Oracle(Speculator):
 def _oracle_engine(hf, answers, k=4, max_model_len=128, **kw):
     engine = Engine(hf, None, max_model_len=max_model_len, block_size=4, draft=_head(hf), num_draft=k, **kw)
     engine.speculator = _Oracle(engine.model, engine.speculator.head, k, answers)
+    engine.speculator.attach(engine.runner)
     return engine
 
 
@@ -99,7 +101,7 @@ def test_a_stop_inside_kept_drafts_ends_the_sequence_there(hf, prompts):
 
 
 def test_rejection_sampling_reproduces_the_models_distribution():
-    """``_accept`` on fixed p (3 rows) and q (2 drafts) over 6 tokens, 3,000 trials: the first
+    """``accept`` on fixed p (3 rows) and q (2 drafts) over 6 tokens, 3,000 trials: the first
     token is distributed as p0, and the second (when the first was a kept draft) as p1."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 6, generator=g) * 1.5
@@ -109,9 +111,8 @@ def test_rejection_sampling_reproduces_the_models_distribution():
     first, second = torch.zeros(6), torch.zeros(6)
     for _ in range(3_000):
         d = [int(torch.multinomial(q[0], 1, generator=g)), int(torch.multinomial(q[1], 1, generator=g))]
-        seq.draft_q = q
-        n_keep, tokens, chosen, _ = _accept(logits, torch.tensor([0]), [d], [seq], torch.tensor([1.0]),
-                                            torch.tensor([False]))
+        n_keep, tokens, chosen, _ = accept(logits[None], torch.tensor([d]), torch.tensor([2]), torch.tensor([1.0]),
+                                           torch.tensor([False]), None, q[None], uniforms([seq], 5, "cpu"))
         n = int(n_keep[0]) + 1
         toks, lps = tokens[0, :n].tolist(), chosen[0, :n].tolist()
         first[toks[0]] += 1
@@ -203,3 +204,109 @@ def test_batches_over_spec_max_batch_step_plainly(hf, prompts):
     assert [engine.completion(r).token_ids for r in rids[:2]] == [c.token_ids for c in plain[:2]]
     with pytest.raises(ValueError, match="spec_max_batch=0"):
         Engine(hf, None, max_model_len=64, draft=_head(hf), spec_max_batch=0)
+
+
+# ---------------------------------------------------------------- the graph path (spec_graph.py)
+# ``cuda_graphs="eager"`` runs the graphs' bodies on their static buffers: the decode rows of
+# each sequence's last token and drafts, the accept and the draft chain in fixed shapes.
+
+
+def test_graph_steps_give_plain_decodings_tokens_and_logprobs(hf, prompts):
+    ps = prompts(5, seed=21)
+    base = Engine(hf, None, max_model_len=128, block_size=4)
+    plain = base.generate(ps, GREEDY)
+    answers = {tuple(p): c.token_ids for p, c in zip(ps, plain)}
+    oracle = _oracle_engine(hf, answers, k=4, cuda_graphs="eager", spec_max_batch=8)
+    assert oracle.runner.decode_bucket(5 * 5) is not None  # the engine captured rows for 8 x (4 + 1)
+    out = oracle.generate(ps, GREEDY)
+    for a, b in zip(plain, out):
+        assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    st = oracle.stats()
+    assert st["spec_graph_steps"] == st["spec_steps"] > 0  # every speculative step through the graphs
+    assert st["spec_accepted_tokens"] > st["spec_draft_tokens"] / 2
+    assert st["steps"] < base.stats()["steps"] * 0.7 and st["kv_blocks_used"] == 0
+    # the head itself drafting (mostly rejected): the same tokens again
+    spec = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=3, spec_max_batch=8,
+                  cuda_graphs="eager")
+    assert [c.token_ids for c in spec.generate(ps, GREEDY)] == [c.token_ids for c in plain]
+    assert spec.stats()["spec_graph_steps"] > 0 and spec.stats()["kv_blocks_used"] == 0
+
+
+def test_graph_steps_sample_with_the_models_logprobs(hf, prompts):
+    ps = prompts(3, seed=22)
+    params = SamplingParams(max_tokens=20, temperature=0.8)
+    engine = Engine(hf, None, max_model_len=128, block_size=4, draft=_head(hf), num_draft=2, spec_max_batch=4,
+                    cuda_graphs="eager")
+    mixed = [params, SamplingParams(max_tokens=20, temperature=0), params]
+    outs = engine.generate(ps, mixed)
+    for p, c, sp in zip(ps, outs, mixed):
+        with torch.no_grad():
+            logits = hf(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1].float() / (sp.temperature or 1.0)
+        want = logits.log_softmax(-1).gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
+    st = engine.stats()
+    assert st["spec_graph_steps"] == st["spec_steps"] > 0 and st["kv_blocks_used"] == 0
+    # rows that are not plain (top-p here) take the eager step
+    before = st["spec_graph_steps"]
+    engine.generate(ps[:1], SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9))
+    after = engine.stats()
+    assert after["spec_graph_steps"] == before and after["spec_steps"] > st["spec_steps"]
+
+
+def test_graph_rejection_sampling_reproduces_the_models_distribution(hf):
+    """The graph body's accept (uniforms drawn inside) on fixed logits (3 rows) and q (2 drafts
+    from a distribution far from the model's), 3,000 replays: the first token is distributed
+    as p0, the second (after a kept draft) as p1."""
+    engine = Engine(hf, None, max_model_len=64, block_size=4, draft=_head(hf), num_draft=2, cuda_graphs="eager")
+    graphs, (_, logits) = engine.speculator.graphs, engine.runner.decode_outputs()
+    vocab = logits.shape[-1]
+    g = torch.Generator().manual_seed(0)
+    rows = torch.full((3, vocab), -30.0)  # 6 likely tokens, so 3,000 draws estimate p well
+    rows[:, :6] = torch.randn(3, 6, generator=g) * 1.5
+    p = rows.softmax(-1)
+    q = torch.zeros(2, vocab)
+    q[:, :6] = torch.softmax(-rows[:2, :6] + torch.randn(2, 6, generator=g), -1)
+    st = graphs.static
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    torch.manual_seed(1)
+    for _ in range(3_000):
+        with torch.inference_mode():  # (the engine's buffers are inference tensors)
+            _fill(logits, st, rows, q, g)  # the decode graph's output buffer, as a verify step leaves it
+        d = [int(t) for t in st["packed"][0, :2].tolist()]
+        graphs.graphs[1, True].replay()
+        out = st["out"][0].tolist()
+        n = int(out[0]) + 1
+        toks = [int(t) for t in out[1:1 + n]]
+        assert toks[:n - 1] == d[:n - 1]
+        assert out[4] == pytest.approx(float(rows[0].log_softmax(-1)[toks[0]]), abs=1e-5)
+        first[toks[0]] += 1
+        if n > 1:
+            second[toks[1]] += 1
+    tv1 = 0.5 * (first / first.sum() - p[0]).abs().sum()
+    tv2 = 0.5 * (second / second.sum() - p[1]).abs().sum()
+    assert tv1 < 0.05 and tv2 < 0.1, (tv1, tv2)  # sampling noise: ~0.02 and ~0.05 (~250 second tokens)
+    assert 0.5 * (q[0] - p[0]).abs().sum() > 0.3  # always keeping the draft would have given q0: far away
+
+
+def _fill(logits, st, rows, q, g) -> None:
+    """Set a verify step's outputs (``rows``: the model's logits at the last token and two
+    drafts) and inputs (two drafts drawn from ``q``, T = 1, sampled) in the graph's buffers."""
+    logits[:3] = rows  # the decode graph's output buffer, as a verify step leaves it
+    d = [int(torch.multinomial(q[0], 1, generator=g)), int(torch.multinomial(q[1], 1, generator=g))]
+    st["packed"][0] = torch.tensor(d + [2, 1.0, 0.0], dtype=torch.float64)
+    st["q"][0] = q
+
+
+def test_a_weight_update_reaches_the_draft_rows(hf, prompts):
+    """lm_head's draft-vocabulary rows are a copy (a captured graph reads it): an in-flight
+    weight update must refresh it in place (a version check missed writes through ``.data``)."""
+    engine = Engine(hf, None, max_model_len=64, block_size=4, draft=_head(hf), num_draft=2, cuda_graphs="eager")
+    engine.generate(prompts(1, seed=30), GREEDY)
+    before = engine.speculator._rows()
+    old = before.clone()
+    new = {n: t.detach() + 0.05 * torch.randn_like(t) for n, t in hf.named_parameters() if n.endswith("weight")}
+    engine.update_weights(new, version=1)
+    rows = engine.speculator._rows()
+    assert rows is before and not torch.equal(rows, old)  # the same buffer, new values
+    assert torch.equal(rows, engine.model.lm_head.weight.index_select(0, engine.speculator.head.draft_vocab))
