@@ -86,8 +86,10 @@ class SpecGraphs:
                            for s, d in zip(seqs, drafts)]
         st["packed"][:b].copy_(host, non_blocking=True)
         # a sampled row's drafts' distributions: still in the graph's buffer if this batch is the
-        # one the last step drafted for (the graph copies them there), else copied in
-        if sampled and not (len(self._handed) == b and all(s.draft_q is h for s, h in zip(seqs, self._handed))):
+        # one the last step drafted for (the graph copies them there), else copied in (a greedy
+        # row's are not read)
+        if sampled and not (len(self._handed) == b and all(
+                s.draft_q is h or s.params.temperature == 0 for s, h in zip(seqs, self._handed))):
             for i, (s, d) in enumerate(zip(seqs, drafts)):
                 if s.draft_q is not None and d:
                     st["q"][i, :len(d)].copy_(s.draft_q[:len(d)])
