@@ -245,6 +245,8 @@ def _full_optimizer_state(trainer: Trainer) -> dict:
     ``optimizer.state_dict()``: states and groups by parameter position, not name."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    if not trainer.optimizer.state:  # before the first step: DSD would make state by a zero-lr step
+        return trainer.optimizer.state_dict() if trainer.dist.main else {}  # (no tensors: nothing to gather)
     by_name = get_optimizer_state_dict(trainer.model, trainer.optimizer,
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not trainer.dist.main:
@@ -282,7 +284,13 @@ def _load_sharded(path: Path, trainer: Trainer) -> None:
     distributed.on_main(d, read_on_main, f"{path}: rank 0 could not read the checkpoint", CheckpointError)
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(trainer.model, read["weights"], options=opts)
-    set_optimizer_state_dict(trainer.model, trainer.optimizer, read["optimizer"], options=opts)
+    if distributed.broadcast(bool(read["optimizer"].get("state")), d):
+        set_optimizer_state_dict(trainer.model, trainer.optimizer, read["optimizer"], options=opts)
+    else:  # saved before the first step: no moments to load (DSD would make some), the groups' settings
+        groups = distributed.broadcast(read["optimizer"].get("param_groups", []), d)
+        for group, saved in zip(trainer.optimizer.param_groups, groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        trainer.optimizer.state.clear()
 
 
 def _twins(model: Any) -> list[list[str]]:

@@ -96,6 +96,9 @@ def main(scenario: str, data_file: str, out: str) -> None:
         save_checkpoint(out_dir / "ckpt", trainer, {"note": "from 2 ranks"}, step=1)
         result["metrics"] += steps(trainer, data)
         export_model(out_dir / "model", trainer)
+    elif scenario == "save_first":  # a checkpoint before any step (no AdamW state yet), then steps
+        save_checkpoint(out_dir / "ckpt0", trainer, {"note": "before any step"}, step=0)
+        result["metrics"] = steps(trainer, data)
     elif scenario == "save_fails":  # a good checkpoint, one that rank 1 cannot write, a damaged one
         result["metrics"] = steps(trainer, data)
         save_checkpoint(out_dir / "ckpt", trainer, {"note": "good"}, step=1)

@@ -126,6 +126,24 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data,
     assert_same(resumed["weights"], single)
 
 
+def test_a_checkpoint_before_the_first_step_leaves_the_optimizer_as_it_was(data, tmp_path):
+    """Saving before any optimizer step must not create AdamW state (DSD does, by a zero-lr step:
+    the moments' step count would then start at 1 and every later update differ). Both the
+    run that saved and a run resumed from its checkpoint make the single-process updates."""
+    got = torchrun("save_first", data, tmp_path)
+    trainer, _ = one_process(data)
+    assert_same(got["weights"], trainer)
+    saved = torch.load(tmp_path / "ckpt0" / "step-0000" / "optimizer.pt", weights_only=True)
+    assert saved["state"] == {}
+    resumed = Trainer(*load_model("tiny-random"), TrainConfig(**data["cfg"]), dist=SINGLE)
+    assert load_checkpoint(tmp_path / "ckpt0", resumed)["note"] == "before any step"
+    steps(resumed, data)
+    assert_same(got["weights"], resumed)
+    again = torchrun("resume", {**data, "checkpoint": str(tmp_path / "ckpt0")}, tmp_path)  # and on 2 ranks
+    assert again["state"]["note"] == "before any step"
+    assert_same(again["weights"], trainer)
+
+
 SHARDED = {**CFG, "checkpoint_format": "sharded"}
 
 
