@@ -1,4 +1,4 @@
-"""`opencomposer agent|train|sft|pretrain|train-mtp|serve`: run the agent, train it, serve it."""
+"""`opencomposer agent|train|sft|pretrain|train-mtp|export|serve`: run the agent, train it, serve it."""
 
 from __future__ import annotations
 
@@ -205,6 +205,23 @@ def pretrain(
         if name != "step":
             err.print(f"{name}: loss {b[name]['loss']} -> {a[name]['loss']} (perplexity {b[name]['perplexity']} -> "
                       f"{a[name]['perplexity']})", highlight=False)
+    emit(res)
+
+
+@app.command("export")
+def export(
+    checkpoint: Path = typer.Argument(..., help="a checkpoint: a step-NNNN dir, or a run's checkpoints/ dir (its latest)"),
+    out_dir: Path = typer.Option(..., "--out", help="the HF model directory to write (replaced atomically)"),
+    model: Optional[str] = typer.Option(None, help="the base model the run started from (default: the one the "
+                                        "checkpoint names)"),
+) -> None:
+    """A training checkpoint (full or sharded layout; LoRA merged in) as a loadable model directory."""
+    from opencomposer.train.checkpoint import CheckpointError, export_checkpoint
+
+    try:
+        res = export_checkpoint(checkpoint, out_dir, model)
+    except (*known_errors(), CheckpointError, FileNotFoundError) as e:
+        fail(e)
     emit(res)
 
 

@@ -161,8 +161,8 @@ def _checkpoint_model_dir(path: Path) -> Path:
     if (path / "shards").is_dir() and not model.is_dir():
         raise ModelLoadError(
             f"{path}: a sharded checkpoint ([train] checkpoint_format = \"sharded\": each rank's DCP shards in "
-            f"{path / 'shards'}) holds no model directory; load the run's export (train.checkpoint.export_model, "
-            "e.g. the run's model/ dir), or resume the run and export it"
+            f"{path / 'shards'}) holds no model directory; export it first (`opencomposer export {path} --out DIR`), "
+            "or load the run's export (its model/ dir)"
         )
     if (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
         raise ModelLoadError(

@@ -19,6 +19,7 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
     "export_model": "checkpoint",
+    "export_checkpoint": "checkpoint",
     "CheckpointError": "checkpoint",
     "run_sft": "sft",
     "run_pretrain": "pretrain",

@@ -204,6 +204,36 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
     return state
 
 
+def export_checkpoint(dir: str | Path, out: str | Path, model: str | None = None) -> dict[str, Any]:
+    """A checkpoint of either layout (``dir``: a step dir, or a run's checkpoint dir whose
+    ``latest`` names one) -> a plain HF model directory ``out`` (LoRA merged in), in one
+    process. Only the weights are read, so a sharded run's step needs its weights' memory on
+    one host, not the AdamW state's. ``model``: the base to load them into (default: the one
+    ``trainer.json`` names). Returns what was exported."""
+    from opencomposer.models import load_model
+    from opencomposer.train.config import TrainConfig
+
+    path = resolve_checkpoint(dir)
+    meta = _read_json(path / "trainer.json")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    layout, base = meta.get("layout", "full"), model or meta.get("model")
+    if not base:
+        raise CheckpointError(f"{path / 'trainer.json'}: names no base model; pass the model the run started from")
+    hf, tok = load_model(base, dtype=torch.float32)
+    cfg = TrainConfig.model_validate({**meta.get("config", {}), "lora": bool(meta.get("lora"))})
+    trainer = Trainer(hf, tok, cfg, name=meta.get("model"), dist=distributed.SINGLE)
+    if layout == "sharded":
+        _load_shards(path, trainer, optimizer=False)
+    elif cfg.lora:
+        _load_adapter(path / "model" / "adapter_model.safetensors", trainer.model)
+    else:
+        _load_full(path / "model", trainer.model)
+    export_model(out, trainer)
+    return {"exported": str(out), "checkpoint": str(path), "step": int(meta.get("step", -1)), "layout": layout,
+            "lora": cfg.lora, "model": base, "version": int(meta.get("version", 0))}
+
+
 def export_model(dir: str | Path, trainer: Trainer) -> Path:
     """A plain HF model directory (LoRA merged in) for ``load_model(dir)``; replaces ``dir``.
     Sharded: every rank must call it; rank 0 writes."""
@@ -421,15 +451,17 @@ def _write_shards(shards: Path, trainer: Trainer, final: Path) -> None:
                               f"the newest checkpoint is unchanged") from None
 
 
-def _load_shards(path: Path, trainer: Trainer) -> None:
-    """Weights and AdamW state from ``path/shards`` into this rank's shards, whatever world size
-    wrote them (DCP reads the overlap of the saved chunks with each rank's own)."""
+def _load_shards(path: Path, trainer: Trainer, optimizer: bool = True) -> None:
+    """Weights and AdamW state (``optimizer``: unless False) from ``path/shards`` into this
+    rank's shards, whatever world size wrote them (DCP reads the overlap of the saved chunks
+    with each rank's own)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     d, shards, opts = trainer.dist, path / SHARDS, _dcp_options(trainer)
     has_optimizer = distributed.on_main(d, lambda: _check_shards(shards), f"{path}: rank 0 found it unreadable",
                                         CheckpointError)
+    has_optimizer = has_optimizer and optimizer
     state = _shard_templates(trainer, has_optimizer)  # in this trainer's own sharding
     try:
         with _quiet_single_process():
@@ -439,7 +471,7 @@ def _load_shards(path: Path, trainer: Trainer) -> None:
     set_model_state_dict(trainer.model, state["model"], options=opts)
     if has_optimizer:
         set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"], options=opts)
-    else:
+    elif optimizer:
         trainer.optimizer.state.clear()
 
 

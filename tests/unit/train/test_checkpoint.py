@@ -156,3 +156,32 @@ def test_export_merges_lora_into_a_loadable_model(tmp_path, tiny):
     torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(base, mine, atol=1e-5)  # the export carries the training
     assert any("lora_" in n for n, _ in trainer.model.named_parameters())  # adapters intact
+
+
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full-ft", "lora"])
+def test_a_checkpoint_of_either_layout_exports_as_the_trainers_model(tmp_path, lora, layout):
+    """``opencomposer export`` (``export_checkpoint``): weights only, in one process, LoRA merged:
+    the export computes what the trainer's model computes; a wrong path is named."""
+    from typer.testing import CliRunner
+
+    from opencomposer.cli import app
+
+    trainer = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, lr=1e-2, lora=lora, lora_r=4,
+                                                              checkpoint_format=layout))
+    samples = rollout_samples(*trainer.policy_pair(), n=2)
+    trainer.rl_step(samples, LossConfig(), normalizer=32.0)
+    save_checkpoint(tmp_path / "ckpt", trainer, {}, step=1)
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "model")])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])  # (stderr: the loaders' progress bars)
+    assert (res["step"], res["layout"], res["lora"]) == (1, layout, lora) and res["model"].endswith("tiny-random")
+    exported, _ = load_model(res["exported"])
+    ids = torch.tensor([samples[0].input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, trainer.model(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(load_model("tiny-random")[0](input_ids=ids).logits, exported(input_ids=ids).logits,
+                                  atol=1e-5)  # the export carries the training
+    bad = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "holds no checkpoint" in json.loads(bad.stdout.strip().splitlines()[-1])["error"]
