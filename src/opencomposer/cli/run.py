@@ -181,7 +181,7 @@ def pretrain(
     """Continued pretraining: next-token loss on raw code, held-out loss before/after; writes a loadable model dir."""
     from opencomposer.train.checkpoint import CheckpointError
     from opencomposer.train.config import PretrainRunConfig
-    from opencomposer.train.pretrain import run_pretrain
+    from opencomposer.train.pretrain import run_pretrain_config
 
     try:
         cfg = load_config(config, PretrainRunConfig) if config else PretrainRunConfig()
@@ -191,13 +191,9 @@ def pretrain(
         merged = cfg.model_dump(exclude_unset=True)  # the command line over the file, checked as one
         merged.setdefault("pretrain", {}).update({k: v for k, v in given.items() if v is not None})
         cfg = validate(merged, PretrainRunConfig, f"{config} + command line" if config else "command line")
-        p = cfg.pretrain
-        if not p.data:
+        if not cfg.pretrain.data:
             raise ConfigError("no data: give DATA paths, or data in the pretrain table of --config")
-        res = run_pretrain(p.data, p.model, p.out_dir, steps=p.steps, seq_len=p.seq_len, batch_size=p.batch_size,
-                           lr=p.lr, warmup=p.warmup_steps, min_lr_ratio=p.min_lr_ratio, eval_every=p.eval_every,
-                           eval_windows=p.eval_windows, save_every=p.save_every, held_out=p.held_out,
-                           eval_data=p.eval_data, seed=p.seed, cfg=cfg.train, progress=sys.stderr.isatty())
+        res = run_pretrain_config(cfg, progress=sys.stderr.isatty())
     except (*known_errors(), CheckpointError, FileNotFoundError, ValueError) as e:
         fail(e)
     b, a = res["before"], res["after"]

@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from opencomposer.config import AgentConfig, Strict
+from opencomposer.config import AgentConfig, ConfigError, Strict
 from opencomposer.rewards.config import RewardConfig
-from opencomposer.train.config import TrainConfig
+from opencomposer.train.config import PretrainRunConfig, PretrainSection, TrainConfig
 
 
 class ModelSection(Strict):
@@ -106,6 +106,61 @@ class SFTSection(Strict):
     max_traces: int = Field(32, ge=1, description="oracle traces of training tasks used")
 
 
+class PretrainStage(PretrainSection):
+    """``[pretrain]``: continued pretraining as the pipeline's first stage (off by default).
+
+    The keys of ``opencomposer pretrain --config``'s ``[pretrain]`` table, and its ``[train]``
+    table as ``[pretrain.train]`` (same defaults), except ``model`` and ``out_dir``: the stage
+    continues pretraining ``[model] name`` into ``<run.out_dir>/pretrain``, and its export is the
+    model SFT, RL and the KL reference start from (``rl/pipeline.py``).
+    """
+
+    enabled: bool = False
+    train: TrainConfig = Field(PretrainRunConfig.model_fields["train"].default,
+                               description="the optimiser of this stage (lr and warm-up: the pretrain table's)")
+
+    @model_validator(mode="after")
+    def _usable(self) -> PretrainStage:
+        fixed = sorted({"model", "out_dir"} & self.model_fields_set)
+        if fixed:
+            raise ValueError(f"{' and '.join('pretrain.' + k for k in fixed)}: not used in a run config: the stage "
+                             "continues pretraining [model] name and writes <run.out_dir>/pretrain")
+        if self.enabled and not self.data:
+            raise ValueError("pretrain.enabled = true needs pretrain.data (source files, directories, .jsonl "
+                             "files; 'path' or 'path:weight')")
+        for d in self.data:
+            _source(d, "pretrain.data")  # a bad weight is named now, not after the tasks are made
+        if self.held_out <= 0:
+            raise ValueError(f"pretrain.held_out = {self.held_out}: the share of documents held out must be above 0")
+        both = sorted({"lr", "warmup_steps"} & self.train.model_fields_set)
+        if both:  # the schedule is the pretrain table's, as in PretrainRunConfig
+            raise ValueError(f"set {' and '.join('pretrain.' + k for k in both)} instead of "
+                             f"{' and '.join('pretrain.train.' + k for k in both)}: the schedule of continued "
+                             "pretraining is the pretrain table's")
+        return self
+
+    def check_paths(self) -> None:
+        """Every data and eval_data path exists (relative ones: from the working directory); run
+        before the pipeline's first stage, so a typo does not wait for the tasks to be made."""
+        for key, specs in (("data", self.data), ("eval_data", self.eval_data)):
+            for spec in specs:
+                path = _source(spec, f"pretrain.{key}").path
+                if not path.exists():
+                    raise ConfigError(f"pretrain.{key}: {spec!r}: {path.resolve()} does not exist")
+
+    def run_config(self, model: str, out_dir: str) -> PretrainRunConfig:
+        """The ``opencomposer pretrain`` config this stage runs: continue ``model`` into ``out_dir``."""
+        keys = set(PretrainSection.model_fields) - {"model", "out_dir"}
+        return PretrainRunConfig(pretrain=PretrainSection(**self.model_dump(include=keys), model=model,
+                                                          out_dir=out_dir), train=self.train)
+
+
+def _source(spec: str, what: str):
+    from opencomposer.train.corpus import parse_source  # torch and transformers: only once a stage is set
+
+    return parse_source(spec, what)
+
+
 class EvalSection(Strict):
     stages: list[Literal["base", "sft", "rl"]] = Field(
         ["base", "sft", "rl"], description="when to measure held-out pass@1: base model, after SFT, after RL")
@@ -144,6 +199,7 @@ class RLRunConfig(Strict):
     reward: RewardConfig = RewardConfig()
     feedback: FeedbackConfig = FeedbackConfig()
     train: TrainConfig = TrainConfig()
+    pretrain: PretrainStage = PretrainStage()
     sft: SFTSection = SFTSection()
     eval: EvalSection = EvalSection()
     run: RunSection = RunSection()

@@ -1,43 +1,49 @@
-"""The whole learning job of `opencomposer train`: tasks -> SFT warm start -> RL -> evals -> report.
+"""The whole learning job of `opencomposer train`: tasks -> [CPT] -> SFT warm start -> RL -> evals -> report.
 
     opencomposer train --config configs/demo.toml            # what `make demo` runs
     opencomposer train --config configs/demo.toml --resume   # continue a stopped run
 
-Composer's order at small scale: the base model first learns the tool format from
-oracle traces (SFT on assistant tokens only), then RL improves it. Held-out pass@1 is
-measured on the base model, after SFT and after RL, through the deployment harness.
+Composer's order at small scale: optionally continued pretraining on raw code (``[pretrain]
+enabled = true``: ``train/pretrain.py``, whose export every later stage starts from), then
+the model learns the tool format from oracle traces (SFT on assistant tokens only), then RL
+improves it. Held-out pass@1 is measured on the base model (``[model] name``, before any
+stage), after SFT and after RL, through the deployment harness.
 The base model is measured last, on a fresh load of its weights (its score does not
 depend on when it is taken), so the first RL step comes minutes sooner.
-Every stage leaves its result in the run directory (``evals.json``, ``sft.json``,
+Every stage leaves its result in the run directory (``pretrain/``, ``evals.json``, ``sft.json``,
 ``sft_model/``, ``checkpoints/``, ``metrics.jsonl``), and a resumed run skips the
-stages already done.
+stages already done (and continues an interrupted continued pretraining from its checkpoint).
 
 Under torchrun, rank 0 makes the tasks, runs the oracle, the evaluations and the report;
-every rank takes part in the SFT and RL updates (sharded, ``rl/run.py``).
+every rank takes part in the CPT, SFT and RL updates (sharded, ``train/pretrain.py``, ``rl/run.py``).
 
-Test: ``pytest tests/integration/test_rl_run.py``.
+Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_pipeline_pretrain.py``.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from opencomposer.config import ConfigError
 from opencomposer.eval.heldout import evaluate
 from opencomposer.harness.oracle import OraclePolicy
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.episode import run_task
 from opencomposer.rl.report import write_report
-from opencomposer.rl.run import RLRun
+from opencomposer.rl.run import RLRun, refuse_unsharded_engine
 from opencomposer.rl.samples import sft_samples
 from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.tasks.format import Task
 from opencomposer.train import distributed
-from opencomposer.train.checkpoint import export_model, save_checkpoint
+from opencomposer.train.checkpoint import CheckpointError, export_model, save_checkpoint
+from opencomposer.train.pretrain import run_pretrain_config
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -59,6 +65,53 @@ def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) 
         if res.reward.passed:  # only traces that solved the task teach the format
             trajs.append(res.trajectory)
     return trajs
+
+
+def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distributed.Dist,
+                          log: Callable[[str], None]) -> dict | None:
+    """The ``[pretrain]`` stage (``run_pretrain`` into ``out/pretrain``), or None when it is off.
+
+    Resumed and done (``pretrain/result.json`` at ``pretrain.steps``): skipped. Resumed and
+    interrupted: ``run_pretrain`` continues from ``pretrain/checkpoints``. Not resumed: it starts
+    over, as every stage does. Every rank runs it (sharded under torchrun); rank 0 decides."""
+    p = cfg.pretrain
+    if not p.enabled:
+        return None
+    stage = out / "pretrain"
+
+    def done() -> dict | None:
+        path = stage / "result.json"
+        if resume and path.exists() and (stage / "model").is_dir():
+            res = json.loads(path.read_text())
+            if res.get("steps") == p.steps:
+                return res
+        if not resume:  # a fresh run: an old stage's checkpoint is not continued
+            shutil.rmtree(stage / "checkpoints", ignore_errors=True)
+        return None
+
+    res = distributed.on_main(dist, done, "rank 0 could not read the pretrain stage")
+    if res is not None:
+        log(f"continued pretraining: done ({stage / 'result.json'}), skipped")
+        return res
+    log(f"continued pretraining of {cfg.model.name}: {p.steps} steps x {p.batch_size} x {p.seq_len} tokens on "
+        f"{', '.join(p.data)} ...")
+    try:
+        res = run_pretrain_config(p.run_config(cfg.model.name, str(stage)), device=cfg.model.device,
+                                  progress=dist.main and sys.stderr.isatty())
+    except (CheckpointError, ValueError, FileNotFoundError) as e:  # settings the data or the model refuse
+        raise ConfigError(f"[pretrain] stage: {e}") from None
+    for name, before in res["before"].items():
+        if name != "step":
+            log(f"  held-out loss ({name}): {before['loss']} -> {res['after'][name]['loss']}")
+    return res
+
+
+def pretrain_summary(res: dict) -> dict:
+    """What the pipeline's result says of the stage: the model it made and its held-out losses."""
+    sets = [k for k in res["before"] if k != "step"]
+    return {"model": res["model_dir"], "steps": res["steps"], "resumed_from": res["resumed_from"],
+            "loss_before": {k: res["before"][k]["loss"] for k in sets},
+            "loss_after": {k: res["after"][k]["loss"] for k in sets}}
 
 
 def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str], None]) -> dict:
@@ -94,6 +147,9 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     dist = distributed.init_from_env(cfg.model.device)  # a plain process unless started by torchrun
     if not dist.main:
         log = _quiet
+    refuse_unsharded_engine(cfg, dist)  # what RLRun refuses, refused before any stage runs
+    if cfg.pretrain.enabled:
+        cfg.pretrain.check_paths()  # before the tasks are made: a typo should not wait for them
     split = None
     if dist.main:  # tasks are made and split once; the other ranks only train
         tasks = ensure_tasks(cfg.tasks, backend, log)
@@ -101,8 +157,10 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     train, held = distributed.broadcast(split, dist)
     log(f"{len(train)} training tasks, {len(held)} held out; model {cfg.model.name}"
         + (f"; trainer sharded over {dist.world} ranks" if dist.enabled else ""))
+    cpt = continued_pretraining(cfg, out, resume, dist, log)
+    start_model = cpt["model_dir"] if cpt else cfg.model.name  # SFT, RL and the KL reference start here
     t0 = time.perf_counter()
-    run = RLRun(cfg, train, out, resume=resume, on_step=on_step)
+    run = RLRun(cfg, train, out, resume=resume, on_step=on_step, start_model=start_model)
     log(f"model loaded in {time.perf_counter() - t0:.1f}s" + (f"; resuming at step {run.start_step}" if run.start_step else ""))
     evals_path, sft_path = out / "evals.json", out / "sft.json"
     evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
@@ -119,7 +177,7 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
 
     if run.start_step == 0:
         if cfg.sft.enabled and not (resume and sft_path.exists()):
-            log("SFT warm start on oracle traces ...")
+            log("SFT warm start on oracle traces" + (f", from {start_model}" if cpt else "") + " ...")
             trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg) if dist.main else None
             sft = sft_warm_start(run, distributed.broadcast(trajs, dist), cfg, log)
             export_model(out / "sft_model", run.trainer)
@@ -141,7 +199,8 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     report = write_report(out)
     return {"out": str(out), "report": str(report), "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
             "steps": len(rows), "last_step": rows[-1] if rows else None,
-            "checkpoint": str(run.latest_checkpoint() or "")}
+            "checkpoint": str(run.latest_checkpoint() or ""),
+            **({"start_model": start_model, "pretrain": pretrain_summary(cpt)} if cpt else {})}
 
 
 def _quiet(_: str) -> None:

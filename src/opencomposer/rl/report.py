@@ -1,7 +1,8 @@
 """The run report: JSON, a Markdown summary and a PNG of reward per step.
 
-Everything in the report is rebuilt from ``metrics.jsonl`` and ``evals.json`` in the
-run directory, so a report can be regenerated after the fact (``write_report(out)``).
+Everything in the report is rebuilt from ``metrics.jsonl``, ``evals.json`` and (when the run
+had a ``[pretrain]`` stage) ``pretrain/result.json`` in the run directory, so a report can be
+regenerated after the fact (``write_report(out)``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def write_report(out: Path) -> Path:
     for n, e in evals.items():
         lines.append(f"| {n} | {e.get('tasks')} | {e.get('k')} | {e.get('pass@1', 0):.3f} | "
                      f"{e.get('invalid_calls', 0):.2f} | {e.get('mean_completion_tokens', 0):.0f} | {e.get('seconds')} |")
+    cpt = json.loads((out / "pretrain" / "result.json").read_text()) if (out / "pretrain" / "result.json").exists() else None
+    if cpt:
+        lines += ["", "## Continued pretraining", "",
+                  (f"{cpt['steps']} steps x {cpt['batch_size']} x {cpt['seq_len']} tokens, {cpt['tokens_per_second']} "
+                   f"tok/s; model `{cpt['model_dir']}`"), "",
+                  "| held-out set | loss before | loss after | perplexity before | perplexity after |", "|---|---|---|---|---|"]
+        for name in (k for k in cpt["before"] if k != "step"):
+            b, a = cpt["before"][name], cpt["after"][name]
+            lines.append(f"| {name} | {b['loss']:.4f} | {a['loss']:.4f} | {b['perplexity']:.2f} | {a['perplexity']:.2f} |")
     lines += ["", "## RL steps", "", "| step | reward | pass@1 | tokens | tool calls | invalid | loss | kl | grad norm | rollout s | train s |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -60,5 +70,6 @@ def write_report(out: Path) -> Path:
     lines += ["", "![report](report.png)", ""]
     md = out / "report.md"
     md.write_text("\n".join(lines))
-    (out / "report.json").write_text(json.dumps({"evals": evals, "steps": rows}, indent=1))
+    extra = {"pretrain": {k: cpt[k] for k in ("steps", "before", "after", "model_dir")}} if cpt else {}
+    (out / "report.json").write_text(json.dumps({"evals": evals, "steps": rows, **extra}, indent=1))
     return md

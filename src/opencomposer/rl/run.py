@@ -126,6 +126,13 @@ def sandbox_pool(rollout: RolloutSection):
                                            health_check=sp.health_check))
 
 
+def refuse_unsharded_engine(cfg: RLRunConfig, dist: distributed.Dist) -> None:
+    """Under torchrun, ``rollout.engine = "hf"`` is refused (checked before any stage trains)."""
+    if dist.enabled and cfg.rollout.engine == "hf":
+        raise ConfigError("rollout.engine='hf' samples with the trainer's own model, which torchrun shards "
+                          "over the ranks: use rollout.engine='builtin' (rank 0's engine) or 'server'")
+
+
 @dataclass
 class Batch:
     """One step's rollouts, scored: what one optimizer step updates on."""
@@ -148,6 +155,9 @@ class RLRun:
     out: Path
     resume: bool = False
     on_step: Callable[[dict], None] | None = None
+    # the weights training starts from: [model] name, or the export of the pipeline's [pretrain]
+    # stage; make_policy(base_model=True) still measures [model] name, the model before any stage
+    start_model: str | None = None
     trainer: Trainer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -156,10 +166,9 @@ class RLRun:
         self.dist = distributed.init_from_env(m.device)  # a plain process unless started by torchrun
         self.main = self.dist.main  # rank 0: the actor (rollouts, engine, logs)
         self.device = str(distributed.rank_device(self.dist, m.device))
-        if self.dist.enabled and self.cfg.rollout.engine == "hf":
-            raise ConfigError("rollout.engine='hf' samples with the trainer's own model, which torchrun shards "
-                              "over the ranks: use rollout.engine='builtin' (rank 0's engine) or 'server'")
-        model, tok = load_model(m.name, device=self.device)
+        refuse_unsharded_engine(self.cfg, self.dist)
+        self.start_model = self.start_model or m.name
+        model, tok = load_model(self.start_model, device=self.device)
         self.trainer = Trainer(model, tok, self.cfg.train.model_copy(update={"temperature": self.cfg.rollout.temperature}),
                                dist=self.dist)
         self.ref = None  # the KL reference: the policy RL starts from (see reference())
@@ -219,7 +228,7 @@ class RLRun:
             base.wait_for_version(self.trainer.version, r.sync_timeout_s)
             return BatchedPolicy(base, max_batch=r.max_batch)
         if base_model or self.dist.enabled:
-            model, tok = load_model(m.name, device=self.device)
+            model, tok = load_model(m.name if base_model else self.start_model, device=self.device)
             if not base_model:  # the engine's own copy, of the weights gathered from the shards
                 model.load_state_dict(self.weights())
         else:
@@ -425,7 +434,8 @@ class RLRun:
         """Frozen copy of the policy at the start of RL (after SFT, if any), for the KL term.
 
         LoRA needs none (the trainer disables the adapters); full fine-tuning keeps a copy,
-        reloaded from ``sft_model/`` (or the base model) when a run resumes.
+        reloaded from ``sft_model/`` (or ``start_model``: the base model, or the continued
+        pretraining export) when a run resumes.
         """
         if self.cfg.loss.kl_coef == 0 or self.cfg.train.lora:
             return None
@@ -434,7 +444,7 @@ class RLRun:
                 self.ref = frozen_copy(self.trainer.model)
             else:  # resumed, or sharded (no rank holds the whole policy): what RL started from, from disk
                 sft = self.out / "sft_model"  # loaded for this alone: frozen in place, not copied
-                self.ref = freeze(load_model(str(sft) if sft.exists() else self.cfg.model.name,
+                self.ref = freeze(load_model(str(sft) if sft.exists() else self.start_model,
                                              device=self.device)[0])
                 if self.dist.enabled:
                     self.ref = distributed.shard_model(self.ref, self.dist, self.trainer.device, self.trainer.bf16)

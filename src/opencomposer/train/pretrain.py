@@ -48,7 +48,7 @@ from opencomposer.paths import atomic_write_text
 from opencomposer.rl.samples import Sample
 from opencomposer.train.checkpoint import (CheckpointError, export_model, load_checkpoint, resolve_checkpoint,
                                            save_checkpoint)
-from opencomposer.train.config import TrainConfig
+from opencomposer.train.config import PretrainRunConfig, TrainConfig
 from opencomposer.train.corpus import Mix, PackedSource, cut, pack, pack_corpus, parse_source, read_documents
 from opencomposer.train.distributed import init_from_env, rank_device
 from opencomposer.train.sft import progress_bar
@@ -216,6 +216,16 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
     if dist.main:
         atomic_write_text(out / "result.json", json.dumps({**result, "history": history}, indent=1))
     return result
+
+
+def run_pretrain_config(cfg: PretrainRunConfig, *, device: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """``run_pretrain`` with the settings of a ``PretrainRunConfig`` (``configs/pretrain.toml``; the
+    ``[pretrain]`` stage of ``opencomposer train``, ``rl/pipeline.py``)."""
+    p = cfg.pretrain
+    return run_pretrain(p.data, p.model, p.out_dir, steps=p.steps, seq_len=p.seq_len, batch_size=p.batch_size,
+                        lr=p.lr, warmup=p.warmup_steps, min_lr_ratio=p.min_lr_ratio, eval_every=p.eval_every,
+                        eval_windows=p.eval_windows, save_every=p.save_every, held_out=p.held_out,
+                        eval_data=p.eval_data, seed=p.seed, cfg=cfg.train, device=device, progress=progress)
 
 
 def _evaluate(sets: list[EvalSet], trainer: Trainer, step: int) -> dict[str, Any]:
