@@ -121,7 +121,8 @@ class PretrainStage(PretrainSection):
 
     @model_validator(mode="after")
     def _usable(self) -> PretrainStage:
-        fixed = sorted({"model", "out_dir"} & self.model_fields_set)
+        fixed = sorted(k for k in ("model", "out_dir")  # (set to the default: a dumped config read back)
+                       if k in self.model_fields_set and getattr(self, k) != PretrainSection.model_fields[k].default)
         if fixed:
             raise ValueError(f"{' and '.join('pretrain.' + k for k in fixed)}: not used in a run config: the stage "
                              "continues pretraining [model] name and writes <run.out_dir>/pretrain")
@@ -132,7 +133,9 @@ class PretrainStage(PretrainSection):
             _source(d, "pretrain.data")  # a bad weight is named now, not after the tasks are made
         if self.held_out <= 0:
             raise ValueError(f"pretrain.held_out = {self.held_out}: the share of documents held out must be above 0")
-        both = sorted({"lr", "warmup_steps"} & self.train.model_fields_set)
+        default = PretrainRunConfig.model_fields["train"].default
+        both = sorted(k for k in ("lr", "warmup_steps")
+                      if k in self.train.model_fields_set and getattr(self.train, k) != getattr(default, k))
         if both:  # the schedule is the pretrain table's, as in PretrainRunConfig
             raise ValueError(f"set {' and '.join('pretrain.' + k for k in both)} instead of "
                              f"{' and '.join('pretrain.train.' + k for k in both)}: the schedule of continued "
