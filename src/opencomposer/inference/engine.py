@@ -86,7 +86,7 @@ from typing import Any
 import torch
 
 from opencomposer.inference.block_manager import BlockManager
-from opencomposer.inference.model_runner import Launch, ModelRunner
+from opencomposer.inference.model_runner import ModelRunner
 from opencomposer.inference.models.transformer import DecoderLM, from_hf_model
 from opencomposer.inference.moe import (
     grouped_mm_capturable,
@@ -94,6 +94,7 @@ from opencomposer.inference.moe import (
     read_routes,
 )
 from opencomposer.inference.prefill_layout import prefill_buckets
+from opencomposer.inference.run_ahead import Launch
 from opencomposer.inference.sampler import sample
 from opencomposer.inference.scheduler import Scheduler
 from opencomposer.inference.sequence import SamplingParams, Sequence, Status

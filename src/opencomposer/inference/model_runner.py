@@ -28,7 +28,7 @@ sequences, padded (padding tokens write the scratch block; the paged-prefill ker
 padding rows no work). All host inputs travel in one copy, laid out by ``PrefillLayout``.
 Longer prefill steps run eagerly.
 
-Run-ahead decode (used by ``Engine``): ``launch_decode`` replays a decode graph of plain
+Run-ahead decode (``run_ahead.py``, used by ``Engine``): ``launch_decode`` replays a decode graph of plain
 rows and queues an asynchronous copy of its ``sampled`` buffer into one of two host
 buffers (pinned on CUDA), with a CUDA event after it; ``launch_next`` then queues the next
 step for the same sequences without the host knowing its tokens: a device-side copy of
@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -71,11 +69,12 @@ from opencomposer.inference.prefill_layout import (
     prefill_inputs,
     tiles_in_bucket,
 )
+from opencomposer.inference.run_ahead import RunAhead
 from opencomposer.inference.sampler import is_plain, plain_inputs, sample_plain
 from opencomposer.inference.scheduler import ScheduledBatch
 
 
-class ModelRunner:
+class ModelRunner(RunAhead):
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
                  pdl: bool | None = None, max_num_batched_tokens: int | None = None):
@@ -393,48 +392,10 @@ class ModelRunner:
         mirror = self.mirror.step(batch.seqs, self.k_cache, self.v_cache) if self.mirror is not None else None
         return self._decode_forward(vec, _to(tables, dev), mirror), None
 
-    # ------------------------------------------------------------------ run-ahead decode
-
-    @torch.inference_mode()
-    def launch_decode(self, batch: ScheduledBatch) -> Launch | None:
-        """Start the decode step ``batch`` without waiting for it: one graph replay that
-        samples every row, then an asynchronous copy of its tokens to the host (``Launch.wait``
-        reads them). None, and nothing done, if it cannot be that: no graph holds the batch,
-        or a row is not plain (``sampler.is_plain``)."""
-        n = len(batch.seqs)
-        bucket = self._bucket(n)
-        if not batch.decode or bucket is None or not all(is_plain(s) for s in batch.seqs):
-            return None
-        self.run(batch)
-        return self._queue_results(n, bucket)
-
-    @torch.inference_mode()
-    def launch_next(self, prev: Launch, new_blocks: list[tuple[int, int, int]]) -> Launch:
-        """Start the decode step after ``prev`` for the same sequences, before ``prev``'s
-        tokens reach the host: its input tokens are ``prev``'s sampled ones (copied on the
-        device), positions, slots and context lengths one further along. ``new_blocks``: (row,
-        block-table index, block) for each row whose next position starts a new block. All of
-        it is queued on the device after ``prev`` (which read the buffers changed here), and
-        ``prev``'s results were already queued to their own host buffer. At most two launches
-        may be unread at a time (two host buffers, used in turn)."""
-        st, n, bs = self._static, prev.n, self.block_size
-        vec = st["vec"]
-        vec[0, :n].copy_(st["sampled"][0, :n])  # float64 token ids -> int64, on the device
-        vec[1:, :n] += 1  # positions, slots (right unless a new block starts: set below), lengths
-        for row, index, block in new_blocks:
-            st["tables"][row, index:index + 1].fill_(block)
-            vec[2, row:row + 1].fill_(block * bs)
+    def _replay_decode(self, bucket: int) -> None:
+        """Replay the decode graph of ``bucket`` (inputs already in its buffers)."""
         with attention_backends(), _pdl(self.pdl):
-            self.graphs[prev.bucket].replay()
-        return self._queue_results(n, prev.bucket)
-
-    def _queue_results(self, n: int, bucket: int) -> Launch:
-        self._turn ^= 1
-        host, event = self._results[self._turn], self._events[self._turn]
-        host.copy_(self._static["sampled"], non_blocking=True)  # the whole buffer: contiguous, one copy
-        if event is not None:
-            event.record()
-        return Launch(n, bucket, host, event)
+            self.graphs[bucket].replay()
 
     def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor, mirror: MirrorView | None = None) -> torch.Tensor:
         """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W] -> logits."""
@@ -472,8 +433,7 @@ class ModelRunner:
         # results, which waits for these copies, before calling again)
         st["vec"].copy_(vec_t, non_blocking=True)
         st["tables"][:bucket].copy_(tables_t, non_blocking=True)
-        with _pdl(self.pdl):
-            self.graphs[bucket].replay()
+        self._replay_decode(bucket)
 
     def decode_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode graphs' output buffers: hidden states [max_num_seqs, H], logits [max_num_seqs, V]."""
@@ -575,23 +535,6 @@ class ModelRunner:
 
             return sample_plain_fused(logits, inputs, self._seed)
         return sample_plain(logits, inputs)
-
-
-@dataclass
-class Launch:
-    """A decode step queued on the device (``launch_decode`` / ``launch_next``)."""
-
-    n: int  # rows (sequences)
-    bucket: int  # the graph it replayed
-    host: torch.Tensor  # [2, max_num_seqs] host buffer that its [token ids, logprobs] are copied into
-    event: Any  # CUDA event recorded after that copy; None on CPU (the copy is done)
-
-    def wait(self) -> tuple[list[int], list[float]]:
-        """Block until the step's results are on the host; -> (token ids, logprobs)."""
-        if self.event is not None:
-            self.event.synchronize()
-        both = self.host[:, :self.n].tolist()
-        return [int(t) for t in both[0]], both[1]
 
 
 class _EagerReplay:
