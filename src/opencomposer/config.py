@@ -6,7 +6,7 @@ expected, e.g.::
 
     configs/demo.toml: key 'agent.max_turns': expected an integer >= 1, got 0
 
-Test: ``pytest tests/unit/test_config.py``.
+Test: ``pytest tests/unit/test_config.py tests/unit/test_config_keys.py`` (every shipped key read or refused).
 """
 
 from __future__ import annotations
@@ -47,20 +47,18 @@ class AgentConfig(Strict):
         return self
 
 
+# A sandbox backend as a config names it: "auto" (the default everywhere model-driven commands
+# run) is the strongest isolating backend of this machine, "local" isolates nothing
+# (sandbox.resolve_backend; docs/isolation.md).
+Backend = Literal["auto", "namespace", "gvisor", "docker", "local"]
+
+
 class SandboxConfig(Strict):
-    backend: Literal["local", "namespace", "gvisor", "docker"] = "local"
-
-
-class TaskMakeConfig(Strict):
-    max_tasks: int = Field(100, ge=1)
-    seed: int = 0
-    levels: list[Literal["block", "body", "function", "class", "feature"]] = ["body", "function"]
-    max_candidates: int = Field(400, ge=1, description="deletions tried per source")
-    test_timeout: float = Field(300.0, gt=0)
+    backend: Backend = Field("auto", description="auto: namespace, else gvisor; local only when named (not isolated)")
 
 
 class AgentRunConfig(Strict):
-    """Root config of ``opencomposer agent``."""
+    """Root config of ``opencomposer agent`` (and of ``opencomposer eval --config``)."""
 
     agent: AgentConfig = AgentConfig()
     sandbox: SandboxConfig = SandboxConfig()

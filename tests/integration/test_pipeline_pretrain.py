@@ -35,8 +35,11 @@ def tasks(tmp_path: Path) -> Path:
     """The five smoke tasks, their tests run by this interpreter (they need no environment of their own)."""
     out = tmp_path / "tasks"
     shutil.copytree(SMOKE, out)
+    from opencomposer.tasks.envs import adopt_env
+
+    env = adopt_env(out, Path(sys.prefix)).name  # linked into the environments root
     for toml in out.glob("*/task.toml"):
-        toml.write_text(toml.read_text().replace('env = ""', f'env = "{sys.prefix}"'))
+        toml.write_text(toml.read_text().replace('env = ""', f'env = "../_envs/{env}"'))
     return out
 
 

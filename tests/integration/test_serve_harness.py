@@ -37,6 +37,7 @@ PATCH = """--- a/mathy/stats.py
 
 def make_task(root: Path) -> Path:
     """A task directory in the format of ``tasks/format.py``; its environment is this venv."""
+    from opencomposer.tasks.envs import adopt_env
     from opencomposer.tasks.format import TaskMeta, write_task_toml
 
     files = {"workspace/mathy/__init__.py": "", "workspace/mathy/stats.py": DELETED,
@@ -45,11 +46,11 @@ def make_task(root: Path) -> Path:
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    os.symlink(sys.prefix, root / "_env")  # pytest lives here
+    env = adopt_env(root.parent, Path(sys.prefix))  # pytest lives here; linked into the environments root
     meta = TaskMeta(
         id="serve-mean", source={"kind": "local", "spec": "mathy", "package": "mathy"},
         feature={"level": "body", "file": "mathy/stats.py", "symbol": "mathy.stats.mean"},
-        environment={"env": "_env"},
+        environment={"env": os.path.relpath(env, root)},
         tests={"command": "python -m pytest -q", "files": ["tests/test_stats.py"],
                "targets": ["tests/test_stats.py::test_mean"], "fail_to_pass": ["tests/test_stats.py::test_mean"]},
     )

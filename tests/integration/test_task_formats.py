@@ -74,6 +74,13 @@ def same_task(a: Path, b: Path) -> None:
     assert head(ta) == head(tb)
 
 
+def share_envs(tasks: Path, out: Path) -> None:
+    """``out``'s environments root is ``tasks``'s: an env an imported task names is used only
+    when it lies in OUT/_envs (tasks/format.py: check_paths)."""
+    out.mkdir()
+    (out / "_envs").symlink_to(tasks / "_envs")
+
+
 def test_imported_tasks_check_and_solve(tasks):
     backend = "local" if NS_REASON else "namespace"  # the round trips below check on local
     for p in find_tasks([tasks]):
@@ -92,6 +99,7 @@ def test_swebench_round_trip(tasks, tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "rows.jsonl").read_text().splitlines()]
     assert all(json.loads(row["FAIL_TO_PASS"]) for row in rows)  # encoded as the published datasets are
     # no --env: each row names the env its task was made with, found on this machine
+    share_envs(tasks, tmp_path / "back")
     r = run_cli("tasks", "import", "swebench", str(tmp_path / "rows.jsonl"), "--repos", str(tmp_path / "clones"),
                 "--out", str(tmp_path / "back"), "--check", "local")
     assert r.returncode == 0, r.stderr
@@ -124,6 +132,7 @@ def test_harbor_round_trip_and_bad_items(tasks, tmp_path):
     (garbled / "task.toml").write_text("version = \n")
 
     # no --env: our tasks name theirs; the foreign one gets a real env from its Dockerfile's pins
+    share_envs(tasks, tmp_path / "back")
     r = run_cli("tasks", "import", "harbor", str(harbor), "--out", str(tmp_path / "back"), "--check", "local")
     assert r.returncode == 1  # a failed item is an error, but every other item was imported
     s = json.loads(r.stdout.strip().splitlines()[-1])

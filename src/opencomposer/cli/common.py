@@ -47,6 +47,33 @@ def fail(e: BaseException) -> None:
     raise typer.Exit(2)
 
 
+SANDBOX_HELP = ("sandbox backend: auto (the strongest isolating one here: namespace, else gvisor) | namespace | "
+                "gvisor | docker | local (not isolated: host user, host files)")
+
+
+def sandbox_backend(given: str | None, flag: str | None, config=None, key: str | None = None,
+                    configured: str = "auto") -> str:
+    """The backend a command runs model-driven code in: the flag's value if given, else the
+    config's (``key`` of ``config``), resolved by ``sandbox.resolve_backend``. Errors name
+    where the value came from, and how to choose ``local`` there."""
+    from opencomposer.sandbox import SandboxUnavailable, resolve_backend
+
+    name = given or configured
+    if given:
+        where = f"{flag} {name!r}"
+    elif config and key:
+        where = f"{config}: key '{key}' = {name!r}"
+    else:
+        where = f"{flag or key} (default {name!r})"
+    how = " or ".join(([f"{flag} local"] if flag else []) + ([f"{key} = \"local\" in {config or 'the config'}"] if key else []))
+    try:
+        return resolve_backend(name, how)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except SandboxUnavailable as e:
+        raise SandboxUnavailable(f"{where}: {e}") from None
+
+
 def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
                 max_new_tokens: int = 256, temperature: float = 0.0):
     if kind == "oracle":

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from opencomposer.cli.common import emit, err, fail, known_errors, make_policy
+from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, make_policy, sandbox_backend
 from opencomposer.config import AgentRunConfig, ConfigError, load_config
 
 eval_app = typer.Typer(help="CursorBench-style evaluation: run a suite, compare two runs (the gate), report.")
@@ -26,12 +26,14 @@ def eval_run(
     model: str = typer.Option("smollm2-135m", help="model name, HF dir or checkpoint dir (--policy model); model id (openai)"),
     k: int = typer.Option(1, help="episodes per task (pass@k)"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="results dir (default runs/eval/SUITE/LABEL)"),
-    backend: str = typer.Option("local", help="sandbox: local | namespace"),
+    backend: Optional[str] = typer.Option(None, help=SANDBOX_HELP + "; default: the config's [sandbox] backend, "
+                                           "else auto"),
     policy: str = typer.Option("model", help="model | openai | oracle (the gold patch: a ceiling)"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai"),
     api_key: Optional[str] = typer.Option(None, envvar="OPENAI_API_KEY", help="key for --policy openai"),
     label: Optional[str] = typer.Option(None, help="name of this run in reports (default: the model)"),
-    config: Optional[Path] = typer.Option(None, help="TOML whose agent table sets the episode limits"),
+    config: Optional[Path] = typer.Option(None, help="TOML whose agent table sets the episode limits (and sandbox "
+                                          "table the backend)"),
     max_turns: Optional[int] = typer.Option(None, help="override agent.max_turns"),
     max_new_tokens: int = typer.Option(256, help="--policy model: tokens per turn"),
     temperature: Optional[float] = typer.Option(None, help="sampling temperature (default 0 for k=1, 0.7 for k>1)"),
@@ -57,8 +59,7 @@ def eval_run(
         if max_turns is not None:
             cfg.agent.max_turns = max_turns
         s = load_suite(suite)
-        from opencomposer.sandbox import backend_class
-        backend_class(backend)  # before a model is loaded
+        backend = sandbox_backend(backend, "--backend", config, "sandbox.backend", cfg.sandbox.backend)  # before a model is loaded
         # a checkpoint dir is named by its last two parts (".../step-3/model" -> "step-3/model")
         name = label or ("oracle" if policy == "oracle" else
                          "/".join(Path(model).parts[-2:]) if Path(model).exists() else model)

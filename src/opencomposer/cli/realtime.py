@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from opencomposer.cli.common import emit, err, fail, known_errors
+from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, sandbox_backend
 from opencomposer.config import ConfigError, load_config
 
 realtime_app = typer.Typer(no_args_is_help=False, help="The real-time loop: serve logs -> rewards -> train -> gate -> hot-swap.")
@@ -41,6 +41,7 @@ def realtime(
         if config is None:
             raise ConfigError("realtime: give --config FILE (e.g. configs/realtime.toml), or a subcommand: report, users")
         cfg = load_config(config, RealtimeConfig)
+        cfg.gate.backend = sandbox_backend(None, None, config, "gate.backend", cfg.gate.backend)  # candidates' episodes
         every_s = parse_duration(every or cfg.run.every, "--every")
         loop = RealtimeLoop(cfg, log=lambda m: err.print(m, highlight=False, markup=False))
         loop.run(every_s, once, on_cycle=emit, max_cycles=max_cycles)
@@ -96,12 +97,14 @@ def realtime_users(
     suite: str = typer.Option("smoke", help="eval suite (name, TOML or task dir) the users' tasks come from"),
     sessions: int = typer.Option(8, min=1),
     users: int = typer.Option(6, min=1, help="distinct simulated users (personas)"),
-    backend: str = typer.Option("local", help="sandbox backend of the users' episodes"),
+    backend: str = typer.Option("auto", help="of the users' episodes: " + SANDBOX_HELP),
     max_turns: int = typer.Option(4, min=1),
     max_tokens: Optional[int] = typer.Option(None, min=1, help="max_tokens per model turn"),
     temperature: float = typer.Option(0.7, min=0.0),
     concurrency: int = typer.Option(4, min=1),
     seed: int = typer.Option(0),
+    token: Optional[str] = typer.Option(None, envvar="OPENCOMPOSER_SERVE_TOKEN",
+                                        help="the server's --api-token, which /v1/feedback needs when it has one"),
 ) -> None:
     """Simulated users drive the served agent through the harness and send feedback events."""
     from opencomposer.config import AgentConfig
@@ -109,9 +112,10 @@ def realtime_users(
     from opencomposer.realtime.users import UserPopulation
 
     try:
+        backend = sandbox_backend(backend, "--backend")
         pop = UserPopulation(load_suite(suite).tasks, n_users=users, seed=seed)
         rep = pop.run(base_url, model, sessions, backend, AgentConfig(max_turns=max_turns, max_seconds=600),
-                      concurrency=concurrency, temperature=temperature, max_tokens=max_tokens)
+                      concurrency=concurrency, temperature=temperature, max_tokens=max_tokens, token=token)
     except _realtime_errors() as e:
         fail(e)
     rep.pop("outcomes")

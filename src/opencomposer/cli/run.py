@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from opencomposer.cli.common import app, emit, err, fail, known_errors, make_policy
+from opencomposer.cli.common import SANDBOX_HELP, app, emit, err, fail, known_errors, make_policy, sandbox_backend
 from opencomposer.config import AgentRunConfig, ConfigError, load_config, validate
 
 
@@ -22,20 +22,24 @@ def agent(
     model: Optional[str] = typer.Option(None, help="model name for --policy model/openai"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai"),
     api_key: Optional[str] = typer.Option(None, envvar="OPENAI_API_KEY", help="key for --policy openai"),
-    sandbox: str = typer.Option("local", help="local | namespace"),
-    config: Optional[Path] = typer.Option(None, help="TOML with [agent] limits"),
+    sandbox: Optional[str] = typer.Option(None, help=SANDBOX_HELP + "; default: the config's [sandbox] backend, "
+                                           "else auto"),
+    config: Optional[Path] = typer.Option(None, help="TOML with [agent] limits and [sandbox] backend"),
     transcript: Optional[Path] = typer.Option(None, help="where to write the JSON transcript"),
     verbose: bool = typer.Option(True, help="print each step"),
     max_new_tokens: int = typer.Option(256, min=1, help="--policy model: tokens per turn"),
     temperature: float = typer.Option(0.0, min=0.0, help="--policy model: sampling temperature (0 = greedy)"),
 ) -> None:
     """Run one episode on a task and print reward, turns, tool calls, invalid calls and time."""
+    from rich.markup import escape
+
     from opencomposer.rl.episode import run_task
     from opencomposer.tasks.format import Task
 
     try:
         cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
         task = Task.load(task_dir)
+        sandbox = sandbox_backend(sandbox, "--sandbox", config, "sandbox.backend", cfg.sandbox.backend)
         pol = make_policy(policy, task, model, base_url, api_key, max_new_tokens, temperature)
         transcript = transcript or Path("runs") / "transcripts" / f"{task.id}-{policy}-{int(time.time())}.json"
         transcript.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +57,8 @@ def agent(
     s = res.summary()
     err.print(f"reward {s['reward']}  exit {s['exit_reason']}  turns {s['turns']}  tool calls "
               f"{s['tool_calls']}  invalid {s['invalid_calls']}  {s['seconds']['total']}s  transcript {transcript}")
+    for kind, evidence in s["flags"].items():
+        err.print(f"[red]flagged {kind}[/] (reward voided): {escape('; '.join(evidence)[:300])}", highlight=False)
     emit({**s, "policy": policy, "sandbox": sandbox, "transcript": str(transcript)})
 
 
@@ -62,7 +68,7 @@ def train(
     resume: bool = typer.Option(False, help="continue from the run directory's latest checkpoint"),
     steps: Optional[int] = typer.Option(None, help="override run.steps"),
     out_dir: Optional[str] = typer.Option(None, "--out", help="override run.out_dir"),
-    sandbox: Optional[str] = typer.Option(None, help="override rollout.backend (local | namespace)"),
+    sandbox: Optional[str] = typer.Option(None, help="override rollout.backend: " + SANDBOX_HELP),
 ) -> None:
     """Tasks -> SFT warm start -> GRPO steps -> held-out evals -> report."""
     from opencomposer.rl.config import RLRunConfig
@@ -74,8 +80,7 @@ def train(
             cfg.run.steps = steps
         if out_dir is not None:
             cfg.run.out_dir = out_dir
-        if sandbox is not None:
-            cfg.rollout.backend = sandbox
+        cfg.rollout.backend = sandbox_backend(sandbox, "--sandbox", config, "rollout.backend", cfg.rollout.backend)
         from opencomposer.rl.pipeline import run_pipeline
 
         def show(row: dict) -> None:
@@ -241,8 +246,11 @@ def serve(
     log_window: str = typer.Option("1h", help="one log file per window: 30m, 1h, 5h, ..."),
     ab_model: Optional[str] = typer.Option(None, help="arm b of an A/B split: a second model/checkpoint"),
     ab_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="share of sessions routed to arm b"),
-    admin_token: Optional[str] = typer.Option(None, envvar="OPENCOMPOSER_ADMIN_TOKEN",
-                                              help="bearer token for /admin/* (default: loopback clients only)"),
+    api_token: Optional[str] = typer.Option(None, "--api-token", "--admin-token",
+                                            envvar=["OPENCOMPOSER_SERVE_TOKEN", "OPENCOMPOSER_ADMIN_TOKEN"],
+                                            help="bearer token that /admin/* and /v1/feedback require; prefer the "
+                                            "env var OPENCOMPOSER_SERVE_TOKEN (argv is visible to every user). "
+                                            "Default: none, admin from loopback only, and a warning at start"),
     weights_from: Optional[str] = typer.Option(None, help="follow a trainer's weight store (directory, "
                                                "file:///path or s3://bucket/prefix): new versions apply in flight"),
     weights_poll: float = typer.Option(1.0, min=0.05, help="seconds between two looks at --weights-from"),
@@ -264,7 +272,7 @@ def serve(
                           kv_memory_fraction=kv_memory_fraction, max_num_batched_tokens=max_num_batched_tokens,
                           dtype=dtype, device=device,
                           log_dir=log_dir, log_window_s=parse_duration(log_window, "--log-window"),
-                          ab_model=ab_model, ab_fraction=ab_fraction, admin_token=admin_token,
+                          ab_model=ab_model, ab_fraction=ab_fraction, api_token=api_token,
                           weights_from=weights_from, weights_poll_s=weights_poll, draft=draft, num_draft=num_draft,
                           spec_max_batch=spec_max_batch)
         run_server(cfg, on_ready=lambda url: emit({"serving": url, "model": served_model_name or model,

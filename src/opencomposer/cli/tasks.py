@@ -16,7 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from opencomposer.cli.common import emit, err, fail, known_errors, out
+from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, out, sandbox_backend
 from opencomposer.config import ConfigError, load_config
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Make, check and list coding tasks.")
@@ -28,7 +28,8 @@ def tasks_make(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="directory to write task directories into"),
     max_tasks: Optional[int] = typer.Option(None, "--max", min=1, help="stop after this many tasks (per library with --config; default 50)"),
     seed: int = typer.Option(0, help="seed for candidate order, levels and wording"),
-    sandbox: str = typer.Option("local", help="sandbox backend for validation runs"),
+    sandbox: Optional[str] = typer.Option(None, help="of the library's test runs: " + SANDBOX_HELP + "; with "
+                                           "--config: overrides factory.backend"),
     levels: str = typer.Option("body,function", help="comma-separated deletion levels: block,body,function,class,feature"),
     workers: int = typer.Option(2, min=1, help="candidates validated in parallel"),
     config: Optional[Path] = typer.Option(None, help="factory config (configs/factory.toml): many libraries"),
@@ -37,8 +38,10 @@ def tasks_make(
     from opencomposer.tasks.deletion import LEVELS
     from opencomposer.tasks.make import make_tasks
 
+    # auto, not local: a source's test suite is third-party code (dir: and git: sources can hold anything);
+    # a config may name local where it only runs pinned releases' own suites (configs/factory.toml)
     if config is not None:
-        return _tasks_make_factory(config, out_dir, max_tasks)
+        return _tasks_make_factory(config, out_dir, max_tasks, sandbox)
     if source is None or out_dir is None:
         fail(ConfigError("tasks make: give --source and --out, or --config FILE"))
     max_tasks = max_tasks or 50
@@ -47,6 +50,7 @@ def tasks_make(
     if bad or not lv:
         fail(ConfigError(f"--levels: unknown level(s) {bad or lv}; expected some of {','.join(LEVELS)}"))
     try:
+        sandbox = sandbox_backend(sandbox, "--sandbox")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as prog:
             bar = prog.add_task(f"tasks from {source}", total=max_tasks)
@@ -63,12 +67,14 @@ def tasks_make(
           "tasks_per_minute": round(per_min, 2), "out": str(out_dir)})
 
 
-def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Optional[int]) -> None:
+def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Optional[int],
+                        sandbox: Optional[str]) -> None:
     """`tasks make --config`: every library of a factory config, one after another."""
     from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 
     try:
         cfg = load_config(config, FactoryConfig)
+        cfg.factory.backend = sandbox_backend(sandbox, "--sandbox", config, "factory.backend", cfg.factory.backend)
         factory = TaskFactory(cfg, out_dir)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as prog:
@@ -94,7 +100,7 @@ def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Option
 @tasks_app.command("check")
 def tasks_check(
     paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
-    sandbox: str = typer.Option("local", help="sandbox backend"),
+    sandbox: str = typer.Option("auto", help=SANDBOX_HELP),
     workers: int = typer.Option(2, min=1, help="tasks checked in parallel"),
 ) -> None:
     """Validate tasks: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
@@ -104,6 +110,7 @@ def tasks_check(
     from opencomposer.tasks.format import find_tasks
 
     try:
+        sandbox = sandbox_backend(sandbox, "--sandbox")  # the gold patch and tests of imported tasks are third-party code
         found = find_tasks(paths)
         with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as prog, ThreadPoolExecutor(workers) as ex:
@@ -165,12 +172,15 @@ def tasks_import(
     repos: Optional[Path] = typer.Option(None, help="swebench: dir of local clones (owner__name, name or owner/name)"),
     env: Optional[Path] = typer.Option(None, help="use this Python env for every task instead of building one"),
     ids: Optional[str] = typer.Option(None, help="humaneval: comma-separated problem numbers, e.g. 0,1,2"),
-    check: Optional[str] = typer.Option(None, help="validate each task in this sandbox backend; drop failures"),
+    check: Optional[str] = typer.Option(None, help="validate each task in this sandbox backend, dropping failures: "
+                                        + SANDBOX_HELP),
 ) -> None:
     """Import tasks from HumanEval, SWE-bench JSONL or Harbor task directories."""
     from opencomposer.tasks.pypi import SourceError
 
     try:
+        if check is not None:  # solution scripts and tests of imported tasks are not our code
+            check = sandbox_backend(check, "--check")
         if fmt == "humaneval":
             from opencomposer.tasks.sources.humaneval import import_humaneval
             try:
@@ -224,14 +234,14 @@ def tasks_export(
 def tasks_stats(
     paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
     oracle: bool = typer.Option(False, help="run the oracle on every task now for the solve rate"),
-    sandbox: str = typer.Option("local", help="sandbox backend for --oracle"),
+    sandbox: str = typer.Option("auto", help="for --oracle: " + SANDBOX_HELP),
     workers: int = typer.Option(2, min=1, help="--oracle episodes in parallel"),
 ) -> None:
     """Counts by source and level, median instruction chars, gold diff size, oracle solve rate."""
     from opencomposer.tasks.stats import task_stats
 
     try:
-        res = task_stats(paths, sandbox if oracle else None, workers)
+        res = task_stats(paths, sandbox_backend(sandbox, "--sandbox") if oracle else None, workers)
     except known_errors() as e:
         fail(e)
     table = Table("what", "value")

@@ -50,7 +50,7 @@ class EvalError(RuntimeError):
 
 
 def passed(reward: float) -> bool:
-    """An episode passes when the all-or-nothing test reward is 1 (``rewards/tests.py``)."""
+    """An episode passes when the all-or-nothing test reward is 1 (``grading/grade.py``)."""
     return reward >= 1.0
 
 
@@ -96,6 +96,7 @@ def summarize(episodes: Sequence[Mapping[str, Any]], k: int, *, wall_s: float,
         "tool_calls": mean("tool_calls"),
         "invalid_calls": mean("invalid_calls"),
         "mean_episode_s": mean("seconds"),
+        "hacking_flagged": sum(bool(e.get("hacking_flagged")) for e in episodes) / n_ep,
         "wall_s": round(wall_s, 3),
         "cost_usd": cost,
         "per_difficulty": {

@@ -2,7 +2,7 @@
 
     from opencomposer.eval.run import run_suite
     with BatchedPolicy(ModelPolicy("smollm2-135m", temperature=0.7), max_batch=8) as pol:
-        res = run_suite(load_suite("smoke"), pol, k=4, backend="local", agent_cfg=AgentConfig(),
+        res = run_suite(load_suite("smoke"), pol, k=4, backend="auto", agent_cfg=AgentConfig(),
                         label="smollm2-135m", out_dir=Path("runs/eval/smollm2"))
     res["summary"]["pass@1"], res["summary"]["pass@k"]
 
@@ -103,22 +103,26 @@ def episode_record(ep: Episode, difficulty: str) -> dict[str, Any]:
     rec.update(reward=1 if ep.result.reward.passed else 0, completion_tokens=t.completion_tokens,
                prompt_tokens=t.prompt_tokens, tool_calls=t.tool_calls, invalid_calls=t.invalid_calls,
                turns=t.turns, stop_reason=t.exit_reason or "unknown")
+    if ep.result.flags:  # the monitors voided this episode's reward (rl/episode.run_task)
+        rec["hacking_flagged"] = sorted(ep.result.flags)
     if t.error:
         rec["error"] = t.error[:300]
     return rec
 
 
-def run_suite(suite: Suite, policy: Any, *, k: int = 1, backend: str = "namespace",
+def run_suite(suite: Suite, policy: Any, *, k: int = 1, backend: str = "auto",
               agent_cfg: AgentConfig | None = None, label: str, out_dir: Path | None = None,
               price_per_mtok: float = 0.0, prompt_price_per_mtok: float | None = None,
               progress: bool = True, max_concurrent: int | None = None) -> dict:
-    """Run the suite and return (and, with ``out_dir``, write) its results dict."""
+    """Run the suite and return (and, with ``out_dir``, write) its results dict. ``backend``:
+    ``auto`` is the strongest isolating sandbox here (``sandbox.resolve_backend``); the
+    results record the one that ran."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not label:
         raise ValueError("label must name the model or checkpoint")
-    from opencomposer.sandbox import backend_class
-    backend_class(backend)  # an unknown backend fails here, not as N failed episodes
+    from opencomposer.sandbox import resolve_backend
+    backend = resolve_backend(backend)  # an unknown or unusable backend fails here, not as N failed episodes
     agent_cfg = agent_cfg or AgentConfig()
     created = datetime.now(UTC).isoformat(timespec="seconds")
     show = _progress_printer(suite.name, label) if progress else None

@@ -49,7 +49,7 @@ from pydantic import Field, model_validator
 
 from opencomposer.config import ConfigError, Strict, load_config
 from opencomposer.paths import cache_dir
-from opencomposer.tasks.format import Task, TaskFormatError
+from opencomposer.tasks.format import Task, TaskFormatError, task_dirs
 
 SUITES_DIR = Path(__file__).resolve().parents[3] / "configs" / "suites"
 
@@ -169,7 +169,7 @@ def _dir_tasks(root: Path, where: str) -> list[Task]:
         raise SuiteError(f"{where}: {root} is not a directory")
     if (root / "task.toml").is_file():
         return [_load(root, where)]
-    tasks = [_load(d, where) for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
+    tasks = [_load(d, where) for d in task_dirs(root)]
     if not tasks:
         raise SuiteError(f"{where}: {root} holds no task directories (none has a task.toml)")
     return tasks

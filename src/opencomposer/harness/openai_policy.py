@@ -105,12 +105,14 @@ class OpenAIPolicy:
         max_retries: int = 2,
         extra_body: dict[str, Any] | None = None,
         name: str | None = None,
+        http_client: Any = None,  # an ``httpx.Client`` of the caller's, e.g. with hooks reading response headers
     ):
         from openai import OpenAI  # imported here: only this policy needs the client
 
         # Local servers accept any key, but the client refuses to start without one.
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self.client = OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
+        self.client = OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries,
+                             http_client=http_client)
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens

@@ -1,7 +1,7 @@
 """The front door of ``opencomposer serve``: session logs, feedback, A/B arms, weight hot-swap.
 
     opencomposer serve --model smollm2-135m --log-dir runs/serve-logs \\
-        [--ab-model runs/realtime/candidates/cycle-0003 --ab-fraction 0.2] [--admin-token T]
+        [--ab-model runs/realtime/candidates/cycle-0003 --ab-fraction 0.2]   # token: OPENCOMPOSER_SERVE_TOKEN
 
 An ASGI app in front of one ``OpenAIServer`` per arm (each with its own engine thread):
 
@@ -13,8 +13,11 @@ An ASGI app in front of one ``OpenAIServer`` per arm (each with its own engine t
 * Logging (``--log-dir``): every chat completion, with its arm, checkpoint and weights
   version, goes to ``session_log.SessionLog`` (see that module for the record).
 * ``POST /v1/feedback``: ``{"session_id", "kind": "edit_kept" | "edit_reverted" |
-  "follow_up", "completion_id"?, "diff"?, "text"?}``; a follow-up needs ``text``. Logged
-  as a ``feedback`` record; a bad event is a 400 naming the field. Whether a follow-up is
+  "follow_up", "completion_id"?, "diff"?, "text"?}``; a follow-up needs ``text``. The
+  ``session_id`` is the signed one the session's chat responses carried in
+  ``X-Signed-Session-Id`` (``auth.py``; anything else is a 403), ``completion_id`` a
+  response's ``id`` + ``":"`` + choice index. Logged as a ``feedback`` record under the
+  plain session id; a bad event is a 400 naming the field. Whether a follow-up is
   dissatisfied is decided later by the real-time loop's classifier, so a better classifier
   can re-score old logs.
 * ``--weights-from STORE`` (``sync/``): arm a follows a trainer's weight store, applying
@@ -23,12 +26,13 @@ An ASGI app in front of one ``OpenAIServer`` per arm (each with its own engine t
   directory's safetensors and applies them with ``Engine.update_weights`` between two
   engine steps (running sequences continue; the prefix cache is dropped). ``GET
   /admin/arms``: each arm's checkpoint, weights version, share of sessions and queue.
-  Admin calls need ``Authorization: Bearer <--admin-token>``; without a token configured,
-  only loopback clients may call them.
+* Credentials (``auth.py``): with ``--api-token`` / ``OPENCOMPOSER_SERVE_TOKEN`` set,
+  ``/admin/*`` and ``/v1/feedback`` need ``Authorization: Bearer <token>`` (else 401);
+  without one, ``/admin/*`` takes loopback clients only and ``serve`` warns at start.
 
 Everything else (``/v1/models``, ``/health``, ``/metrics``) is answered by arm a.
 
-Test: ``pytest tests/unit/realtime/test_front.py``.
+Test: ``pytest tests/unit/realtime/test_front.py tests/integration/test_serve_auth.py``.
 """
 
 from __future__ import annotations
@@ -47,11 +51,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from opencomposer.inference import openai_schema as wire
+from opencomposer.inference.auth import (
+    Refused,
+    SessionSigner,
+    changes_state,
+    check_bearer,
+)
 from opencomposer.inference.server import OpenAIServer, ServeConfig, build_server
 from opencomposer.inference.session_log import SessionLog
 
 ROUTED = ("/v1/chat/completions", "/v1/completions")
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class FeedbackEvent(BaseModel):
@@ -59,7 +68,7 @@ class FeedbackEvent(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str = Field(..., min_length=1, max_length=256)
+    session_id: str = Field(..., min_length=1, max_length=512)  # signed: "<session id>.<signature>"
     kind: Literal["edit_kept", "edit_reverted", "follow_up"]
     completion_id: str | None = Field(None, max_length=256)
     diff: str | None = Field(None, max_length=1_000_000)
@@ -107,14 +116,15 @@ class FrontDoor:
     """Routes requests to arms, logs sessions, takes feedback and weight updates."""
 
     def __init__(self, arms: dict[str, OpenAIServer], fraction: float = 0.0, log: SessionLog | None = None,
-                 admin_token: str | None = None):
+                 api_token: str | None = None, signer: SessionSigner | None = None):
         if "a" not in arms:
             raise ValueError("FrontDoor needs an arm 'a'")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"ab_fraction must be in [0, 1], got {fraction}")
-        self.arms, self.fraction, self.log, self.admin_token = arms, fraction if "b" in arms else 0.0, log, admin_token
+        self.arms, self.fraction, self.log, self.api_token = arms, fraction if "b" in arms else 0.0, log, api_token
+        self.signer = signer or SessionSigner()  # one secret for both arms: a session may be answered by either
         for name, s in arms.items():
-            s.arm = name
+            s.arm, s.signer = name, self.signer
             s.recorder = log.write if log is not None else None
         self.feedback_count = 0
         self.api = self._build_app()
@@ -138,13 +148,18 @@ class FrontDoor:
             await self.arms["a"].app(scope, receive, send)
             return
         path = scope["path"]
-        if path == "/v1/feedback" or path.startswith("/admin/"):
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if changes_state(path):
+            try:  # before the body is read: a caller without the token learns nothing else
+                check_bearer(path, headers, (scope.get("client") or ("",))[0], self.api_token)
+            except Refused as e:
+                await _refusal(e)(scope, receive, send)
+                return
             await self.api(scope, receive, send)
             return
         if path not in ROUTED or len(self.arms) == 1:
             await self.arms["a"].app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         sid = headers.get("x-session-id")
         if not sid:  # the session may be in the body's ``user`` field: read it, then replay it
             body, receive = await _buffer(receive)
@@ -167,24 +182,15 @@ class FrontDoor:
     async def feedback(self, event: FeedbackEvent):
         if self.log is None:
             return JSONResponse(wire.error_body("feedback is not recorded: start the server with --log-dir DIR"), 409)
-        self.log.write({"type": "feedback", **event.model_dump()})
+        try:
+            sid = self.signer.verify(event.session_id)
+        except Refused as e:
+            return _refusal(e, "session_id")
+        self.log.write({"type": "feedback", **event.model_dump(), "session_id": sid})
         self.feedback_count += 1
-        return {"ok": True, "session_id": event.session_id, "arm": arm_for(event.session_id, self.fraction)}
+        return {"ok": True, "session_id": sid, "arm": arm_for(sid, self.fraction)}
 
-    def _admin_ok(self, request: Request) -> JSONResponse | None:
-        if self.admin_token:
-            if request.headers.get("authorization") != f"Bearer {self.admin_token}":
-                return JSONResponse(wire.error_body("admin: missing or wrong 'Authorization: Bearer' token"), 401)
-            return None
-        host = request.client.host if request.client else ""
-        if host not in LOOPBACK:
-            return JSONResponse(wire.error_body(f"admin: only loopback clients without --admin-token (got {host})"), 403)
-        return None
-
-    async def swap_weights(self, update: WeightsUpdate, request: Request):
-        denied = self._admin_ok(request)
-        if denied is not None:
-            return denied
+    async def swap_weights(self, update: WeightsUpdate):
         server = self.arms.get(update.arm)
         if server is None:
             return JSONResponse(wire.error_body(f"arm: {update.arm!r} is not served; arms: {sorted(self.arms)}",
@@ -201,10 +207,7 @@ class FrontDoor:
         return {"arm": update.arm, "checkpoint": update.path, "policy_version": version,
                 "seconds": round(time.perf_counter() - t0, 3)}
 
-    async def arms_info(self, request: Request):
-        denied = self._admin_ok(request)
-        if denied is not None:
-            return denied
+    async def arms_info(self):
         return {"fraction_b": self.fraction, "feedback_events": self.feedback_count,
                 "logged": self.log.records if self.log else None,
                 "arms": {name: {"checkpoint": s.checkpoint, "policy_version": s.loop.engine.policy_version,
@@ -219,6 +222,11 @@ class FrontDoor:
             s.loop.stop()
         if self.log is not None:
             self.log.close()
+
+
+def _refusal(e: Refused, param: str | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(wire.error_body(str(e), param, code=e.code), e.status, headers=headers)
 
 
 async def _buffer(receive: Any) -> tuple[bytes, Any]:
@@ -251,4 +259,4 @@ def build_front(cfg: ServeConfig) -> FrontDoor:
                                          weights_from=None))
         arms["b"].checkpoint = cfg.ab_model
     log = SessionLog(cfg.log_dir, cfg.log_window_s) if cfg.log_dir else None
-    return FrontDoor(arms, cfg.ab_fraction, log, cfg.admin_token)
+    return FrontDoor(arms, cfg.ab_fraction, log, cfg.api_token)

@@ -6,7 +6,9 @@
 Endpoints: ``POST /v1/chat/completions`` (tools, streaming, ``n``, logprobs),
 ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (JSON:
 engine stats and request counters). ``serve()`` puts ``front.FrontDoor`` in front of it:
-``--log-dir`` session logs, ``POST /v1/feedback``, A/B arms, ``/admin/weights`` hot-swap.
+``--log-dir`` session logs, ``POST /v1/feedback``, A/B arms, ``/admin/weights`` hot-swap;
+``auth.py`` says who may call ``/v1/feedback`` and ``/admin/*`` (a bearer token; signed
+session ids: a chat response naming a session carries ``X-Signed-Session-Id``).
 
 How a chat request becomes tokens: the messages and tools go through
 ``chat_format.render_chat``, i.e. the same ``models.chat.render_prompt`` that training
@@ -23,13 +25,15 @@ Why FastAPI + uvicorn: the request bodies are pydantic models (already a depende
 a bad field becomes a 400 naming it for free, and Starlette's streaming response notices
 a client disconnect, which is what lets us abort the sequence.
 
-Test: ``pytest tests/unit/inference/test_server.py tests/integration/test_serve_harness.py``.
+Test: ``pytest tests/unit/inference/test_server.py tests/integration/test_serve_harness.py``
+(credentials: ``tests/integration/test_serve_auth.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -43,6 +47,7 @@ from starlette.background import BackgroundTask
 
 from opencomposer.harness import codec
 from opencomposer.inference import openai_schema as wire
+from opencomposer.inference.auth import SIGNED_HEADER, open_warning
 from opencomposer.inference.chat_format import (
     ChatFormatError,
     content_before_tool_call,
@@ -84,7 +89,8 @@ class ServeConfig:
     log_window_s: float = 3600.0  # one log file per window
     ab_model: str | None = None  # arm "b": a second checkpoint; sessions split by id
     ab_fraction: float = 0.5  # share of sessions routed to arm "b"
-    admin_token: str | None = None  # /admin/* needs "Authorization: Bearer TOKEN" (none: loopback clients only)
+    # /admin/* and /v1/feedback need "Authorization: Bearer TOKEN" (none: admin from loopback only; ``auth.py``)
+    api_token: str | None = None
     # weight sync (``sync/``): follow a trainer's store, applying each new version in flight
     weights_from: str | None = None  # a directory, file:///path or s3://bucket/prefix
     weights_poll_s: float = 1.0
@@ -113,6 +119,7 @@ class OpenAIServer:
         self.created = int(time.time())
         # set by ``front.FrontDoor``: where completions are logged, and what this engine serves
         self.recorder: Any = None
+        self.signer: Any = None  # an ``auth.SessionSigner``: chat responses carry the signed session id
         self.follower: Any = None  # a ``sync.WeightFollower`` applying a trainer's versions (--weights-from)
         self.arm, self.checkpoint = "a", model_name
         self.api = self._build_app()
@@ -268,22 +275,31 @@ class OpenAIServer:
                 raise HTTPError(400, str(e), e.param) from None
             ids = encode_prompt(self.tokenizer, prompt)
             seqs = [(ids, self._params(req, len(ids), j, explicit, self.default_max_tokens)) for j in range(req.n)]
+            rid, headers = wire.new_id("chatcmpl"), self._session_headers(request, req)
         group = self.loop.submit(seqs)
         streams = [TextStream(self.tokenizer, req.stop_strings()) for _ in range(req.n)]
         if req.stream:
             body = self._stream_chat(req, group, streams, bool(tools), len(ids),
-                                     (request.headers, ids, tools, t0))
-            return StreamingResponse(body, media_type="text/event-stream",
+                                     (rid, request.headers, ids, tools, t0))
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers,
                                      background=BackgroundTask(self._abort, group))
         await self._collect(group, streams, request)
         choices = [self._chat_choice(h, s, bool(tools), req.logprobs) for h, s in zip(group.handles, streams)]
-        self._record(req, request.headers, ids, tools, group, streams, t0, stream=False)
+        self._record(rid, req, request.headers, ids, tools, group, streams, t0, stream=False)
         completion = sum(len(s.token_ids) for s in streams)
         usage = wire.usage(len(ids), completion, _cached(group.handles[:1]))  # the prompt counts once
         # the newest weights any returned token came from (they change in flight: sync, hot-swap)
         version = max((h.completion.policy_versions[-1] for h in group.handles  # versions only grow in a sequence
                        if h.completion and h.completion.policy_versions), default=self.loop.engine.policy_version)
-        return wire.chat_completion(wire.new_id("chatcmpl"), self.model_name, choices, usage, version)
+        return JSONResponse(wire.chat_completion(rid, self.model_name, choices, usage, version), headers=headers)
+
+    def _session_headers(self, request: Request, req: wire.ChatRequest) -> dict[str, str]:
+        """``X-Signed-Session-Id`` when the request names a session: what its feedback must send
+        (``auth.py``). Only printable ASCII ids can go in a header; others get none."""
+        from opencomposer.inference.session_log import session_id
+
+        sid = session_id(request.headers, req.model_extra) if self.signer is not None else None
+        return {SIGNED_HEADER: self.signer.sign(sid)} if sid and sid.isascii() and sid.isprintable() else {}
 
     def _final(self, h: Handle, s: TextStream) -> str:
         """The finished sequence's text: the engine's own ``Completion.text`` when it has one."""
@@ -301,7 +317,7 @@ class OpenAIServer:
 
     async def _stream_chat(self, req: wire.ChatRequest, group: Group, streams: list[TextStream],
                            tools: bool, prompt_len: int, log_args: tuple) -> AsyncIterator[str]:
-        rid, created = wire.new_id("chatcmpl"), int(time.time())
+        rid, created = log_args[0], int(time.time())
 
         def chunk(i: int, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> str:
             c = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
@@ -337,22 +353,23 @@ class OpenAIServer:
                 done = sum(len(s.token_ids) for s in streams)
                 usage = wire.usage(prompt_len, done, _cached(group.handles[:1]))
                 yield _sse(wire.chat_chunk(rid, self.model_name, created, [], usage, self.loop.engine.policy_version))
-            headers, ids, tool_list, t0 = log_args
-            self._record(req, headers, ids, tool_list, group, streams, t0, stream=True)
+            rid, headers, ids, tool_list, t0 = log_args
+            self._record(rid, req, headers, ids, tool_list, group, streams, t0, stream=True)
             yield "data: [DONE]\n\n"
         except (EngineFailed, ValueError) as e:
             yield _sse(wire.error_body(f"the request failed: {e}", kind="server_error"))
         finally:
             self.loop.abort(group)
 
-    def _record(self, req: wire.ChatRequest, headers: Any, ids: list[int], tools: list, group: Group,
+    def _record(self, rid: str, req: wire.ChatRequest, headers: Any, ids: list[int], tools: list, group: Group,
                 streams: list[TextStream], t0: float, stream: bool) -> None:
         """Log each finished choice (``--log-dir``): what the trainer needs to learn from it."""
         if self.recorder is None:
             return
         from opencomposer.inference.session_log import completion_record, session_id
 
-        sid, latency, rid = session_id(headers, req.model_extra), time.perf_counter() - t0, wire.new_id("chatcmpl")
+        # the record's id is the response's id + ":" + choice index: what a feedback event's completion_id names
+        sid, latency = session_id(headers, req.model_extra), time.perf_counter() - t0
         for h, s in zip(group.handles, streams):
             c = h.completion
             if c is None:  # aborted: nothing the user saw in full
@@ -504,7 +521,8 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, **kw: Any):
 
 def serve(cfg: ServeConfig, on_ready=None) -> None:
     """Run until interrupted. ``on_ready(url)`` is called once the socket listens
-    (port 0 picks a free port; the url has the real one)."""
+    (port 0 picks a free port; the url has the real one). Without ``cfg.api_token``, a
+    warning on stderr says who can reach the endpoints that change state."""
     from opencomposer.inference.front import build_front
 
     server = build_front(cfg)
@@ -514,9 +532,13 @@ def serve(cfg: ServeConfig, on_ready=None) -> None:
         task = asyncio.create_task(uv.serve())
         while not uv.started and not task.done():
             await asyncio.sleep(0.05)
-        if uv.started and on_ready is not None:
+        if uv.started:
             port = uv.servers[0].sockets[0].getsockname()[1]  # the real one when cfg.port is 0
-            on_ready(f"http://{cfg.host}:{port}/v1")
+            warning = open_warning(cfg.api_token, cfg.host, port)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+            if on_ready is not None:
+                on_ready(f"http://{cfg.host}:{port}/v1")
         await task
 
     try:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,12 +106,16 @@ class MTPHead(nn.Module):
 
     def save(self, out_dir: str | Path) -> Path:
         """Write ``out_dir/{mtp.safetensors, mtp.json}`` atomically (a temporary directory
-        renamed over the old one: a reader never sees half a head)."""
+        renamed over the old one: a reader never sees half a head; a killed save's temporary
+        directory is removed by the next save beside it)."""
         from safetensors.torch import save_file
+
+        from opencomposer.paths import remove_stale_temps, replace_dir, temp_dir
 
         out = Path(out_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        remove_stale_temps(out.parent)
+        tmp = temp_dir(out)
         try:
             save_file({k: v.detach().contiguous().cpu() if k == "draft_vocab" else v.detach().float().contiguous().cpu()
                        for k, v in self.state_dict().items()}, str(tmp / WEIGHTS))
@@ -120,14 +123,7 @@ class MTPHead(nn.Module):
             for f in (tmp / WEIGHTS, tmp / CONFIG):
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-            if out.exists():
-                old = out.with_name(f".{out.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                out.rename(old)
-                tmp.rename(out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(out)
+            replace_dir(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out

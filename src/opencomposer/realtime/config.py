@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from opencomposer.config import AgentConfig, ConfigError, Strict
+from opencomposer.config import AgentConfig, Backend, ConfigError, Strict
 from opencomposer.train.config import TrainConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -87,7 +87,7 @@ class GateSection(Strict):
     metric: str = "pass@1"
     tolerance: float = Field(0.0, ge=0, description="candidate may be this much worse (eval.gate.compare)")
     strict: bool = Field(False, description="true: the candidate must show it is within the tolerance")
-    backend: Literal["local", "namespace", "gvisor", "docker"] = "namespace"
+    backend: Backend = Field("auto", description="sandbox of the gate's episodes (auto: the strongest here)")
     temperature: float = Field(0.0, ge=0)
     max_new_tokens: int = Field(256, ge=1, description="per model turn")
     max_batch: int = Field(8, ge=1)

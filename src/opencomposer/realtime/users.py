@@ -1,15 +1,16 @@
 """Simulated users: people with tasks who drive the served agent and react to what it does.
 
     pop = UserPopulation(load_suite("smoke").tasks, n_users=6, seed=0)
-    report = pop.run("http://127.0.0.1:8000/v1", model="tiny-random", sessions=12, backend="local",
+    report = pop.run("http://127.0.0.1:8000/v1", model="tiny-random", sessions=12, backend="auto",
                      agent_cfg=AgentConfig(max_turns=3))
 
 Each session: a user (persona: terse, vague or precise; patience) picks a task, writes a
 prompt from its instruction in their style (terse users cut it to a few words, vague ones
 name only the file or the symbol), and runs the deployed harness against the server
 (``OpenAIPolicy`` with ``user = session id``, so every turn is logged under the session and
-routed to one A/B arm). When the episode ends the user judges the result the way a
-developer would, by running the hidden tests:
+routed to one A/B arm; feedback names the session by the signed id that the server's chat
+responses carry in ``X-Signed-Session-Id``, ``inference/auth.py``). When the episode ends
+the user judges the result the way a developer would, by running the hidden tests:
 
 * the agent changed files: ``edit_kept`` if the tests pass, else ``edit_reverted``, with
   the diff of the workspace;
@@ -36,7 +37,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import httpx
+
 from opencomposer.config import AgentConfig
+from opencomposer.inference.auth import SIGNED_HEADER
 from opencomposer.realtime.deploy import ServerClient
 
 DISSATISFIED = [
@@ -111,10 +115,13 @@ class UserPopulation:
         return [(self.rng.choice(self.users), self.rng.choice(self.tasks), f"sim-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:12]}",
                  self.rng.getrandbits(31)) for _ in range(sessions)]
 
-    def run(self, base_url: str, model: str, sessions: int, backend: str = "local",
+    def run(self, base_url: str, model: str, sessions: int, backend: str = "auto",
             agent_cfg: AgentConfig | None = None, concurrency: int = 4, temperature: float = 0.7,
-            max_tokens: int | None = None) -> dict[str, Any]:
-        client = ServerClient(base_url)
+            max_tokens: int | None = None, token: str | None = None) -> dict[str, Any]:
+        from opencomposer.sandbox import resolve_backend
+
+        backend = resolve_backend(backend, "--backend local")  # the users' sessions run the served model's commands
+        client = ServerClient(base_url, token)  # token: the server's --api-token, which feedback needs
         jobs = self.plan(sessions)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="user") as pool:
@@ -123,7 +130,7 @@ class UserPopulation:
                                                            temperature=temperature, max_tokens=max_tokens),
                                      jobs))
         events = [e for o in outcomes for e in o.events]
-        return {"sessions": len(outcomes), "passed": sum(o.passed for o in outcomes),
+        return {"sessions": len(outcomes), "sandbox": backend, "passed": sum(o.passed for o in outcomes),
                 "errors": sum(bool(o.error) for o in outcomes),
                 "events": {k: events.count(k) for k in sorted(set(events))},
                 "seconds": round(time.perf_counter() - t0, 2), "outcomes": [o.__dict__ for o in outcomes]}
@@ -136,25 +143,39 @@ def run_session(client: ServerClient, base_url: str, model: str, persona: Person
 
     rng = random.Random(seed)
     prompt = persona.prompt(task, rng)
+    signed: list[str] = []  # the session id as the server signed it: what its feedback must name
+
+    def keep_signed(r: httpx.Response) -> None:
+        if SIGNED_HEADER in r.headers:
+            signed.append(r.headers[SIGNED_HEADER])
+
+    def feedback(event: dict) -> bool:
+        if signed:  # no completion served, no signed id: the server would refuse it
+            client.feedback({"session_id": signed[-1], **event})
+        return bool(signed)
+
+    http = httpx.Client(event_hooks={"response": [keep_signed]})
     policy = OpenAIPolicy(model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
-                          extra_body={"user": sid}, max_retries=1)
+                          extra_body={"user": sid}, max_retries=1, http_client=http)
     diffs: list[str] = []
     t0 = time.perf_counter()
     try:
         res = run_task(replace(task, instruction=prompt), policy, backend, agent_cfg,
                        sandboxes=_diff_capturing(backend, diffs))
     except Exception as e:  # the user saw an error: they complain, and the session is logged as such
-        client.feedback({"session_id": sid, "kind": "follow_up", "text": rng.choice(DISSATISFIED).format(
+        sent = feedback({"kind": "follow_up", "text": rng.choice(DISSATISFIED).format(
             symbol=task.meta.feature.symbol, file=task.meta.feature.file)})
-        return SessionOutcome(sid, task.id, persona.style, False, 0, ["follow_up"], 0,
+        return SessionOutcome(sid, task.id, persona.style, False, 0, ["follow_up"] if sent else [], 0,
                               time.perf_counter() - t0, f"{type(e).__name__}: {e}")
+    finally:
+        http.close()
     passed = bool(res.reward.passed)
     changed = len(res.trajectory.meta.get("changes", {}).get("files", []))
     events = []
     if changed:
         kind = "edit_kept" if passed else "edit_reverted"
-        client.feedback({"session_id": sid, "kind": kind, "diff": diffs[0] if diffs else ""})
-        events.append(kind)
+        if feedback({"kind": kind, "diff": diffs[0] if diffs else ""}):
+            events.append(kind)
     fmt = {"symbol": task.meta.feature.symbol, "file": task.meta.feature.file}
     text = None
     if not passed:
@@ -162,8 +183,7 @@ def run_session(client: ServerClient, base_url: str, model: str, persona: Person
         text = rng.choice(pool).format(**fmt)
     elif rng.random() < 0.3:
         text = rng.choice(NEUTRAL_AFTER_PASS).format(**fmt)
-    if text:
-        client.feedback({"session_id": sid, "kind": "follow_up", "text": text})
+    if text and feedback({"kind": "follow_up", "text": text}):
         events.append("follow_up")
     return SessionOutcome(sid, task.id, persona.style, passed, changed, events, res.trajectory.turns,
                           round(time.perf_counter() - t0, 2))

@@ -6,9 +6,12 @@
     total = task' - length - sum(behaviour terms) - monitors.penalty * (kinds flagged)
     task' = 0 if a monitor flagged the episode and ``monitors.void_reward``, else the task reward
 
-``changes`` and ``lint`` are measured in the sandbox by ``rl/episode.run_task`` before
-grading and stored in ``traj.meta``; shaping itself is pure, so it can be recomputed
-from a saved transcript. Every term is in ``terms`` (logged per RL step).
+``changes``, ``lint`` and the monitors' flags are measured by ``rl/episode.run_task``
+(which voids a flagged episode's reward for every caller) and stored in ``traj.meta``;
+``task_reward`` here is the graded reward before that voiding (``graded_reward``), so
+``[reward.monitors]`` decides for training. Shaping itself is pure, so it can be
+recomputed from a saved transcript (one without stored flags is monitored again). Every
+term is in ``terms`` (logged per RL step).
 
 Test: ``pytest tests/unit/rewards/test_shaping.py``.
 """
@@ -41,11 +44,14 @@ def changes_from_meta(traj: Trajectory) -> tuple[Changes | None, LintResult | No
 
 def shape(task_reward: float, passed: bool, traj: Trajectory, usage: Usage, cfg: RewardConfig) -> ShapedReward:
     changes, lint = changes_from_meta(traj)
-    report = monitor(traj, changes) if cfg.monitors.enabled else None
-    flagged = bool(report and report.flagged)
+    flags: dict[str, list[str]] = {}
+    if cfg.monitors.enabled:
+        stored = traj.meta.get("monitor")
+        flags = stored["flags"] if stored is not None else monitor(traj, changes).flags
+    flagged = bool(flags)
     task = 0.0 if flagged and cfg.monitors.void_reward else task_reward
     terms = {"task": task, "length": length_penalty(usage, cfg.length, passed and not flagged)}
     terms.update(behaviour_terms(traj, lint, changes, cfg.behaviour))
-    terms["hacking"] = cfg.monitors.penalty * len(report.flags) if flagged else 0.0
+    terms["hacking"] = cfg.monitors.penalty * len(flags) if flagged else 0.0
     total = task - sum(v for k, v in terms.items() if k != "task")
-    return ShapedReward(total=total, terms=terms, flags=report.flags if report else {})
+    return ShapedReward(total=total, terms=terms, flags=flags)

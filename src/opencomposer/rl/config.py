@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from opencomposer.config import AgentConfig, ConfigError, Strict
+from opencomposer.config import AgentConfig, Backend, ConfigError, Strict
 from opencomposer.rewards.config import RewardConfig
 from opencomposer.train.config import PretrainRunConfig, PretrainSection, TrainConfig
 
@@ -57,7 +57,7 @@ class RolloutSection(Strict):
     temperature: float = Field(0.8, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(256, ge=1, description="per model turn")
-    backend: Literal["local", "namespace", "gvisor", "docker"] = "namespace"
+    backend: Backend = Field("auto", description="sandbox of the rollouts (auto: namespace, else gvisor)")
     sandbox_pool: SandboxPoolSection | None = Field(
         None, description="e.g. {size = 16, warm = 2}: reuse reset sandboxes of a warm pool; absent: a fresh "
                           "sandbox per episode")

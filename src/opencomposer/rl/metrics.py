@@ -42,7 +42,7 @@ def summarize_groups(
     """Per-task metrics averaged over tasks (each task weighs the same, whatever its K).
 
     A rollout passes when its reward is ``>= pass_threshold``: 1.0 matches the
-    all-or-nothing test reward (``rewards/tests.py``); lower it when shaping (a length
+    all-or-nothing test reward (``grading/grade.py``); lower it when shaping (a length
     penalty, say) takes passing rewards below 1.
 
     Keys: ``tasks``, ``rollouts``, ``reward_mean``, ``pass@1``, ``pass@{k}``, and

@@ -107,8 +107,9 @@ def shape_rollouts(rollouts: list["Rollout"], cfg: RewardConfig) -> dict[str, fl
     for ro in rollouts:
         if ro.result is None:
             continue
-        r = ro.result.reward
-        ro.shaped = shape(r.reward, r.passed, ro.result.trajectory, ro.usage, cfg)
+        r = ro.result.reward  # graded before run_task's voiding: [reward.monitors] decides for training
+        ro.shaped = shape(r.details.get("graded_reward", r.reward), r.details.get("graded_passed", r.passed),
+                          ro.result.trajectory, ro.usage, cfg)
         ro.result.trajectory.meta["shaped_reward"] = {"total": ro.shaped.total, **ro.shaped.terms,
                                                       "flags": ro.shaped.flags}
         flagged += bool(ro.shaped.flags)
@@ -125,7 +126,7 @@ def collect_rollouts(
     tasks: list[Task],
     k: int,
     policy: BatchedPolicy | ModelPolicy,
-    backend: str = "local",
+    backend: str = "auto",
     cfg: AgentConfig | None = None,
     max_concurrent: int = 8,
     on_progress: Callable[[int, int], None] | None = None,

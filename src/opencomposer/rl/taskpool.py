@@ -1,17 +1,21 @@
 """The task pool of a run: make tasks from the configured sources if needed, split held-out.
 
 The split is drawn once from ``tasks.seed`` and written to ``<out>/split.json``; a
-resumed run reads it back, so held-out tasks never leak into training.
+resumed run reads it back, so held-out tasks never leak into training. The two sides never
+share a task id or a deleted symbol of the same library version (``split_key``: the tasks
+that delete ``f`` at block, body and function level go to one side together); a split.json
+that breaks this is refused naming both tasks (``check_disjoint``).
 
 Difficulty on demand (``HarderTasks``, on when ``[tasks] factory`` and ``harder_every`` are
 set): every ``harder_every`` steps the run reports its rolling pass@1 (the last
 ``pass_window`` steps) to the task factory (``TaskFactory.harder``); when the factory's level
 schedule moves (up at ``[difficulty] raise_at`` of the factory config, down below
 ``lower_at``), it makes a new batch at the new levels into ``<out>/factory_tasks`` and those
-tasks join the training pool (never the held-out split). The factory runs in the training
-loop: keep its ``max_per_library`` small.
+tasks join the training pool (never the held-out split, and never one that deletes a
+held-out task's symbol: those are left out). The factory runs in the training loop: keep
+its ``max_per_library`` small.
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_harder_rl.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_harder_rl.py tests/unit/rl/test_split.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import TasksSection
 from opencomposer.rl.sampler import TaskSampler
-from opencomposer.tasks.format import find_tasks
+from opencomposer.tasks.format import Task, TaskFormatError, TaskMeta, find_tasks
+
+SPLIT_FILE = "split.json"
 
 
 def ensure_tasks(cfg: TasksSection, backend: str, log=print) -> list[Path]:
@@ -42,24 +48,117 @@ def ensure_tasks(cfg: TasksSection, backend: str, log=print) -> list[Path]:
     return sorted(have)
 
 
+def split_key(meta: TaskMeta) -> tuple[str, str, str] | None:
+    """What a task gives away to a model trained on it: the deleted symbol of one library
+    version, as (source spec, file, symbol); None where the task names no symbol."""
+    if not meta.feature.symbol:
+        return None
+    return (f"{meta.source.kind}:{meta.source.spec}", meta.feature.file, meta.feature.symbol)
+
+
+def _metas(paths: list[Path], where: str) -> dict[Path, TaskMeta]:
+    out = {}
+    for p in paths:
+        try:
+            out[p] = Task.load(p).meta
+        except TaskFormatError as e:
+            raise ValueError(f"{where}: {e}") from None
+    return out
+
+
+def check_disjoint(train: list[Path], held: list[Path], where: str,
+                   metas: dict[Path, TaskMeta] | None = None) -> None:
+    """Raise ValueError naming both tasks if a training and a held-out task share a task id
+    or a deleted symbol of the same library version (``split_key``)."""
+    metas = metas or _metas(train + held, where)
+    seen: dict[object, Path] = {}
+    for p in held:
+        seen[("id", metas[p].id)] = p
+        if (k := split_key(metas[p])) is not None:
+            seen[("symbol", k)] = p
+    for p in train:
+        for what, key in (("id", metas[p].id), ("symbol", split_key(metas[p]))):
+            other = seen.get((what, key)) if key is not None else None
+            if other is not None:
+                shared = (f"the task id {key!r}" if what == "id" else
+                          f"the deleted symbol {key[2]!r} of {key[1]} in {key[0]}")
+                raise ValueError(f"{where}: training task {p} and held-out task {other} share {shared}; "
+                                 "expected held-out tasks to share neither id nor deleted symbol with training")
+
+
+def _groups(paths: list[Path], metas: dict[Path, TaskMeta]) -> list[list[Path]]:
+    """Tasks joined when they share an id or a ``split_key``: each group goes to one side."""
+    parent = {p: p for p in paths}
+
+    def find(p: Path) -> Path:
+        while parent[p] != p:
+            parent[p] = parent[parent[p]]
+            p = parent[p]
+        return p
+
+    first: dict[object, Path] = {}
+    for p in paths:
+        for key in (("id", metas[p].id), ("symbol", split_key(metas[p]))):
+            if key[1] is None:
+                continue
+            if key in first:
+                parent[find(p)] = find(first[key])
+            else:
+                first[key] = p
+    groups: dict[Path, list[Path]] = {}
+    for p in paths:
+        groups.setdefault(find(p), []).append(p)
+    return sorted(groups.values(), key=lambda g: g[0].name)
+
+
 def split_tasks(tasks: list[Path], heldout: int, seed: int, out: Path) -> tuple[list[Path], list[Path]]:
-    """(train, heldout); stable across restarts through ``out/split.json``."""
-    path = out / "split.json"
+    """(train, heldout); stable across restarts through ``out/split.json``; the sides share no
+    task id and no deleted symbol (``check_disjoint``), whether drawn now or read back."""
+    path = out / SPLIT_FILE
     by_name = {p.name: p for p in tasks}
+    metas = _metas(sorted(by_name.values()), str(path))
     if path.exists():
         saved = json.loads(path.read_text())
         missing = [n for n in saved["heldout"] + saved["train"] if n not in by_name]
         if missing:
             raise ValueError(f"{path}: names tasks missing from the pool: {missing[:3]}")
-        return [by_name[n] for n in saved["train"]], [by_name[n] for n in saved["heldout"]]
+        train, held = [by_name[n] for n in saved["train"]], [by_name[n] for n in saved["heldout"]]
+        check_disjoint(train, held, str(path), metas)
+        return train, held
     names = sorted(by_name)
     if heldout >= len(names):
         raise ValueError(f"tasks.heldout = {heldout} but the pool has only {len(names)} tasks")
-    held = sorted(random.Random(seed).sample(names, heldout))
+    groups = _groups([by_name[n] for n in names], metas)
+    random.Random(seed).shuffle(groups)
+    held_paths: list[Path] = []
+    for g in groups:  # whole groups, as many as fit in ``heldout``
+        if len(held_paths) + len(g) <= heldout:
+            held_paths += g
+    if heldout and not held_paths:
+        raise ValueError(f"tasks.heldout = {heldout}: every group of tasks that share a deleted symbol is "
+                         f"larger (smallest: {min(len(g) for g in groups)}); raise tasks.heldout")
+    held = sorted(p.name for p in held_paths)
     train = [n for n in names if n not in held]
+    check_disjoint([by_name[n] for n in train], [by_name[n] for n in held], str(path), metas)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"train": train, "heldout": held}, indent=1))
+    held_ids = sorted({metas[by_name[n]].id for n in held})
+    symbols = sorted({k for n in held if (k := split_key(metas[by_name[n]])) is not None})
+    atomic_write_text(path, json.dumps({"train": train, "heldout": held, "heldout_ids": held_ids,
+                                        "heldout_symbols": [list(k) for k in symbols]}, indent=1))
     return [by_name[n] for n in train], [by_name[n] for n in held]
+
+
+def without_heldout(paths: list[Path], out: Path) -> list[Path]:
+    """``paths`` less those sharing an id or a deleted symbol with a held-out task of the run
+    at ``out`` (its split.json); all of them when there is no split yet."""
+    split = out / SPLIT_FILE
+    if not split.exists() or not paths:
+        return list(paths)
+    saved = json.loads(split.read_text())
+    ids = set(saved.get("heldout_ids", saved["heldout"]))  # a split.json from before: names are ids
+    keys = {tuple(k) for k in saved.get("heldout_symbols", [])}
+    metas = _metas(list(paths), str(split))
+    return [p for p in paths if metas[p].id not in ids and split_key(metas[p]) not in keys]
 
 
 class HarderTasks:
@@ -72,13 +171,16 @@ class HarderTasks:
         if not cfg.factory:
             raise ValueError("HarderTasks needs tasks.factory (a factory config file)")
         self.factory = TaskFactory(load_config(Path(cfg.factory), FactoryConfig), Path(out) / "factory_tasks")
+        self.run_out = Path(out)  # its split.json names what must stay held out
         self.every, self.window, self.log = cfg.harder_every, cfg.pass_window, log
         self.rates: list[float] = []
 
     def made_tasks(self) -> list[Path]:
-        """Every task the factory made for this run so far (all sessions)."""
+        """Every task the factory made for this run so far (all sessions), less any that would
+        teach a held-out task's symbol (``without_heldout``)."""
         root = self.factory.out
-        return sorted(p for p in find_tasks([root]) if (p / "task.toml").exists()) if root.is_dir() else []
+        made = sorted(p for p in find_tasks([root]) if (p / "task.toml").exists()) if root.is_dir() else []
+        return without_heldout(made, self.run_out)
 
     def after_step(self, step: int, pass_rate: float, sampler: TaskSampler) -> dict[str, float]:
         """Record step ``step``'s (1-based) pass@1; on a reporting step, ask the factory and add

@@ -1,23 +1,23 @@
 """What a killed sandbox host leaves behind, found and removed when a host starts again.
 
-Every namespace sandbox writes a record to a per-host state dir before it makes
+Every namespace and local sandbox writes a record to a per-host state dir before it makes
 anything: ``<state>/<sandbox-id>.json`` names its temp dir, its cgroups and the lock
 file of the process that owns it. The owner holds an exclusive ``flock`` on
 ``owner-<pid>.lock`` for as long as it lives; the kernel drops that lock however the
 process dies (SIGKILL included), and a reused pid cannot hold it. So a record whose
 owner lock can be taken belongs to a dead owner, and ``reap()`` removes what it names:
-processes (those in its cgroups, and any whose command line names its temp dir), the
-cgroups, the size-capped tmpfs of its workspace changes (``mount_disk``), the temp dir,
+processes (those in its cgroups, any whose command line names its temp dir, and for a
+local sandbox those carrying its ``OPENCOMPOSER_SANDBOX`` marker), the cgroups, the size-capped tmpfs of its workspace changes (``mount_disk``), the temp dir,
 the record.
 
 Processes rarely survive their owner (a namespace sandbox's exec server exits when its
 control pipe closes, and its namespace's processes die with it); temp dirs and cgroup
 dirs always do, and this is what clears them.
 
-``reap()`` runs once per process before its first namespace sandbox is made, and on
+``reap()`` runs once per process before its first namespace or local sandbox is made, and on
 demand: ``python -m opencomposer.sandbox.cleanup`` (prints one JSON line).
 
-Test: ``pytest tests/unit/sandbox/test_cleanup.py -q``.
+Test: ``pytest tests/unit/sandbox/test_cleanup.py tests/unit/sandbox/test_local.py -q``.
 """
 
 from __future__ import annotations
@@ -233,6 +233,10 @@ def reap(state: Path | None = None) -> dict[str, int]:
         if _owner_alive(lock):
             locks_in_use.add(lock)
             continue
+        if body.get("backend") == "local":  # its processes carry its marker, not its dir, in argv
+            from opencomposer.sandbox.local import kill_marked
+
+            counts["processes"] += kill_marked(str(body.get("id", "")))
         counts["processes"] += kill_sandbox_processes(root, cgroups)
         counts["cgroups"] += remove_cgroups(cgroups)
         if os.path.lexists(root):

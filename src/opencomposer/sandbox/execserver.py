@@ -31,6 +31,7 @@ import os
 import resource
 import selectors
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -303,6 +304,18 @@ def sweep(seconds: float = 5.0) -> None:
         time.sleep(0.0005)
 
 
+def not_dumpable() -> None:
+    """Make this process non-dumpable (``PR_SET_DUMPABLE`` 0): with every capability dropped, the
+    commands it runs (same uid) can then neither ``ptrace`` it nor open its ``/proc/PID/mem``,
+    ``environ`` or ``fd``. Commands get dumpable again at ``exec``, as any new program does."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):  # not Linux: nothing to do
+        pass
+
+
 def _oom_score_adj(value: str) -> None:
     # Inherited at fork: commands start as the OOM killer's first choice, the server does
     # not (lowering back to 0 needs no privilege, only not below the last privileged value).
@@ -371,6 +384,9 @@ def _exec(req: dict, body: bytes, state: dict) -> tuple[dict, bytes]:
              "head": len(head), "seconds": seconds}, head + tail)
 
 
+MAX_FILE_READ = 256 * 2**20  # bytes ``read_file`` returns at most (the whole file is sent in one frame)
+
+
 def _readable(fd: int) -> bool:
     import select
 
@@ -392,8 +408,16 @@ def _file(req: dict, body: bytes, root: str) -> tuple[dict, bytes]:
     try:
         real = _confined(req["path"], root)
         if req["op"] == "read":
-            with open(real, "rb") as f:
-                return {"ok": True}, f.read()
+            # never block on a FIFO or device, never load more than a file API reply may hold
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return {"error": "os", "detail": f"{req['path']} is not a regular file"}, b""
+                if st.st_size > MAX_FILE_READ:
+                    return {"error": "os", "detail": f"{req['path']} is {st.st_size} bytes, over the file API's "
+                                                     f"{MAX_FILE_READ}"}, b""
+                return {"ok": True}, f.read(MAX_FILE_READ + 1)
         os.makedirs(os.path.dirname(real), exist_ok=True)
         with open(real, "wb") as f:
             f.write(body)
@@ -419,6 +443,7 @@ def serve(args: list[str]) -> None:
     commands, which find /tmp fresh every time anyway).
     """
     root, home, rlimits = args[0], args[1], json.loads(args[2])
+    not_dumpable()
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write over the size cap fails, not kills us (commands get it back)
     cpu_budget = float("inf")
     for res, soft, hard in rlimits:

@@ -8,6 +8,10 @@ Every process it starts carries ``OPENCOMPOSER_SANDBOX=<id>`` in its environment
 ``close()`` can find and kill background jobs even after they ``setsid`` away from the
 process group they started in.
 
+Like a namespace sandbox it records itself in the per-host state dir (``cleanup.register``)
+before it makes its temp dir: when its process is SIGKILLed, the next process to make a
+sandbox (``cleanup.reap_once``) kills what it left running and removes its temp dir.
+
 Test: ``pytest tests/unit/sandbox/test_local.py -q``.
 """
 
@@ -15,12 +19,14 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import tempfile
 import uuid
 import weakref
 from pathlib import Path
 
 from opencomposer.protocols import ExecResult, SandboxSpec
+from opencomposer.sandbox import cleanup
 from opencomposer.sandbox.base import (
     INITIAL,
     SandboxBase,
@@ -32,6 +38,7 @@ from opencomposer.sandbox.base import (
     scrubbed_env,
     shell_argv,
 )
+from opencomposer.sandbox.execserver import MAX_FILE_READ
 
 MARKER = "OPENCOMPOSER_SANDBOX"
 
@@ -55,9 +62,10 @@ def _marked_pids(marker: bytes) -> list[int]:
     return pids
 
 
-def _cleanup(root: Path, sandbox_id: str, pgids: set[int]) -> None:
-    """Kill what the sandbox started and delete its files; safe to call twice."""
-    marker = f"{MARKER}={sandbox_id}".encode()
+def kill_marked(sandbox_id: str) -> int:
+    """SIGKILL every process started by local sandbox ``sandbox_id`` (its marker in the
+    environment); returns how many."""
+    marker, killed = f"{MARKER}={sandbox_id}".encode(), set()
     for _ in range(5):  # a dying shell may fork once more; sweep until quiet
         pids = _marked_pids(marker)
         if not pids:
@@ -65,8 +73,15 @@ def _cleanup(root: Path, sandbox_id: str, pgids: set[int]) -> None:
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
             except (ProcessLookupError, PermissionError):
                 pass
+    return len(killed)
+
+
+def _cleanup(root: Path, sandbox_id: str, pgids: set[int], record: Path | None = None) -> None:
+    """Kill what the sandbox started and delete its files; safe to call twice."""
+    kill_marked(sandbox_id)
     if not os.path.isdir("/proc"):  # no /proc to scan: fall back to process groups
         for pgid in pgids:
             try:
@@ -75,6 +90,8 @@ def _cleanup(root: Path, sandbox_id: str, pgids: set[int]) -> None:
                 pass
     pgids.clear()
     remove_tree(root)
+    if record is not None:
+        cleanup.unregister(record)
 
 
 class LocalSandbox(SandboxBase):
@@ -92,7 +109,13 @@ class LocalSandbox(SandboxBase):
             raise FileNotFoundError(f"sandbox base_dir {str(base)!r} is not a directory")
         self.spec = spec
         self.id = uuid.uuid4().hex[:12]
+        cleanup.reap_once()  # what a killed process's sandboxes left behind goes first
         self._root = Path(tempfile.mkdtemp(prefix=f"oc-local-{self.id}-", dir=root)).resolve()
+        try:
+            record = cleanup.register(self.id, self._root, [], backend="local")
+        except BaseException:
+            remove_tree(self._root)
+            raise
         self._ws = self._root / "workspace"
         self._snaps = self._root / "snapshots"
         self._home = self._root / "home"
@@ -102,7 +125,7 @@ class LocalSandbox(SandboxBase):
         self._closed = False
         self._n = 0
         # Registered before the copy, so a failed copy still cleans up.
-        self._finalizer = weakref.finalize(self, _cleanup, self._root, self.id, self._pgids)
+        self._finalizer = weakref.finalize(self, _cleanup, self._root, self.id, self._pgids, record)
         copy_tree(_copy_from or base, self._ws)
         self.workdir = str(self._ws)
 
@@ -136,8 +159,15 @@ class LocalSandbox(SandboxBase):
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
-        with open(self._host_path(path), "rb") as f:
-            return f.read()
+        # as the exec server does: no blocking on a FIFO, no more than MAX_FILE_READ bytes
+        fd = os.open(self._host_path(path), os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{path} is not a regular file")
+            if st.st_size > MAX_FILE_READ:
+                raise OSError(f"{path} is {st.st_size} bytes, over the file API's {MAX_FILE_READ}")
+            return f.read(MAX_FILE_READ + 1)
 
     def write_file(self, path: str, data: bytes) -> None:
         self._check_open()

@@ -424,6 +424,11 @@ class NamespaceSandbox(SandboxBase):
             self._server = None
         self._procs.difference_update([p for p in self._procs if p.poll() is not None])  # reaps the dead
 
+    def warm(self) -> None:
+        """What a pool calls on a new sandbox (``pool.py``): ``start``. Other backends' ``start`` runs a
+        service (gVisor's) or has no such step, so the pool looks for this name instead."""
+        self.start()
+
     def start(self) -> None:
         """Start the exec server now and wait until it is up (otherwise the first command
         does): pools warm their idle sandboxes with this."""

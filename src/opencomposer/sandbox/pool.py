@@ -207,9 +207,9 @@ class SandboxPool:
     async def _create(self, spec: SandboxSpec) -> Sandbox:
         sb = await asyncio.to_thread(self._factory, spec)
         self._live[id(sb)] = sb
-        if hasattr(sb, "start"):  # warm means ready: a namespace sandbox's exec server is up
+        if hasattr(sb, "warm"):  # warm means ready: a namespace sandbox's exec server is up
             try:
-                await asyncio.to_thread(sb.start)
+                await asyncio.to_thread(sb.warm)
             except Exception:
                 await self._close_sb(sb)
                 raise

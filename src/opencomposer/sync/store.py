@@ -6,9 +6,11 @@
 
 A store is a flat key -> bytes map with four calls (``protocols.WeightStore``; ``put``
 also takes an iterable of chunks, written in order as they come). Writes
-are atomic: a reader sees a whole object or none (a directory writes a temp file and
-renames it; an S3 PUT is atomic). Readers find versions by listing, so no object is
-ever updated in place. Errors name the store and the key.
+are atomic: a reader sees a whole object or none (a directory writes a hidden temp file
+``.<name>.tmp-<host>-<pid>-<rand>`` and renames it; an S3 PUT is atomic). Readers find
+versions by listing, so no object is ever updated in place. The temp files of a writer
+killed mid-put are removed when a directory store is next opened (``paths.remove_stale_temps``).
+Errors name the store and the key.
 
 Test: ``pytest tests/unit/sync/test_store.py`` (S3 through moto).
 """
@@ -20,6 +22,8 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from opencomposer.paths import remove_stale_temps, temp_name
 
 
 class StoreError(RuntimeError):
@@ -36,6 +40,8 @@ class FileStore:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"{self.uri}: cannot create the store's directory: {e}") from None
+        for dirpath, _dirs, _files in os.walk(self.root):  # what a killed put left
+            remove_stale_temps(Path(dirpath))
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -45,7 +51,7 @@ class FileStore:
     def put(self, key: str, data: bytes | Iterable[bytes]) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = temp_name(path)
         try:
             with open(tmp, "wb") as f:
                 f.writelines([data] if isinstance(data, (bytes, bytearray, memoryview)) else data)

@@ -2,9 +2,10 @@
 
     opencomposer tasks check tasks/ --sandbox namespace
 
-For each task, in a fresh sandbox of the chosen backend: FAIL_TO_PASS tests fail and
-PASS_TO_PASS tests pass on the workspace as given (hidden tests copied in), the gold
-patch makes all of them pass, and the leak probe finds no distinctive line of the
+For each task, through the grader agents get (``grading/grade.py``: a fresh sandbox of the
+chosen backend each time): FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass on the
+workspace as given, the gold patch, carried as an agent's changes are, makes all of them
+pass, and the leak probe finds no distinctive line of the
 deleted code anywhere the sandbox can read (workspace incl. git objects, the task's
 environment, and the base interpreter's site-packages entries for the library).
 
@@ -17,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from opencomposer.rewards.tests import grade
-from opencomposer.sandbox import make_sandbox
+from opencomposer.grading.carry import Carry
+from opencomposer.grading.grade import grade, opener, patch_carry
 from opencomposer.tasks import leakage
 from opencomposer.tasks.format import Task, TaskFormatError
 
@@ -41,13 +42,6 @@ class CheckResult:
 def gold_added_lines(patch: str) -> str:
     """The text the gold patch adds back: the deleted code."""
     return "\n".join(l[1:] for l in patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
-
-
-def apply_gold(task: Task, sandbox) -> None:
-    r = sandbox.exec(["patch", "-p1", "--forward", "--no-backup-if-mismatch", "-s"],
-                     stdin=task.gold_patch.encode(), timeout=60)
-    if r.exit_code != 0:
-        raise RuntimeError(f"{task.root / 'solution/gold.patch'}: does not apply: {r.output.strip()[:500]}")
 
 
 def _probe_roots(task: Task) -> list[Path]:
@@ -78,7 +72,7 @@ def leak_scan(task: Task) -> tuple[dict, dict]:
     return dict(inside.checked + outside.checked), suspects
 
 
-def check_task(path: Path, backend: str = "local") -> CheckResult:
+def check_task(path: Path, backend: str = "auto") -> CheckResult:
     res = CheckResult(task=str(path))
     t0 = time.time()
     try:
@@ -89,21 +83,24 @@ def check_task(path: Path, backend: str = "local") -> CheckResult:
     t = task.meta.tests
     res.f2p, res.p2p = len(t.fail_to_pass), len(t.pass_to_pass)
     try:
-        with make_sandbox(task.sandbox_spec(), backend) as sb:
-            start = grade(task, sb).details
-            already = [n for n, s in start["fail_to_pass"].items() if s in ("PASSED", "XFAIL")]
-            broken = [n for n, s in start["pass_to_pass"].items() if s not in ("PASSED", "XFAIL")]
-            if already:
-                res.problems.append(f"FAIL_TO_PASS already passing at start: {already[:3]}")
-            if broken:
-                res.problems.append(f"PASS_TO_PASS failing at start: {broken[:3]}")
-            sb.reset()
-            apply_gold(task, sb)
-            gold = grade(task, sb)
-            if not gold.passed:
-                bad = [n for d in ("fail_to_pass", "pass_to_pass") for n, s in gold.details[d].items()
-                       if s not in ("PASSED", "XFAIL")]
-                res.problems.append(f"gold patch leaves tests failing: {bad[:3]}")
+        open_sandbox = opener(backend)
+        start = grade(task, Carry(), open_sandbox).details
+        already = [n for n, s in start["fail_to_pass"].items() if s in ("PASSED", "XFAIL")]
+        broken = [n for n, s in start["pass_to_pass"].items() if s not in ("PASSED", "XFAIL")]
+        if already:
+            res.problems.append(f"FAIL_TO_PASS already passing at start: {already[:3]}")
+        if broken:
+            res.problems.append(f"PASS_TO_PASS failing at start: {broken[:3]}")
+        # the gold patch is graded as an agent's work is: carried into a fresh sandbox
+        carry = patch_carry(task, task.gold_patch, open_sandbox, str(task.root / "solution/gold.patch"))
+        if carry.refused:
+            res.problems.append(f"the grader does not carry the gold patch's {sorted(carry.refused)[:3]}: "
+                                f"{next(iter(carry.refused.values()))}")
+        gold = grade(task, carry, open_sandbox)
+        if not gold.passed:
+            bad = [n for d in ("fail_to_pass", "pass_to_pass") for n, s in gold.details[d].items()
+                   if s not in ("PASSED", "XFAIL")]
+            res.problems.append(f"gold patch leaves tests failing: {bad[:3]} {gold.details['report']}")
     except Exception as e:  # a task that crashes the checker is a failed check, not a crash
         res.problems.append(f"{type(e).__name__}: {e}")
     res.leak_channels, suspects = leak_scan(task)

@@ -4,24 +4,33 @@
 test requirements (never the library itself: the original package must be importable
 only from a task's workspace), checks that claim, and writes ``env.json`` describing
 what was installed. Built in a temporary directory and renamed into place, so a
-killed build leaves nothing half-made; an existing complete env is reused.
+killed build leaves nothing half-made (its temp dir is removed by the next build beside
+it); an existing complete env is reused.
 
-Test: ``pytest tests/integration/test_tasks_make.py`` (builds a real env).
+The environments root (``OUT/_envs``, ``format.envs_root``) is the only place outside a task
+dir that its ``environment.env`` may point to. ``adopt_env(out, env)`` links an env made
+elsewhere (``--env``, this interpreter's) into it, so tasks can name it.
+
+Test: ``pytest tests/integration/test_tasks_pipeline.py`` (builds a real env) and
+``tests/unit/tasks_sources/test_confine.py`` (adopt_env).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from opencomposer.paths import remove_stale_temps, replace_dir, temp_dir, temp_name
+from opencomposer.tasks.format import ENVS
 from opencomposer.tasks.layout import ProjectLayout
 
 
@@ -69,7 +78,8 @@ def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = s
     own = canonicalize_name(dist_name)
     reqs = [r for r in layout.requirements if canonicalize_name(Requirement(r).name) != own]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    remove_stale_temps(dest.parent)
+    tmp = temp_dir(dest)
     t0 = time.time()
     try:
         # venv paths are absolute; build at the final path's sibling, then rename and
@@ -100,11 +110,28 @@ def build_env(layout: ProjectLayout, dist_name: str, dest: Path, python: str = s
         manifest = {"requirements": reqs, "installed": freeze, "stripped": stripped, "python": python,
                     "seconds": round(time.time() - t0, 1)}
         (tmp / "env.json").write_text(json.dumps(manifest, indent=1))
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
+        replace_dir(tmp, dest)
         # the venv's own python symlinks stay valid; fix pyvenv.cfg-independent paths
         return dest
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def adopt_env(out: Path, env: Path) -> Path:
+    """``env`` as a path inside ``OUT/_envs``: itself when it lies there already, else a link
+    ``OUT/_envs/ext-<name>-<hash>`` to it (made atomically, reused when it exists)."""
+    envs = Path(out) / ENVS
+    real = Path(os.path.realpath(env))
+    if not real.is_dir():
+        raise EnvError(f"--env {env}: not a directory (expected a Python environment)")
+    envs_real = os.path.realpath(envs)
+    if str(real) == envs_real or str(real).startswith(envs_real.rstrip("/") + "/"):
+        return envs / os.path.relpath(real, envs_real)
+    link = envs / f"ext-{real.name[:40]}-{hashlib.sha1(str(real).encode()).hexdigest()[:8]}"
+    if os.path.realpath(link) != str(real):
+        envs.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(link)
+        os.symlink(real, tmp)
+        os.replace(tmp, link)
+    return link

@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 
-from opencomposer.config import Strict
+from opencomposer.config import Backend, Strict
 from opencomposer.paths import atomic_write_text
 from opencomposer.protocols import Policy
 from opencomposer.tasks.difficulty import LevelSchedule, mean_level
@@ -49,7 +48,7 @@ class FactorySettings(Strict):
     out: str = Field("tasks/factory", description="output directory for task directories")
     max_per_library: int = Field(20, ge=1)
     seed: int = 0
-    backend: Literal["local", "namespace"] = "local"
+    backend: Backend = Field("auto", description="sandbox of the libraries' test runs (auto: namespace, else gvisor)")
     workers: int = Field(2, ge=1, description="candidates validated in parallel per library")
     test_timeout: float = Field(300.0, gt=0)
     max_candidates: int = Field(400, ge=1, description="deletions tried per library at most")

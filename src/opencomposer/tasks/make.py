@@ -29,7 +29,13 @@ same command (same seed and level weights: the same *batch*) skips what was trie
 what was made towards ``max_tasks``; a new batch (``TaskFactory.harder`` moved the levels, or
 another seed) skips every job any batch tried but starts its own count.
 
-Test: ``pytest tests/integration/test_tasks_pipeline.py tests/unit/tasks_factory``.
+Killed at any moment, a rerun yields each task once: a task is built in a staging dir
+``OUT/.<id>.tmp-<host>-<pid>-<rand>`` (``paths.staged_dir``) and renamed into place whole;
+no reader lists a ``.`` dir (``format.task_dirs``), and the next run removes the staging dirs
+of dead runs (``paths.remove_stale_temps``). A task renamed into place by a run killed before
+its journal line is found on disk by the rerun and counted, not made again.
+
+Test: ``pytest tests/integration/test_tasks_pipeline.py tests/integration/test_tasks_make_killed.py tests/unit/tasks_factory``.
 """
 
 from __future__ import annotations
@@ -49,7 +55,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from opencomposer.paths import atomic_write_text, cache_dir, staged_dir
+from opencomposer.paths import (
+    atomic_write_text,
+    cache_dir,
+    remove_stale_temps,
+    staged_dir,
+)
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks import deletion, instructions, leakage, pyparse
@@ -62,6 +73,7 @@ from opencomposer.tasks.format import (
     Task,
     TaskMeta,
     TestsInfo,
+    task_dirs,
     write_task_toml,
 )
 from opencomposer.tasks.install import install_repo
@@ -400,7 +412,7 @@ class Journal:
                     self.seconds[line["session"]] = max(self.seconds.get(line["session"], 0.0), line.get("s", 0.0))
         path.parent.mkdir(parents=True, exist_ok=True)
         torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
-        self._f = open(path, "a")  # noqa: SIM115 - held open for the run, closed by close()
+        self._f = open(path, "a")
         self._lock = threading.Lock()
         if torn:  # a kill cut the last line short: start ours on a fresh line
             self._f.write("\n")
@@ -438,6 +450,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         raise ValueError(f"levels {sorted(weights)}: unknown {bad}; expected some of {deletion.LEVELS}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)  # the staging dirs of a killed run: never tasks, and never read
     report = MakeReport(source)
     t0 = time.time()
     prep = prepare_source(source, out, backend, timeout, policy, trace)
@@ -461,7 +474,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
     jobs = jobs[:max_candidates]
     todo = [j for j in jobs if job_key(*j) not in journal.tried]
     report.resumed = len(jobs) - len(todo)
-    existing = {p.name for p in out.iterdir() if (p / "task.toml").exists()}
+    existing = {p.name for p in task_dirs(out)}
     lock = threading.Lock()
     state = {"next": 0, "writing": 0}  # next job; tasks being written (slots reserved under max_tasks)
     stable = prep.baseline.passed() - prep.flaky  # passed in all three baseline runs
@@ -527,8 +540,11 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                 d = deletion.delete(deletion.read_source(prep.root / obj.file), obj, level)
         except deletion.DeletionError:
             return "not line-editable", None
-        if _task_id(prep.env.name, d.candidate, level) in existing:
-            return "already made", None
+        tid = _task_id(prep.env.name, d.candidate, level)
+        if tid in existing:  # renamed into place by a run killed before its journal line
+            with lock:
+                state["writing"] += 1  # work() counts it like a task written now
+            return "made", tid
         targets = tuple(select_targets(items, [m.name for m in d.members], crng, covering(d.members)))
         if not targets:
             return "no test mentions or runs it", None

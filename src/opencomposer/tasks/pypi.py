@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencomposer.paths import cache_dir
+from opencomposer.paths import cache_dir, remove_stale_temps, temp_dir
 
 
 class SourceError(ValueError):
@@ -114,7 +113,8 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+    remove_stale_temps(dest.parent)
+    tmp = temp_dir(dest)
     try:
         if archive.name.endswith(".zip"):
             with zipfile.ZipFile(archive) as z:

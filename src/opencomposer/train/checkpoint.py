@@ -16,7 +16,9 @@ Layout of ``<dir>/step-0012/``:
 
 Each checkpoint is written into a temp dir and renamed into place, then ``latest`` is
 replaced atomically, so a crash leaves the previous checkpoint as the newest; only the
-last ``keep`` are kept. Every load problem raises ``CheckpointError`` naming the file.
+last ``keep`` are kept. The temp dir a killed save leaves (``.step-NNNN.tmp-<host>-<pid>-*``,
+``paths.temp_name``) is removed by the next save or load once its owner is dead. Every load
+problem raises ``CheckpointError`` naming the file.
 
 A sharded trainer (``train/distributed.py``) writes the same format: every rank takes part
 in gathering the full weights and AdamW state to rank 0 (CPU), rank 0 writes, and its
@@ -49,7 +51,6 @@ import os
 import random
 import re
 import shutil
-import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -58,6 +59,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from opencomposer.paths import remove_stale_temps, replace_dir, temp_dir, temp_name
 from opencomposer.train import distributed
 from opencomposer.train.trainer import Trainer
 
@@ -86,6 +88,8 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
         raise CheckpointError(f"{root}: the state to save is not JSON-serialisable: {e}") from None
     final = root / step_dir_name(step)
     d = trainer.dist
+    if d.main:  # what a killed save left (rank 0 makes the temp dirs, so it alone judges them)
+        remove_stale_temps(root)
     if trainer.cfg.checkpoint_format == "sharded":
         _save_sharded(root, final, trainer, state_text, step, keep)
     elif d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
@@ -170,6 +174,8 @@ def resolve_checkpoint(dir: str | Path) -> Path:
 def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
     """Restore weights, optimizer, RNG states and version into ``trainer``; returns the saved state."""
     path = resolve_checkpoint(dir)
+    if trainer.dist.main:
+        remove_stale_temps(path.parent)
     meta = _read_json(path / "trainer.json")
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
@@ -253,6 +259,7 @@ def export_model(dir: str | Path, trainer: Trainer) -> Path:
 
 def _export(final: Path, trainer: Trainer, model: Any, save_kwargs: dict) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final.parent)
     tmp = _new_temp(final)
     try:
         model.save_pretrained(tmp, **save_kwargs)
@@ -553,27 +560,17 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _write_atomic(file: Path, text: str) -> None:
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temp_name(file)
     tmp.write_text(text)
     os.replace(tmp, file)
 
 
 def _new_temp(final: Path) -> Path:
     """A new empty dir beside ``final``, to be renamed to it once complete; never a ``step-N``."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    return tmp
+    return temp_dir(final)
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Rename ``tmp`` to ``final``; an existing ``final`` (a re-saved step) is swapped out first."""
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
+_replace_dir = replace_dir  # an existing ``final`` (a re-saved step) is swapped out first
 
 
 def _prune(root: Path, keep: int, current: str) -> None:

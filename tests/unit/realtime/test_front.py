@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 
+from opencomposer.inference.auth import SIGNED_HEADER
 from opencomposer.inference.front import arm_for, build_front
 from opencomposer.inference.server import ServeConfig, uvicorn_server
 from opencomposer.inference.session_log import read_window
@@ -40,6 +41,13 @@ class Running:
         r = httpx.post(self.base + "/v1/chat/completions", json=body, headers=headers, timeout=60)
         assert r.status_code == 200, r.text
         return {"sse": r.text} if kw.get("stream") else r.json()
+
+    def signed(self, session: str) -> str:
+        """The session id as this server signs it: what a feedback event for it must send."""
+        r = httpx.post(self.base + "/v1/chat/completions", json={"model": "tiny-random", "messages": MSG,
+                       "max_tokens": 2, "user": session}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.headers[SIGNED_HEADER]
 
     def close(self) -> None:
         self.uv.should_exit = True
@@ -91,8 +99,11 @@ def test_every_completion_is_logged_with_its_session_arm_and_tokens(srv):
 
 
 def test_feedback_is_logged_and_bad_events_name_the_field(srv):
-    ok = httpx.post(srv.base + "/v1/feedback", json={"session_id": "user-1", "kind": "edit_kept", "diff": "+x"})
-    assert ok.status_code == 200 and ok.json()["ok"]
+    signed = srv.signed("user-1")
+    ok = httpx.post(srv.base + "/v1/feedback", json={"session_id": signed, "kind": "edit_kept", "diff": "+x"})
+    assert ok.status_code == 200 and ok.json()["ok"] and ok.json()["session_id"] == "user-1"
+    unsigned = httpx.post(srv.base + "/v1/feedback", json={"session_id": "user-1", "kind": "edit_kept"})
+    assert unsigned.status_code == 403 and SIGNED_HEADER in unsigned.json()["error"]["message"]
     for body, field in (({"session_id": "s", "kind": "liked"}, "kind"),
                         ({"kind": "edit_kept"}, "session_id"),
                         ({"session_id": "s", "kind": "follow_up"}, "text"),
@@ -135,14 +146,18 @@ def test_hot_swap_changes_what_one_arm_serves(srv, tmp_path):
         client.swap(tmp_path / "ck", arm="c")
 
 
-def test_admin_token_is_required_when_set(srv):
-    srv.front.admin_token = "sekret"
+def test_api_token_is_required_when_set(srv):
+    signed = srv.signed("user-2")
+    srv.front.api_token = "sekret"
     try:
-        with pytest.raises(ServerRefused, match="HTTP 401"):
+        with pytest.raises(ServerRefused, match="HTTP 401: /admin/arms changes server state and needs"):
             ServerClient(srv.base).arms()
+        with pytest.raises(ServerRefused, match="HTTP 401: /v1/feedback: the 'Authorization' header does not"):
+            ServerClient(srv.base, token="wrong").feedback({"session_id": signed, "kind": "edit_kept"})
         assert "arms" in ServerClient(srv.base, token="sekret").arms()
+        assert ServerClient(srv.base, token="sekret").feedback({"session_id": signed, "kind": "edit_kept"})["ok"]
     finally:
-        srv.front.admin_token = None
+        srv.front.api_token = None
 
 
 def test_an_unreachable_server_is_named():

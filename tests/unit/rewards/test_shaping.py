@@ -185,8 +185,12 @@ def test_changes_and_lint_are_measured_in_the_sandbox(git_workspace):
         assert hidden.head_moved and ("M", "pkg/core.py") in hidden.files  # still diffed against the base
 
 
-def test_changes_outside_git_say_why(tmp_path):
+def test_changes_outside_git_are_found_by_hashing(tmp_path):
+    """No git repository of its own (before: no changes and an error; the grader then carried nothing)."""
     (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "same.py").write_text("y = 1\n")
     with make_sandbox(SandboxSpec(base_dir=tmp_path, env_dir=Path(sys.prefix)), "local") as sb:
+        sb.write_file("a.py", b"x = 2\n")
+        sb.write_file("b.py", b"z = 3\n")
         ch = workspace_changes(tmp_path, sb)
-    assert ch.files == [] and "not a git repository" in ch.error
+    assert sorted(ch.files) == [("A", "b.py"), ("M", "a.py")] and ch.error == ""

@@ -6,6 +6,7 @@ Run: ``pytest tests/unit/rl/test_rollout.py`` (about 40 s on 2 busy cores).
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sys
 import threading
@@ -19,6 +20,7 @@ from opencomposer.models.policy import ContextLengthError, ModelPolicy
 from opencomposer.protocols import Message, Policy
 from opencomposer.rl.batching import BatchedPolicy, BatchGenerationError
 from opencomposer.rl.rollout import collect_rollouts, token_counts
+from opencomposer.tasks.envs import adopt_env
 from opencomposer.tasks.format import Task, TaskMeta, write_task_toml
 
 STATS = "def mean(xs):\n    return sum(xs) / len(xs)\n"
@@ -58,7 +60,9 @@ def make_task(root: Path, task_id: str) -> Task:
         id=task_id,
         source={"kind": "local", "spec": "mathy", "package": "mathy"},
         feature={"level": "body", "file": "mathy/stats.py", "symbol": "mathy.stats.mean"},
-        environment={"env": sys.prefix},  # absolute: the test interpreter has pytest
+        # the test interpreter has pytest: linked into the environments root, the one place
+        # outside a task its env may be
+        environment={"env": os.path.relpath(adopt_env(root.parent, Path(sys.prefix)), root)},
         tests={"command": "python -m pytest -q", "files": ["tests/test_stats.py"],
                "targets": ["tests/test_stats.py::test_mean"], "fail_to_pass": ["tests/test_stats.py::test_mean"]},
     )

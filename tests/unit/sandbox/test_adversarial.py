@@ -217,6 +217,22 @@ def test_signals_to_the_parent(pair):
     unaffected(a, b)
 
 
+def test_the_exec_server_cannot_be_traced_or_written(pair):
+    """The exec server (PID 1 inside) is not dumpable: a command cannot ptrace it, nor open its
+    memory, environment or descriptors (without the fix, PTRACE_ATTACH stopped and killed it)."""
+    a, b = pair
+    if a.backend != "namespace":
+        pytest.skip("gVisor runs no exec server of ours inside the sandbox")
+    r = a.exec("python3 -c \"import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+               "print('ptrace', l.ptrace(16, 1, 0, 0), ctypes.get_errno())\"; "
+               "for f in mem environ fd/0 fd/1; do python3 -c \"open('/proc/1/$f', 'r+b')\" 2>&1 | tail -1; done; "
+               "ls -l /proc/self/fd | grep -c pipe")
+    assert "ptrace -1 1" in r.output, r.output  # EPERM
+    assert r.output.count("PermissionError: [Errno 13]") == 4, r.output
+    assert r.output.splitlines()[-1] == "2", r.output  # the command's own stdout/stderr pipe: no server pipe inherited
+    unaffected(a, b)
+
+
 def test_setuid_attempts(pair):
     a, b = pair
     r = a.exec("grep NoNewPrivs /proc/self/status; python -c 'import os; os.setuid(1000)'; "

@@ -6,6 +6,8 @@ Run: ``pytest tests/unit/sandbox/test_pool.py -q``.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -211,6 +213,7 @@ def test_rl_config_switch_gives_episodes_pooled_sandboxes(tmp_path):
     from opencomposer.rl.config import RLRunConfig
     from opencomposer.rl.episode import run_task
     from opencomposer.rl.run import sandbox_pool
+    from opencomposer.tasks.envs import adopt_env
     from opencomposer.tasks.format import Task, TaskMeta, write_task_toml
     from opencomposer.tasks.testrun import DEFAULT_COMMAND
 
@@ -236,7 +239,7 @@ def test_rl_config_switch_gives_episodes_pooled_sandboxes(tmp_path):
     write_task_toml(root / "task.toml", TaskMeta(
         id="calc-double", source={"kind": "local", "spec": "calc", "package": "calc"},
         feature={"level": "body", "file": "calc/__init__.py", "symbol": "calc.double"},
-        environment={"env": sys.prefix},
+        environment={"env": os.path.relpath(adopt_env(root.parent, Path(sys.prefix)), root)},
         tests={"command": DEFAULT_COMMAND, "files": ["tests/test_calc.py"],
                "targets": ["tests/test_calc.py::test_double"], "fail_to_pass": ["tests/test_calc.py::test_double"]}))
     task = Task.load(root)

@@ -43,6 +43,29 @@ def test_a_file_store_never_shows_a_half_written_object(tmp_path):
         store.put("../outside", b"")
 
 
+KILLED_PUT = r"""
+import os, signal, sys
+from opencomposer.sync.store import FileStore
+
+def chunks():
+    yield b"x" * 1000
+    os.kill(os.getpid(), signal.SIGKILL)  # killed half way through the object
+
+FileStore(sys.argv[1]).put("0001-a-full/rank0.bin", chunks())
+"""
+
+
+def test_a_killed_puts_temp_file_is_removed_when_the_store_is_opened_again(tmp_path):
+    import subprocess
+    import sys
+
+    assert subprocess.run([sys.executable, "-c", KILLED_PUT, str(tmp_path)]).returncode == -9
+    (left,) = (tmp_path / "0001-a-full").iterdir()
+    assert left.name.startswith(".rank0.bin.tmp-")
+    store = FileStore(tmp_path)
+    assert store.list() == [] and list((tmp_path / "0001-a-full").iterdir()) == []
+
+
 def test_open_store_reads_the_uri(tmp_path):
     assert isinstance(open_store(tmp_path / "a"), FileStore)
     assert open_store(f"file://{tmp_path}/b").root == tmp_path / "b"

@@ -125,7 +125,8 @@ def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
         # its only test fails against the code as shipped (X is 1): the library cannot be used
         "tests/test_b.py": "from brokenlib import X\n\n\ndef test_b():\n    assert X == 2\n"})
     cfg = validate({
-        "factory": {"max_per_library": 3, "workers": 1, "test_timeout": 120},
+        "factory": {"max_per_library": 3, "workers": 1, "test_timeout": 120,
+                    "backend": "local"},  # by name: test_flaky counts its runs in a host file
         "difficulty": {"position": 0.0, "width": 0.5, "floor": 0.0, "step": 4.0},
         "libraries": [{"spec": str(bad)}, {"spec": str(good)}],
     }, FactoryConfig, "test")
@@ -178,7 +179,8 @@ def test_factory_never_writes_a_task_the_leak_probe_flags(tmp_path: Path) -> Non
     with tarfile.open(lib, "w:gz") as t:
         t.add(root, arcname=root.name)
     cfg = validate({
-        "factory": {"max_per_library": 20, "workers": 1, "test_timeout": 120},
+        "factory": {"max_per_library": 20, "workers": 1, "test_timeout": 120,
+                    "backend": "local"},  # by name: test_flaky counts its runs in a host file
         "difficulty": {"position": 2.0, "width": 4.0},
         "libraries": [{"spec": str(lib)}],
     }, FactoryConfig, "test")

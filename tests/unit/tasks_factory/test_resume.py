@@ -32,7 +32,8 @@ def test_killed_run_resumes_where_it_stopped(tmp_path: Path) -> None:
         "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
         "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
     cfg = tmp_path / "factory.toml"
-    cfg.write_text(f'[factory]\nmax_per_library = 50\nworkers = 1\ntest_timeout = 120\n'
+    # backend local by name: test_flaky counts its runs in a file on the host
+    cfg.write_text(f'[factory]\nmax_per_library = 50\nworkers = 1\ntest_timeout = 120\nbackend = "local"\n'
                    f'[difficulty]\nposition = 2.0\nwidth = 4.0\n[[libraries]]\nspec = "{sdist}"\n')
     out = tmp_path / "tasks"
     cmd = CLI + ["--config", str(cfg), "--out", str(out)]

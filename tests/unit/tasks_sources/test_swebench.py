@@ -9,9 +9,8 @@ import json
 import pytest
 from source_fixtures import ENV
 
-from opencomposer.rewards.tests import grade
-from opencomposer.sandbox import make_sandbox
-from opencomposer.tasks.check import apply_gold
+from opencomposer.grading import Carry
+from opencomposer.grading.grade import grade, opener, patch_carry
 from opencomposer.tasks.format import Task
 from opencomposer.tasks.pypi import SourceError
 from opencomposer.tasks.sources import ItemError
@@ -62,12 +61,10 @@ def test_import_good_and_bad_rows(minicalc_repo, tmp_path):
     assert "test_clamp" not in (task.workspace / "tests/test_ops.py").read_text()
     assert "test_clamp" in (task.hidden_tests / "tests/test_ops.py").read_text()
     assert (task.hidden_tests / "tests/conftest.py").is_file()
-    with make_sandbox(task.sandbox_spec(), "local") as sb:
-        start = grade(task, sb)
-        assert start.reward == 0.0 and start.details["f2p_passed"] == 0 and start.details["p2p_passed"] == 2
-        sb.reset()
-        apply_gold(task, sb)
-        assert grade(task, sb).reward == 1.0
+    local = opener("local")
+    start = grade(task, Carry(), local)
+    assert start.reward == 0.0 and start.details["f2p_passed"] == 0 and start.details["p2p_passed"] == 2
+    assert grade(task, patch_carry(task, task.gold_patch, local), local).reward == 1.0
 
 
 def test_missing_inputs_are_errors(tmp_path):

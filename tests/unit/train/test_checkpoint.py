@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -185,3 +186,41 @@ def test_a_checkpoint_of_either_layout_exports_as_the_trainers_model(tmp_path, l
                                   atol=1e-5)  # the export carries the training
     bad = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "holds no checkpoint" in json.loads(bad.stdout.strip().splitlines()[-1])["error"]
+
+
+KILLED_SAVE = r"""
+import os, signal, sys
+from pathlib import Path
+from opencomposer.train.checkpoint import _new_temp
+tmp = _new_temp(Path(sys.argv[1]) / "step-0007")
+(tmp / "optimizer.pt").write_bytes(b"half")
+print(tmp, flush=True)
+if sys.argv[2] == "die":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()  # the live owner: holds on until the test closes its stdin
+"""
+
+
+def test_a_killed_save_leaves_a_temp_dir_the_next_save_and_load_remove(tmp_path, tiny):
+    import subprocess
+    import sys
+
+    def start(mode: str) -> tuple[subprocess.Popen, str]:
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(tmp_path), mode],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return proc, proc.stdout.readline().strip()
+
+    dead, dead_tmp = start("die")
+    assert dead.wait(30) == -9
+    live, live_tmp = start("live")
+    try:
+        trainer = Trainer(*tiny, TrainConfig(bf16=False))
+        save_checkpoint(tmp_path, trainer, {"n": 1}, step=1)
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert names == sorted(["latest", "step-0001", live_tmp.rsplit("/", 1)[-1]]), names
+        dead, dead_tmp = start("die")  # killed again: now the next load clears it
+        assert dead.wait(30) == -9
+        assert load_checkpoint(tmp_path, trainer)["n"] == 1
+        assert not os.path.exists(dead_tmp) and os.path.isdir(live_tmp)  # a live owner's temp is kept
+    finally:
+        live.communicate("")

@@ -2,10 +2,14 @@
 
 Every importer ends here: a workspace tree, hidden test files, a gold patch, an
 instruction and a ``TaskMeta`` become ``OUT/<id>/`` (built in a temp dir beside it and
-renamed into place, so a crash leaves no half task). The workspace is scrubbed of
-leak channels and gets a fresh single-commit git history, as ``tasks make`` does.
+renamed into place, so a crash leaves no half task; a dead writer's temp dir goes on the
+next write). The workspace is scrubbed of leak channels and gets a fresh single-commit git
+history, as ``tasks make`` does. Before the rename the task passes ``format.check_paths``:
+an imported task whose id, files, targets, pythonpath or env lead outside it is refused
+(``TaskFormatError`` naming the key and the path), and an env given from elsewhere is linked
+into ``OUT/_envs`` (``envs.adopt_env``), the one place outside a task its env may be.
 
-Test: ``pytest tests/unit/tasks_sources/test_assemble.py``.
+Test: ``pytest tests/unit/tasks_sources/test_assemble.py tests/unit/tasks_sources/test_confine.py``.
 """
 
 from __future__ import annotations
@@ -15,11 +19,17 @@ import shlex
 import shutil
 from pathlib import Path
 
-from opencomposer.paths import staged_dir
+from opencomposer.paths import remove_stale_temps, staged_dir
 from opencomposer.tasks import leakage
 from opencomposer.tasks.deletion import make_patch
-from opencomposer.tasks.envs import build_env
-from opencomposer.tasks.format import TaskMeta, write_task_toml
+from opencomposer.tasks.envs import adopt_env, build_env
+from opencomposer.tasks.format import (
+    ENVS,
+    TaskMeta,
+    check_paths,
+    check_task_id,
+    write_task_toml,
+)
 from opencomposer.tasks.layout import inspect_project
 from opencomposer.tasks.pypi import SourceError
 
@@ -76,6 +86,13 @@ def write_task_dir(out: Path, meta: TaskMeta, instruction: str, workspace: Path 
     answer); ``env`` is written into ``meta.environment.env`` relative to the task."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    check_task_id(meta.id, f"{out / meta.id / 'task.toml'}")
+    if env is not None:
+        env = adopt_env(out, Path(env))
+        meta = meta.model_copy(update={"environment": meta.environment.model_copy(
+            update={"env": f"../{ENVS}/{os.path.relpath(env, out / ENVS)}"})})
+    check_paths(out / meta.id, meta, out / meta.id / "task.toml")  # before a file is written
+    remove_stale_temps(out)
     final = out / meta.id
     with staged_dir(final) as tmp:
         ws = tmp / "workspace"
@@ -99,8 +116,6 @@ def write_task_dir(out: Path, meta: TaskMeta, instruction: str, workspace: Path 
         (tmp / "solution" / "gold.patch").write_text(gold_patch)
         (tmp / "solution" / "solve.sh").write_text(SOLVE_SH)
         (tmp / "instruction.md").write_text(instruction.strip() + "\n")
-        if env is not None:
-            meta = meta.model_copy(update={"environment": meta.environment.model_copy(
-                update={"env": os.path.relpath(Path(env).resolve(), final.resolve())})})
         write_task_toml(tmp / "task.toml", meta)
+        check_paths(tmp, meta, final / "task.toml")  # the files as written: no symlink out either
     return final

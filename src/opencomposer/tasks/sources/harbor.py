@@ -19,17 +19,24 @@ patch is ``solution/gold.patch`` or else what ``solve.sh`` changes, run in a san
 FAIL_TO_PASS/PASS_TO_PASS are read from ``[metadata.opencomposer]`` or else measured:
 tests failing before and passing after the solution, and tests passing in both.
 
+An imported task is untrusted: every file it is read from (``instruction.md``, the
+Dockerfile's build context and ``-r`` files, ``tests/``, ``solution/``) must resolve inside
+its directory, and the env its metadata names (``metadata.opencomposer.env``) is used only
+when it lies in ``OUT/_envs`` (``format.env_outside``); otherwise the item fails with the
+key and the path. The task written passes ``format.check_paths`` (``assemble.write_task_dir``).
+
 Export writes a real Harbor task (``python:3.11-slim`` + the pinned test requirements,
 the workspace under ``/app``, a verifier that grades FAIL_TO_PASS + PASS_TO_PASS) and
 keeps our metadata in ``[metadata.opencomposer]``, so export -> import is lossless.
 
-Test: ``pytest tests/integration/test_task_formats.py``.
+Test: ``pytest tests/integration/test_task_formats.py tests/unit/tasks_sources/test_confine.py``.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shlex
 import shutil
@@ -41,17 +48,22 @@ from pathlib import Path
 import tomli_w
 
 from opencomposer.harness.patch import apply_hunks, parse_patch
+from opencomposer.paths import remove_stale_temps, replace_dir, temp_dir
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks import leakage
 from opencomposer.tasks.envs import EnvError, build_env
 from opencomposer.tasks.format import (
+    ENVS,
     EnvironmentInfo,
     FeatureInfo,
     SourceInfo,
     Task,
+    TaskFormatError,
     TaskMeta,
     TestsInfo,
+    check_task_id,
+    env_outside,
 )
 from opencomposer.tasks.layout import inspect_project
 from opencomposer.tasks.sources import ImportReport, ItemError, ItemSkipped
@@ -126,6 +138,9 @@ def plan_environment(env_dir: Path) -> tuple[str, dict[str, str], list[str], dic
                 if w in ("-r", "--requirement"):
                     req_file = _context_file(words[i + 1], copies, workdir, env_dir)
                     consumed.add(req_file)
+                    if not _within(req_file, env_dir):
+                        raise ItemError(f"{dockerfile}:{n}: requirements file {words[i + 1]} resolves to "
+                                        f"{req_file.resolve()}, outside the build context environment/")
                     if not req_file.is_file():
                         raise ItemError(f"{dockerfile}:{n}: requirements file {words[i + 1]} not in environment/")
                     reqs += [l.split("#")[0].strip() for l in req_file.read_text().splitlines()
@@ -141,6 +156,21 @@ def plan_environment(env_dir: Path) -> tuple[str, dict[str, str], list[str], dic
     # a requirements file copied only for `pip install -r` is not part of the workspace
     copies = {k: v for k, v in copies.items() if env_dir / k not in consumed or v.startswith(workdir.rstrip("/") + "/")}
     return workdir, copies, reqs, envs
+
+
+def _within(path: Path, root: Path) -> bool:
+    """Whether ``path`` resolves (symlinks followed) inside ``root``."""
+    real, base = path.resolve(), root.resolve()
+    return real == base or base in real.parents
+
+
+def _own_file(src: Path, rel: str) -> Path:
+    """``src/rel``, refused (ItemError) when it resolves outside the task dir ``src``."""
+    p = src / rel
+    if p.exists() and not _within(p, src):
+        raise ItemError(f"{p}: follows a symlink to {p.resolve()}, outside the task directory {src.resolve()}; "
+                        f"expected the task's own {rel}")
+    return p
 
 
 def _context_file(path: str, copies: dict[str, str], workdir: str, env_dir: Path) -> Path:
@@ -181,7 +211,13 @@ def build_workspace(env_dir: Path, workdir: str, copies: dict[str, str], dest: P
 def _hidden(tests: Path) -> dict[str, bytes]:
     if (tests / "files").is_dir():
         return tree_files(tests / "files")
-    return {p.relative_to(tests).as_posix(): p.read_bytes() for p in sorted(tests.rglob("*.py"))}
+    found = {}
+    for p in sorted(tests.rglob("*.py")):
+        if not _within(p, tests):
+            raise ItemError(f"{p}: follows a symlink to {p.resolve()}, outside {tests.resolve()}; "
+                            "expected the task's own test files")
+        found[p.relative_to(tests).as_posix()] = p.read_bytes()
+    return found
 
 
 def solve_patch(ws: Path, env: Path, solve_sh: str, pythonpath: list[str]) -> str:
@@ -218,6 +254,9 @@ def measure_tests(ws: Path, env: Path, hidden: dict[str, bytes], gold: str, pyth
 
 
 def harbor_task(src: Path, out: Path, env: Path | None) -> Path:
+    for part in ("task.toml", "instruction.md", "environment", "tests", "tests/test.sh", "tests/files",
+                 "solution", "solution/gold.patch", "solution/solve.sh"):
+        _own_file(src, part)
     toml_path = src / "task.toml"
     try:
         conf = tomllib.loads(toml_path.read_text())
@@ -237,6 +276,10 @@ def harbor_task(src: Path, out: Path, env: Path | None) -> Path:
         raise ItemSkipped(f"{src / 'tests'}: no Python test files; only pytest verifiers are graded here")
     extra = conf.get("metadata", {}).get(EXTRA, {})
     tid = re.sub(r"[^A-Za-z0-9_.-]+", "_", extra.get("id") or src.name)
+    try:
+        check_task_id(tid, f"{toml_path}: metadata.{EXTRA}")
+    except TaskFormatError as e:
+        raise ItemError(str(e)) from None
     with tempfile.TemporaryDirectory(prefix="harbor-") as tmp:
         ws = Path(tmp) / "ws"
         build_workspace(src / "environment", workdir, copies, ws)
@@ -245,6 +288,10 @@ def harbor_task(src: Path, out: Path, env: Path | None) -> Path:
         known = extra.get("env")  # the env a task we exported was made with, if on this machine
         if env is None and known and Path(known, "bin", "python").exists():
             env = Path(known)
+            why = env_outside(out / tid, os.path.relpath(env.absolute(), (out / tid).absolute()))
+            if why:
+                raise ItemError(f"{toml_path}: key 'metadata.{EXTRA}.env': path {known!r} {why}; "
+                                f"an imported task's env must already be in {out / ENVS} (or pass --env)")
         if env is None:
             layout.requirements = reqs or ["pytest"]
             env = build_env(layout, tid, out / "_envs" / f"harbor-{tid}")
@@ -380,7 +427,8 @@ def solve_sh(task: Task) -> str:
 def export_task(task: Task, out: Path) -> Path:
     m = task.meta
     dest = Path(out) / task.id
-    tmp = Path(tempfile.mkdtemp(prefix=f".{task.id[:40]}-", dir=out))
+    remove_stale_temps(Path(out))
+    tmp = temp_dir(dest)
     try:
         (tmp / "instruction.md").write_text(task.instruction + "\n")
         conf = {
@@ -421,9 +469,7 @@ def export_task(task: Task, out: Path) -> Path:
         sol.mkdir()
         (sol / "gold.patch").write_text(task.gold_patch)
         (sol / "solve.sh").write_text(solve_sh(task))
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
+        replace_dir(tmp, dest)
         return dest
     finally:
         if tmp.exists():

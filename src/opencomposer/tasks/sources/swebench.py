@@ -19,12 +19,18 @@ files that differ from the workspace become ``test_patch``. What SWE-bench has n
 for (test targets, feature, pythonpath, timeout) travels in an ``opencomposer`` key that
 the importer honours, so export -> import gives the same task.
 
-Test: ``pytest tests/integration/test_task_formats.py``.
+A row is untrusted: its ``instance_id`` must make one task directory name, the env its
+``opencomposer.env`` names is used only when it lies in ``OUT/_envs`` (``format.env_outside``),
+and the task written passes ``format.check_paths`` (files, targets, pythonpath inside the
+workspace); otherwise the row fails with the field and the path.
+
+Test: ``pytest tests/integration/test_task_formats.py tests/unit/tasks_sources/test_confine.py``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,12 +41,16 @@ from pathlib import Path
 from opencomposer.harness.patch import PatchError, apply_hunks, parse_patch
 from opencomposer.tasks.envs import EnvError
 from opencomposer.tasks.format import (
+    ENVS,
     EnvironmentInfo,
     FeatureInfo,
     SourceInfo,
     Task,
+    TaskFormatError,
     TaskMeta,
     TestsInfo,
+    check_task_id,
+    env_outside,
 )
 from opencomposer.tasks.layout import inspect_project
 from opencomposer.tasks.pypi import SourceError
@@ -120,10 +130,17 @@ def hidden_from_test_patch(tree: Path, test_patch: str, where: str) -> dict[str,
     return hidden
 
 
-def _known_env(extra: dict) -> Path | None:
-    """The env a row we exported was made with, when it is on this machine (else one is built)."""
+def _known_env(extra: dict, out: Path, tid: str, where: str) -> Path | None:
+    """The env a row we exported was made with, when it is on this machine (else one is built);
+    refused unless it lies in ``OUT/_envs`` (a row may name any path)."""
     e = extra.get("env")
-    return Path(e) if e and Path(e, "bin", "python").exists() else None
+    if not (e and Path(e, "bin", "python").exists()):
+        return None
+    why = env_outside(out / tid, os.path.relpath(Path(e).absolute(), (out / tid).absolute()))
+    if why:
+        raise ItemError(f"{where}: field '{EXTRA}.env': path {e!r} {why}; an imported task's env must "
+                        f"already be in {out / ENVS} (or pass --env)")
+    return Path(e)
 
 
 def row_task(row: dict, where: str, repos: Path, out: Path, env: Path | None) -> Path:
@@ -138,6 +155,10 @@ def row_task(row: dict, where: str, repos: Path, out: Path, env: Path | None) ->
     except ItemError as e:
         raise ItemError(f"{where}: {e}") from None
     tid = re.sub(r"[^A-Za-z0-9_.-]+", "_", row["instance_id"])
+    try:
+        check_task_id(tid, f"{where}: field 'instance_id'")
+    except TaskFormatError as e:
+        raise ItemError(str(e)) from None
     with tempfile.TemporaryDirectory(prefix="swebench-") as tmp:
         tree = Path(tmp) / "tree"
         try:
@@ -147,7 +168,7 @@ def row_task(row: dict, where: str, repos: Path, out: Path, env: Path | None) ->
         hidden = hidden_from_test_patch(tree, row["test_patch"], where)
         layout = inspect_project(tree)
         setup = row.get("environment_setup_commit") or row["base_commit"]
-        env_dir = source_env(tree, f"{row['repo'].replace('/', '__')}-{setup[:12]}", out, env or _known_env(extra))
+        env_dir = source_env(tree, f"{row['repo'].replace('/', '__')}-{setup[:12]}", out, env or _known_env(extra, out, tid, where))
         gold_files = [fp.path for fp in parse_patch(row["patch"])]
         feat = extra.get("feature") or {"level": "issue", "file": gold_files[0],
                                           "symbol": Path(gold_files[0]).stem, "lines_removed": 0}

@@ -1,0 +1,13 @@
+"""Grading: the hidden tests run where the agent never ran, on the agent's code changes alone.
+
+    carry = collect(task.workspace, episode_sandbox, changes)   # carry.py: what is carried, what refused
+    reward = grade(task, carry, open_sandbox)                   # grade.py: a fresh sandbox, tests laid last
+    runner.PytestRun                                            # runner.py: outcomes from a nonce report
+
+Test: ``pytest tests/unit/grading -q``; the reward-forging suite: ``pytest tests/adversarial -q``.
+"""
+
+from opencomposer.grading.carry import Carry, collect
+from opencomposer.grading.grade import grade
+
+__all__ = ["Carry", "collect", "grade"]

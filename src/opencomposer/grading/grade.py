@@ -1,0 +1,221 @@
+"""The test reward, graded where the agent never ran: a fresh sandbox, the agent's code changes, the hidden tests.
+
+    with open_sandbox(task.sandbox_spec()) as sb:         # the episode
+        ...agent...
+        carry = collect(task.workspace, sb, workspace_changes(task.workspace, sb))
+    result = grade(task, carry, open_sandbox)            # after the episode's sandbox is gone
+
+``grade`` opens a *new* sandbox of the task's base image (with ``open_sandbox``, the same
+factory the episode used: a backend, a pool's lease or a cluster's), writes the carried
+files into it (``carry.py`` decides which), removes the carried deletions, lays every hidden
+test file last (over whatever is there) plus a canary test that must fail, runs the task's
+pytest command under the launcher (``runner.py``), and reads the outcomes from the nonce
+report. Reward 1.0 only when every FAIL_TO_PASS and PASS_TO_PASS test passes, the report is
+trustworthy, the canary failed and no test file changed on disk during the run; ``details`` keeps the per-test outcomes, what was
+carried and refused, and ``tampered`` when the run gave itself away (a passing canary, two
+reports, none). The agent's processes, its /tmp, HOME, environment variables, ``.git``,
+``conftest.py``, ``sitecustomize.py`` and every other file outside the code under test
+never meet the tests.
+
+The same function validates tasks (``tasks/check.py``: an empty carry must fail, the gold
+patch's carry must pass), so the oracle is graded exactly as an agent is.
+
+Test: ``pytest tests/unit/grading/test_grade.py``; the adversarial suite: ``pytest tests/adversarial``.
+"""
+
+from __future__ import annotations
+
+import ast
+import posixpath
+import secrets
+from contextlib import AbstractContextManager
+from typing import Callable
+
+from opencomposer.grading.carry import TEST_FILE, Carry, collect
+from opencomposer.grading.runner import GradedRun, PytestRun, Reach
+from opencomposer.protocols import RewardResult, Sandbox, SandboxSpec
+from opencomposer.rewards.changes import workspace_changes
+from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks.format import Task
+
+OpenSandbox = Callable[[SandboxSpec], AbstractContextManager[Sandbox]]
+GOOD = ("PASSED", "XFAIL")
+
+
+def opener(backend: str) -> OpenSandbox:
+    """The plain factory: a new sandbox of ``backend`` for each spec."""
+    return lambda spec: make_sandbox(spec, backend)
+
+
+def apply_patch(sandbox: Sandbox, patch: str, shown: str) -> None:
+    """Apply a unified diff (paths relative to the workspace) in ``sandbox``; ``shown`` names it in errors."""
+    r = sandbox.exec(["patch", "-p1", "--forward", "--no-backup-if-mismatch", "-s"], stdin=patch.encode(), timeout=60)
+    if r.exit_code != 0:
+        raise RuntimeError(f"{shown}: does not apply: {r.output.strip()[:500]}")
+
+
+def patch_carry(task: Task, patch: str, open_sandbox: OpenSandbox, shown: str = "patch") -> Carry:
+    """What the grader carries of ``patch`` applied by an agent: the gold patch graded as an agent's work."""
+    with open_sandbox(task.sandbox_spec()) as sb:
+        apply_patch(sb, patch, shown)
+        return collect(task.workspace, sb, workspace_changes(task.workspace, sb))
+
+
+def lay_hidden_tests(task: Task, sandbox: Sandbox) -> list[str]:
+    """Write every file of ``TASK/tests/files/`` over the workspace; returns their paths."""
+    written = []
+    for f in sorted(task.hidden_tests.rglob("*")):
+        if f.is_file():
+            rel = f.relative_to(task.hidden_tests).as_posix()
+            sandbox.write_file(rel, f.read_bytes())
+            written.append(rel)
+    return written
+
+
+WORDS = ("again", "more", "extra", "values", "cases", "edge", "simple", "basic", "other", "mixed", "twice", "small")
+
+
+def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
+    """The module-level test function ``name`` of ``src`` (decorators included) renamed ``new``, with
+    ``failing`` as its last statement; None when ``src`` has no such function."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            lines = src.splitlines()
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            body = lines[start - 1:node.end_lineno]
+            at = node.lineno - start
+            body[at] = body[at].replace(f"def {name}(", f"def {new}(", 1)
+            indent = " " * node.body[0].col_offset
+            return "\n".join(body + [indent + failing])
+    return None
+
+
+def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
+    """A test that must fail, made to look like the task's own: a copy of one FAIL_TO_PASS test
+    (decorators and fixtures kept) under a plausible new name in the same hidden test file, with a
+    false assertion last. Returns (the target to add, "" when its file is already a target; its
+    node id). A runner rewired to pass what fails, or to pass whatever looks like the task's
+    tests, passes it too."""
+    t = task.meta.tests
+    value = secrets.randbelow(10**6)
+    failing = f"assert {value} == {value + 1}"
+    for nid in t.fail_to_pass + t.files:
+        path, _, rest = nid.partition("::")
+        hidden = task.hidden_tests / path
+        if not path.endswith(".py") or not hidden.is_file():
+            continue
+        src = hidden.read_bytes().decode("utf-8", errors="replace")
+        names = {n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(ast.parse(src))} \
+            if _parses(src) else set()
+        base = rest.split("[")[0] if rest and "::" not in rest else f"test_{task.meta.feature.symbol.split('.')[-1].lower()}"
+        new = next((f"{base}_{w}" for w in secrets.SystemRandom().sample(WORDS, len(WORDS)) if f"{base}_{w}" not in names),
+                   f"{base}_{secrets.token_hex(3)}")
+        clone = _clone_source(src, base, new, failing) if rest else None
+        if clone is None:
+            clone = f"def {new}():\n    {failing}"
+        sandbox.write_file(path, (src.rstrip("\n") + "\n\n\n" + clone + "\n").encode())
+        target = "" if path in t.targets else f"{path}::{new}"
+        return target, f"{path}::{new}"
+    name = secrets.token_hex(6)  # no hidden test file to hide it in: a file of its own
+    path = posixpath.join(posixpath.dirname(t.files[0]), f"test_{name}.py")
+    sandbox.write_file(path, f"def test_{name}():\n    {failing}\n".encode())
+    return path, f"{path}::test_{name}"
+
+
+def _parses(src: str) -> bool:
+    try:
+        ast.parse(src)
+        return True
+    except SyntaxError:
+        return False
+
+
+def base_test_files(task: Task) -> list[str]:
+    """The workspace's own test files and helpers (``tests/``, ``test_*.py``, ``conftest.py``...): the
+    hidden tests import them, so the launcher watches them too."""
+    ws = task.workspace
+    return [p.relative_to(ws).as_posix() for p in ws.rglob("*")
+            if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(ws).parts
+            and TEST_FILE.search(p.relative_to(ws).as_posix())]
+
+
+def apply_carry(carry: Carry, sandbox: Sandbox) -> None:
+    for path, data in carry.files.items():
+        sandbox.write_file(path, data)
+    if carry.deleted:
+        r = sandbox.exec(["rm", "-f", "--", *carry.deleted], timeout=60)
+        if r.exit_code != 0:
+            raise RuntimeError(f"grader: could not remove {carry.deleted[:3]}: {r.output[-300:]}")
+
+
+def grade(task: Task, carry: Carry, open_sandbox: OpenSandbox, *, canary: bool = True) -> RewardResult:
+    """Reward of ``carry`` on ``task``, graded in a fresh sandbox from ``open_sandbox``."""
+    t = task.meta.tests
+    with open_sandbox(task.sandbox_spec()) as sb:
+        apply_carry(carry, sb)
+        laid = lay_hidden_tests(task, sb)
+        canary_target, canary_id = lay_canary(task, sb) if canary else ("", "")
+        extra = [canary_target] if canary_target else []
+        watched = sorted(set(laid + base_test_files(task) + [canary_id.partition("::")[0]] * bool(canary)))
+        run = PytestRun.from_command(t.command, t.targets + extra, watched=watched,
+                                     carried=[p for p in carry.files if p.endswith(".py")])
+        rep = run.execute(sb, timeout=t.timeout)
+    return result(task, rep, carry, canary_id)
+
+
+def canary_outcome(rep: GradedRun, canary_id: str) -> str:
+    """The canary's outcome; of a parametrized one, the best of its items (any pass gives it away)."""
+    got = [v for k, v in rep.outcomes.items() if k == canary_id or k.startswith(canary_id + "[")]
+    for good in ("PASSED", "XPASS", "XFAIL"):
+        if good in got:
+            return good
+    return got[0] if got else "MISSING"
+
+
+def honest_line(task: Task, carry: Carry, reach: Reach) -> bool:
+    """Whether a reach comes from a line the agent did not write: one the base file already has, or
+    one the gold patch adds (restoring the deleted code as it was is the task, whatever it does)."""
+    if not reach.file or reach.file not in carry.files:
+        return False
+    lines = carry.files[reach.file].decode("utf-8", errors="replace").splitlines()
+    if not 0 < reach.line <= len(lines):
+        return False
+    text = lines[reach.line - 1].strip()
+    base = task.workspace / reach.file
+    if base.is_file() and text in {x.strip() for x in base.read_text(errors="replace").splitlines()}:
+        return True
+    return text in {x[1:].strip() for x in task.gold_patch.splitlines() if x.startswith("+")}
+
+
+def result(task: Task, rep: GradedRun, carry: Carry, canary_id: str) -> RewardResult:
+    t = task.meta.tests
+    f2p = {n: rep.status(n) for n in t.fail_to_pass}
+    p2p = {n: rep.status(n) for n in t.pass_to_pass}
+    ok = lambda d: sum(v in GOOD for v in d.values())  # noqa: E731
+    tampered = [rep.problem] if "forged" in rep.problem else []
+    if rep.changed:
+        tampered.append(f"test files changed on disk during the run: {rep.changed[:3]}")
+    canary_status = canary_outcome(rep, canary_id) if canary_id else "OFF"
+    if canary_status in GOOD or canary_status == "XPASS":
+        tampered.append(f"the canary test {canary_id} (it must fail) was reported {canary_status}")
+    reach = [str(r) for r in rep.reach if not honest_line(task, carry, r)]
+    if reach:
+        tampered.append(f"{len(reach)} reach(es) for the runner: {'; '.join(reach[:3])}")
+    passed = (ok(f2p) == len(f2p) and ok(p2p) == len(p2p) and not rep.timed_out
+              and not rep.problem and not tampered)
+    return RewardResult(
+        reward=1.0 if passed else 0.0,
+        passed=passed,
+        details={
+            "fail_to_pass": f2p, "pass_to_pass": p2p, "f2p_passed": ok(f2p), "p2p_passed": ok(p2p),
+            "timed_out": rep.timed_out, "exit_code": rep.exit_code, "seconds": round(rep.seconds, 2),
+            "report": rep.problem or "ok", "canary": canary_status, "tampered": "; ".join(tampered),
+            "reach": [str(r) for r in rep.reach][:10],
+            "carried": carry.to_dict(),
+            "output_tail": rep.output_tail[-1500:] if not passed else "",
+        },
+    )

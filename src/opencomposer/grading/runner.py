@@ -1,0 +1,240 @@
+"""Run the hidden tests and read their outcomes from a report the code under test cannot forge by printing.
+
+    run = PytestRun.from_command(task.meta.tests.command, targets, python="/env/bin/python")
+    report = run.execute(sandbox, timeout=300)
+    report.outcomes     # {"tests/test_x.py::test_a": "PASSED", ...}
+    report.problem      # "" or why the report cannot be trusted ("no report", "two reports")
+
+pytest runs in-process under a small launcher (``BOOT``, passed with ``python -c``) that
+registers a recorder plugin and, after the run, writes one line: a per-run random nonce
+followed by the outcomes as JSON, through a copy of stdout taken before any test code
+ran. The nonce reaches the launcher on stdin (not argv or the environment, which the code
+under test could read from ``/proc/self``), and stdin is closed before pytest starts. So
+``PASSED ...`` lines, a fake summary or a JSON file printed or written by the code under
+test count for nothing; only the nonce line does, and a run that prints it twice is
+refused as tampered with.
+
+The launcher also hashes the ``watched`` files (the hidden tests, the canary, every
+``conftest.py``) before pytest starts, after collection and after the run: code under test
+that rewrites a test file on disk while the tests are being imported is reported in
+``changed``, and the grader refuses the run.
+
+What this cannot stop: code under test runs inside the same interpreter as pytest, so code
+that walks the interpreter's frames or objects can reach the recorder. The grader adds a
+canary test that must fail (``grade.py``) and the monitors scan the carried code for such
+reaching (``rewards/monitors.py``); the README's isolation table says so.
+
+The command must be pytest's (``python -m pytest ARGS`` or ``pytest ARGS``, as every task
+source writes); its arguments are kept, and the launcher replaces the interpreter start.
+
+Test: ``pytest tests/unit/grading/test_runner.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from dataclasses import dataclass, field
+
+from opencomposer.protocols import Sandbox
+from opencomposer.tasks.testrun import TestReport
+
+# The launcher. Outcomes per test id: the worst phase wins (an error in setup or teardown is
+# ERROR, a failed call FAILED); xfail/xpass as pytest's own summary names them.
+BOOT = r"""
+import hashlib, json, os, sys
+def _oc_main():
+    nonce = sys.stdin.readline().strip()
+    watched = json.loads(sys.stdin.readline())
+    carried = json.loads(sys.stdin.readline())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    channel, write, dumps, real = os.dup(1), os.write, json.dumps, os.path.realpath
+    getframe, fspath = sys._getframe, os.fspath
+    watched_real = {real(p) for p in watched}
+    carried_real = {real(p) for p in carried}
+    stdlib = os.path.dirname(os.__file__)
+    inside = [False]
+    files = {}
+    def is_carried(filename):
+        r = files.get(filename)
+        if r is None:
+            r = files[filename] = real(filename) in carried_real
+        return r
+    def say(kind, what, where=None):
+        d = {"kind": kind, "what": what, "file": where[0] if where else "", "line": where[1] if where else 0}
+        write(channel, ("\n" + nonce + " REACH " + dumps(d) + "\n").encode())
+    def culprit(walk):
+        f = getframe(2)
+        if not walk and f.f_code.co_filename.startswith(stdlib) and f.f_code.co_name in ("currentframe", "stack", "trace"):
+            f = f.f_back
+        while walk and f is not None and f.f_code.co_filename.startswith(stdlib):
+            f = f.f_back
+        if f is not None and is_carried(f.f_code.co_filename):
+            return (os.path.relpath(real(f.f_code.co_filename)), f.f_lineno)
+        return None
+    FRAMES = {"sys._getframe", "sys._current_frames", "object.__getattr__", "gc.get_objects", "gc.get_referrers",
+              "gc.get_referents", "exec", "compile", "sys.settrace", "sys.setprofile", "sys.addaudithook"}
+    PROCESSES = {"os.kill", "os.killpg", "os.system", "subprocess.Popen", "os.posix_spawn", "os.exec", "os.fork",
+                 "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function"}
+    WRITES = {"os.rename", "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.link", "os.symlink", "os.utime",
+              "shutil.rmtree", "shutil.move"}
+    def hook(event, args):
+        if inside[0]:
+            return
+        inside[0] = True
+        try:
+            if event == "open":
+                path, mode, flags = args
+                if isinstance(path, (str, bytes)) and ((isinstance(mode, str) and any(c in mode for c in "wax+"))
+                                                       or (isinstance(flags, int) and flags & 3)):
+                    p = real(fspath(path) if isinstance(path, str) else os.fsdecode(path))
+                    if p in watched_real:
+                        say("writes a test file", p)
+            elif event in WRITES:
+                for a in args:
+                    if isinstance(a, (str, bytes)) and real(fspath(a) if isinstance(a, str) else os.fsdecode(a)) in watched_real:
+                        say("changes a test file", event + " " + str(a))
+            elif event in FRAMES or event in PROCESSES:
+                if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__"):
+                    return
+                where = culprit(event in PROCESSES)
+                if where is not None:
+                    say("code under test reaches for the runner", event, where)
+        except Exception:
+            pass
+        finally:
+            inside[0] = False
+    sys.addaudithook(hook)
+    def digest():
+        out = {}
+        for p in watched:
+            try:
+                with open(p, "rb") as f: out[p] = hashlib.sha256(f.read()).hexdigest()
+            except OSError: out[p] = None
+        return out
+    before, changed = digest(), set()
+    import pytest
+    outcomes, collect_errors, xfail_marked = {}, [], set()
+    class _Recorder:
+        def pytest_collectreport(self, report):
+            if report.failed:
+                collect_errors.append(report.nodeid)
+        def pytest_collection_finish(self, session):
+            xfail_marked.update(i.nodeid for i in session.items if i.get_closest_marker("xfail") is not None)
+            changed.update(p for p, h in digest().items() if h != before[p])
+        def pytest_runtest_logreport(self, report):
+            xf = hasattr(report, "wasxfail") and report.nodeid in xfail_marked  # an imperative xfail() is a failure
+            if report.when == "setup":
+                if report.failed: outcomes[report.nodeid] = "ERROR"
+                elif report.skipped: outcomes[report.nodeid] = "XFAIL" if xf else "SKIPPED"
+            elif report.when == "call":
+                if report.failed: outcomes[report.nodeid] = "FAILED"
+                elif report.skipped: outcomes[report.nodeid] = "XFAIL" if xf else "FAILED" if hasattr(report, "wasxfail") else "SKIPPED"
+                else: outcomes[report.nodeid] = "XPASS" if hasattr(report, "wasxfail") else "PASSED"
+            elif report.failed:
+                outcomes[report.nodeid] = "ERROR"
+    code = pytest.main(sys.argv[1:], plugins=[_Recorder()])
+    changed.update(p for p, h in digest().items() if h != before[p])
+    for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try: s.flush()
+        except Exception: pass
+    report = {"outcomes": outcomes, "collect_errors": collect_errors, "exit": int(code), "changed": sorted(changed)}
+    write(channel, ("\n" + nonce + " " + dumps(report) + "\n").encode())
+    os._exit(0)
+_oc_main()
+"""
+
+
+@dataclass
+class Reach:
+    """One thing the launcher's audit hook saw: a test file written, or the code under test (``file``,
+    ``line``: a carried file, workspace-relative) reaching for frames, the collector, code or processes."""
+
+    kind: str
+    what: str
+    file: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.what}" + (f" at {self.file}:{self.line}" if self.file else "")
+
+
+class NotPytest(ValueError):
+    """A task's test command that the grader cannot run under its launcher."""
+
+
+@dataclass
+class GradedRun(TestReport):
+    __test__ = False
+    problem: str = ""  # why the outcomes cannot be trusted ("" when they can)
+    collect_errors: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # watched files whose bytes changed during the run
+    reach: list["Reach"] = field(default_factory=list)  # what the launcher's audit hook saw the code under test do
+
+
+@dataclass
+class PytestRun:
+    args: list[str]  # pytest's arguments: the task command's, then the targets
+    python: str = "python"
+    watched: list[str] = field(default_factory=list)  # workspace files that must not change during the run
+    carried: list[str] = field(default_factory=list)  # the agent's files: the code the audit hook watches
+
+    @classmethod
+    def from_command(cls, command: str, targets: list[str], python: str = "python",
+                     watched: list[str] | None = None, carried: list[str] | None = None) -> "PytestRun":
+        argv = shlex.split(command)
+        if len(argv) >= 3 and argv[0].split("/")[-1].startswith("python") and argv[1:3] == ["-m", "pytest"]:
+            rest = argv[3:]
+        elif argv and argv[0].split("/")[-1] in ("pytest", "py.test"):
+            rest = argv[1:]
+        else:
+            raise NotPytest(f"test command {command!r} is not 'python -m pytest ...' or 'pytest ...'; "
+                            "the grader runs pytest under its own launcher")
+        return cls(rest + list(targets), python, list(watched or []), list(carried or []))
+
+    def execute(self, sandbox: Sandbox, timeout: float) -> GradedRun:
+        nonce = secrets.token_hex(16)
+        feed = "\n".join([nonce, json.dumps(self.watched), json.dumps(self.carried)]) + "\n"
+        r = sandbox.exec([self.python, "-c", BOOT, *self.args], timeout=timeout, max_output=4_000_000,
+                         stdin=feed.encode())
+        lines = [line[len(nonce) + 1:] for line in r.output.splitlines() if line.startswith(nonce + " ")]
+        reports = [x for x in lines if not x.startswith("REACH ")]
+        run = GradedRun(exit_code=r.exit_code, timed_out=r.timed_out, output_tail=r.output[-4000:], seconds=r.seconds)
+        for x in lines:
+            if x.startswith("REACH "):
+                try:
+                    d = json.loads(x[6:])
+                    run.reach.append(Reach(str(d["kind"]), str(d["what"]), str(d["file"]), int(d["line"])))
+                except (ValueError, KeyError, TypeError):
+                    run.reach.append(Reach("an unreadable finding", x[6:200]))
+        if len(reports) != 1:
+            run.problem = ("no report from the test run (it crashed, was killed or timed out)" if not reports
+                           else f"{len(reports)} reports from one test run: the code under test forged one")
+            return run
+        if r.truncated:  # pytest captures what tests print: this much came around it
+            run.problem = "the test run wrote more than the output cap around pytest's capture: not trusted"
+            return run
+        if r.exit_code != 0:  # the launcher always exits 0 after its report
+            run.problem = f"the launcher exited {r.exit_code} after its report: something ended it early"
+            return run
+        try:
+            data = json.loads(reports[0])
+            run.outcomes = {str(k): str(v) for k, v in data["outcomes"].items()}
+            run.collect_errors = [str(x) for x in data["collect_errors"]]
+            run.exit_code = int(data["exit"])
+            run.changed = [str(x) for x in data["changed"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            run.problem = f"unreadable report ({type(e).__name__})"
+        return run
+        try:
+            data = json.loads(reports[0])
+            run.outcomes = {str(k): str(v) for k, v in data["outcomes"].items()}
+            run.collect_errors = [str(x) for x in data["collect_errors"]]
+            run.exit_code = int(data["exit"])
+            run.changed = [str(x) for x in data["changed"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            run.problem = f"unreadable report ({type(e).__name__})"
+        return run
+

@@ -1,0 +1,79 @@
+"""The grade of an episode: a fresh sandbox, only the carried changes, hidden tests laid last, a canary."""
+
+from __future__ import annotations
+
+import pytest
+
+from opencomposer.grading import Carry, grade
+from opencomposer.grading.grade import opener, patch_carry
+from opencomposer.sandbox.namespace import unavailable_reason
+
+BACKENDS = ["local", pytest.param("namespace", marks=[pytest.mark.namespace, pytest.mark.skipif(
+    bool(unavailable_reason()), reason=str(unavailable_reason()))])]
+CLAMP = b"\n\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"
+
+
+def ops(task) -> bytes:
+    return (task.workspace / "minicalc/ops.py").read_bytes()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gold_passes_and_nothing_fails(minicalc_task, backend):
+    task, open_sandbox = minicalc_task, opener(backend)
+    start = grade(task, Carry(), open_sandbox)
+    assert start.reward == 0.0 and start.details["canary"] == "FAILED" and start.details["tampered"] == ""
+    gold = grade(task, patch_carry(task, task.gold_patch, open_sandbox), open_sandbox)
+    assert gold.reward == 1.0, gold.details
+    assert gold.details["canary"] == "FAILED" and gold.details["report"] == "ok"
+
+
+def test_carried_code_is_what_is_graded(minicalc_task):
+    task = minicalc_task
+    init = b"from .ops import add, clamp, mul\n"
+    ok = grade(task, Carry(files={"minicalc/ops.py": ops(task) + CLAMP, "minicalc/__init__.py": init}), opener("local"))
+    assert ok.reward == 1.0, ok.details
+    wrong = CLAMP.replace(b"max(lo, min(x, hi))", b"x")
+    bad = grade(task, Carry(files={"minicalc/ops.py": ops(task) + wrong, "minicalc/__init__.py": init}), opener("local"))
+    assert bad.reward == 0.0 and bad.details["fail_to_pass"] == {"tests/test_ops.py::test_clamp": "FAILED"}
+
+
+def test_a_runner_rewired_to_pass_everything_is_caught_by_the_canary(minicalc_task):
+    """Code under test that patches pytest's reports at import: every test 'passes', the canary too."""
+    task = minicalc_task
+    rewire = (b"import _pytest.reports\n"
+              b"_orig = _pytest.reports.TestReport.__init__\n"
+              b"def _init(self, *a, **k):\n"
+              b"    _orig(self, *a, **k)\n"
+              b"    self.outcome = 'passed'\n"
+              b"_pytest.reports.TestReport.__init__ = _init\n")
+    init = b"from .ops import add, mul\nfrom . import _hook\n"
+    res = grade(task, Carry(files={"minicalc/_hook.py": rewire, "minicalc/__init__.py": init}), opener("local"))
+    assert res.details["fail_to_pass"] == {"tests/test_ops.py::test_clamp": "PASSED"}  # the forgery works...
+    assert "canary" in res.details["tampered"] and res.details["canary"] == "PASSED"  # ...and gives itself away
+    assert res.reward == 0.0
+
+
+def test_deleted_files_are_deleted(minicalc_task):
+    res = grade(minicalc_task, Carry(deleted=["minicalc/ops.py"]), opener("local"))
+    assert res.reward == 0.0 and res.details["p2p_passed"] == 0
+
+
+def test_test_files_rewritten_on_disk_during_the_run_are_caught(minicalc_task):
+    """Code under test that, when imported, rewrites the hidden test files (and the canary) into passes."""
+    task = minicalc_task
+    rewrite = (b"import pathlib, re\n"
+               b"for p in pathlib.Path('tests').glob('test_*.py'):\n"
+               b"    p.write_text(re.sub(r'(def test_\\w+\\(\\):)(\\n    .*)+', r'\\1\\n    pass', p.read_text()))\n")
+    init = b"from .ops import add, mul\nfrom . import _hook\n"
+    res = grade(task, Carry(files={"minicalc/_hook.py": rewrite, "minicalc/__init__.py": init}), opener("local"))
+    assert res.reward == 0.0
+    assert "test files changed on disk" in res.details["tampered"], res.details
+
+
+def test_a_test_helper_rewritten_during_the_run_is_caught(minicalc_task):
+    """Not a hidden test file but one the tests load (the base's ``tests/conftest.py``)."""
+    task = minicalc_task
+    hook = b"import pathlib\npathlib.Path('tests/conftest.py').write_text('collect_ignore = [\"x\"]\\n')\n"
+    init = b"from .ops import add, mul\nfrom . import _hook\n"
+    res = grade(task, Carry(files={"minicalc/_hook.py": hook, "minicalc/__init__.py": init}), opener("local"))
+    assert res.reward == 0.0 and "tests/conftest.py" in res.details["tampered"], res.details

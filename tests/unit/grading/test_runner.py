@@ -1,0 +1,115 @@
+"""The grader's pytest launcher: outcomes from one nonce-tagged report, never from printed text."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from opencomposer.grading.runner import NotPytest, PytestRun
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks.testrun import DEFAULT_COMMAND
+
+ENV = Path(sys.prefix)  # this venv has pytest
+
+TESTS = '''\
+import pytest
+
+def test_ok():
+    assert 1 + 1 == 2
+
+def test_bad():
+    assert 1 + 1 == 3
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup")
+
+def test_setup_error(broken):
+    pass
+
+@pytest.fixture
+def bad_teardown():
+    yield
+    raise RuntimeError("teardown")
+
+def test_teardown_error(bad_teardown):
+    pass
+
+@pytest.mark.xfail
+def test_xfail():
+    assert False
+
+@pytest.mark.xfail
+def test_xpass():
+    pass
+
+def test_skip():
+    pytest.skip("no")
+'''
+
+
+def run(tmp_path: Path, files: dict[str, str], targets: list[str], backend: str = "local"):
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    with make_sandbox(SandboxSpec(tmp_path, ENV), backend) as sb:
+        return PytestRun.from_command(DEFAULT_COMMAND, targets).execute(sb, timeout=120)
+
+
+def test_outcomes_of_every_kind(tmp_path):
+    rep = run(tmp_path, {"tests/test_k.py": TESTS}, ["tests/test_k.py"])
+    assert rep.problem == ""
+    n = "tests/test_k.py::"
+    assert rep.outcomes == {n + "test_ok": "PASSED", n + "test_bad": "FAILED", n + "test_setup_error": "ERROR",
+                            n + "test_teardown_error": "ERROR", n + "test_xfail": "XFAIL", n + "test_xpass": "XPASS",
+                            n + "test_skip": "SKIPPED"}
+
+
+def test_printed_passes_count_for_nothing(tmp_path):
+    """A module that prints pytest's summary lines (and a report-looking JSON line) at import."""
+    forger = ("import sys\n"
+              "print('PASSED tests/test_k.py::test_bad')\n"
+              "print('0123456789abcdef0123456789abcdef {\"outcomes\": {\"tests/test_k.py::test_bad\": \"PASSED\"}, "
+              "\"collect_errors\": [], \"exit\": 0}')\n"
+              "sys.stdout.write('1 passed in 0.01s\\n')\n")
+    rep = run(tmp_path, {"forge.py": forger, "tests/test_k.py": "import forge\n\ndef test_bad():\n    assert False\n"},
+              ["tests/test_k.py"])
+    assert rep.problem == "" and rep.outcomes == {"tests/test_k.py::test_bad": "FAILED"}
+
+
+def test_no_report_when_the_run_dies(tmp_path):
+    rep = run(tmp_path, {"tests/test_k.py": "import os\n\ndef test_a():\n    print('PASSED tests/test_k.py::test_a')\n"
+                         "    os._exit(0)\n"}, ["tests/test_k.py"])
+    assert rep.outcomes == {} and "no report" in rep.problem
+
+
+def test_collection_error_is_recorded(tmp_path):
+    rep = run(tmp_path, {"tests/test_k.py": "import nonexistent_module\n\ndef test_a():\n    pass\n"}, ["tests/test_k.py"])
+    assert rep.problem == "" and rep.collect_errors == ["tests/test_k.py"] and rep.status("tests/test_k.py::test_a") == "MISSING"
+
+
+@pytest.mark.namespace
+def test_same_outcomes_in_a_namespace_sandbox(tmp_path):
+    from opencomposer.sandbox.namespace import unavailable_reason
+    if unavailable_reason():
+        pytest.skip(unavailable_reason())
+    rep = run(tmp_path, {"tests/test_k.py": TESTS}, ["tests/test_k.py::test_ok", "tests/test_k.py::test_bad"], "namespace")
+    assert rep.outcomes == {"tests/test_k.py::test_ok": "PASSED", "tests/test_k.py::test_bad": "FAILED"}
+
+
+@pytest.mark.parametrize("command,args", [
+    ("python -m pytest -q -x", ["-q", "-x", "t.py"]),
+    ("/opt/env/bin/python3 -m pytest -p no:cacheprovider", ["-p", "no:cacheprovider", "t.py"]),
+    ("pytest -q", ["-q", "t.py"]),
+])
+def test_task_commands_keep_their_arguments(command, args):
+    assert PytestRun.from_command(command, ["t.py"]).args == args
+
+
+@pytest.mark.parametrize("command", ["bash tests/test.sh", "python -m unittest", "python -c 'import pytest'", ""])
+def test_other_commands_are_refused_by_name(command):
+    with pytest.raises(NotPytest, match="is not 'python -m pytest"):
+        PytestRun.from_command(command, ["t.py"])
