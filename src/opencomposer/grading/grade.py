@@ -76,21 +76,26 @@ WORDS = ("again", "more", "extra", "values", "cases", "edge", "simple", "basic",
 
 
 def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
-    """The module-level test function ``name`` of ``src`` (decorators included) renamed ``new``, with
-    ``failing`` as its last statement; None when ``src`` has no such function."""
+    """A copy of the module-level test function ``name`` of ``src`` as ``new``: the body runs as it
+    is (a ``return`` in it included), then ``failing``. Its decorators and fixtures stay on ``new``;
+    the copied body becomes a helper ``_new``. None when ``src`` has no such plain function."""
     try:
         tree = ast.parse(src)
     except SyntaxError:
         return None
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            if a.vararg or a.kwarg or a.posonlyargs:
+                return None
             lines = src.splitlines()
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            body = lines[start - 1:node.end_lineno]
-            at = node.lineno - start
-            body[at] = body[at].replace(f"def {name}(", f"def {new}(", 1)
-            indent = " " * node.body[0].col_offset
-            return "\n".join(body + [indent + failing])
+            decorators = lines[start - 1:node.lineno - 1]
+            body = lines[node.lineno - 1:node.end_lineno]
+            body[0] = body[0].replace(f"def {name}(", f"def _{new}(", 1)
+            call = ", ".join([x.arg for x in a.args] + [f"{x.arg}={x.arg}" for x in a.kwonlyargs])
+            outer = [*decorators, f"def {new}({ast.unparse(a)}):", f"    _{new}({call})", f"    {failing}"]
+            return "\n".join(body + ["", ""] + outer)
     return None
 
 

@@ -77,3 +77,20 @@ def test_a_test_helper_rewritten_during_the_run_is_caught(minicalc_task):
     init = b"from .ops import add, mul\nfrom . import _hook\n"
     res = grade(task, Carry(files={"minicalc/_hook.py": hook, "minicalc/__init__.py": init}), opener("local"))
     assert res.reward == 0.0 and "tests/conftest.py" in res.details["tampered"], res.details
+
+
+def test_the_canary_copy_fails_even_when_its_original_returns_early():
+    """boltons' tests end in a bare ``return``: a false assertion appended after it never ran, and the
+    oracle's canary passed (3 of 198 tasks in benchmarks/bench_grader.py, before the fix)."""
+    from opencomposer.grading.grade import _clone_source
+
+    src = ("import pytest\n\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_orig(n, tmp=None):\n"
+           "    if n:\n        return\n    assert False\n")
+    clone = _clone_source(src, "test_orig", "test_orig_again", "assert 1 == 2")
+    space: dict = {}
+    exec(compile(src + "\n\n" + clone, "t.py", "exec"), space)
+    space["test_orig"](1)  # the original passes
+    with pytest.raises(AssertionError):
+        space["test_orig_again"](1)
+    assert "@pytest.mark.parametrize('n', [1, 2])\ndef test_orig_again(n, tmp=None):" in clone
+    assert _clone_source("async def test_a():\n    pass\n", "test_a", "test_b", "assert 0") is None  # plain canary then
