@@ -19,10 +19,19 @@ The launcher also hashes the ``watched`` files (the hidden tests, the canary, ev
 that rewrites a test file on disk while the tests are being imported is reported in
 ``changed``, and the grader refuses the run.
 
-What this cannot stop: code under test runs inside the same interpreter as pytest, so code
-that walks the interpreter's frames or objects can reach the recorder. The grader adds a
-canary test that must fail (``grade.py``) and the monitors scan the carried code for such
-reaching (``rewards/monitors.py``); the README's isolation table says so.
+Before pytest is imported the launcher installs an audit hook (``sys.addaudithook``: it
+cannot be removed). It writes a ``REACH`` line on the nonce channel at once, so nothing done
+later can take it back, for every write to a watched file and for every frame, ``gc``,
+``exec``/``compile``, ``ctypes``, tracing, signal or process call made from a file the agent
+carried (``carried``); the grader drops those made from lines of the base file or the gold
+patch (``grade.honest_line``). The launcher binds ``os.write`` before any test code runs, always
+exits 0 after its report (another status is refused), and counts XFAIL only for tests with an
+xfail marker (an imperative ``pytest.xfail()`` from the code under test is a failure).
+
+What this cannot stop by construction: code under test runs inside the same interpreter as
+pytest, so an in-process forgery that raises no audited event and spares the canary (a copy
+of one of the task's own tests, ``grade.py``) is not ruled out; the monitors scan the carried
+code for the known forms (``rewards/monitors.py``); the README says so.
 
 The command must be pytest's (``python -m pytest ARGS`` or ``pytest ARGS``, as every task
 source writes); its arguments are kept, and the launcher replaces the interpreter start.
@@ -219,15 +228,6 @@ class PytestRun:
         if r.exit_code != 0:  # the launcher always exits 0 after its report
             run.problem = f"the launcher exited {r.exit_code} after its report: something ended it early"
             return run
-        try:
-            data = json.loads(reports[0])
-            run.outcomes = {str(k): str(v) for k, v in data["outcomes"].items()}
-            run.collect_errors = [str(x) for x in data["collect_errors"]]
-            run.exit_code = int(data["exit"])
-            run.changed = [str(x) for x in data["changed"]]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            run.problem = f"unreadable report ({type(e).__name__})"
-        return run
         try:
             data = json.loads(reports[0])
             run.outcomes = {str(k): str(v) for k, v in data["outcomes"].items()}

@@ -1,0 +1,469 @@
+"""Imports point one way, downwards: a ratchet on upward imports and package cycles (issue 29).
+
+The layering of ARCHITECTURE.md, top first; a module may import its own layer or any layer below:
+
+    cli, bench -> pipeline, realtime -> rl, eval -> train -> episode, policies, inference
+      -> tasks, rewards, grading -> harness, sandbox, models, sync -> protocols, config, paths
+
+A module's layer is its package's (``opencomposer/<package>/...``; the top-level modules and the
+package ``__init__`` are the bottom layer), except for the few modules in ``OVERRIDES`` that
+already are, today, a part of a package that does not exist yet (``rl/pipeline.py`` is the
+pipeline, ``rl/episode.py`` the episode, the policies of harness/, models/ and rl/ are policies, the
+``bench*`` modules are benchmarks). An override module counts as part of its target package
+everywhere, so ``rl/rollout.py`` (episode) importing ``rl/samples.py`` (rl) is upward: it is
+what keeps it from moving to episode/.
+
+What counts as an import of module M (read with ``ast``, every ``.py`` under src/opencomposer):
+``import``/``from ... import`` anywhere in the file, relative ones resolved, including lazy ones
+inside functions (a lazy import defers loading, not the dependency); a literal
+``importlib.import_module("opencomposer...")``; and a registry string ``"opencomposer.x.y:Name"``
+(a lazy registry is an import by name). Not counted: imports under ``if TYPE_CHECKING:`` (they
+never run; annotations only) and ``from __future__``. Imports within one package (as OVERRIDES
+assigns them) are always allowed, and so are imports within one layer.
+
+Two ratchets, each failing both ways so the lists only shrink as the redesign lands:
+- ``KNOWN_UPWARD``: (importer, imported) module pairs that import upward today. A new upward pair
+  fails, naming file:line, both layers and the rule; an entry that no longer exists fails too.
+- ``KNOWN_CYCLES``: strongly connected sets of packages in the graph of *module-level* imports.
+  Lazy (in-function) imports are left out of this graph on purpose: they exist to break
+  load-order cycles, and they are already caught as upward edges above.
+
+Run: ``pytest -q tests/unit/test_layers.py``; ``python tests/unit/test_layers.py`` prints the
+counts as one JSON line (``--list`` first prints today's edges and cycles as Python literals).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+PKG = "opencomposer"
+
+# Bottom first. "__init__" stands for the package's own __init__.py (module ``opencomposer``).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("protocols", "config", "paths", "__init__"),
+    ("harness", "sandbox", "models", "sync"),
+    ("tasks", "rewards", "grading"),
+    ("episode", "policies", "inference"),
+    ("train",),
+    ("rl", "eval"),
+    ("pipeline", "realtime"),
+    ("cli", "bench"),
+)
+RULE = " -> ".join(", ".join(p for p in layer if p != "__init__") for layer in reversed(LAYERS))
+
+# Modules that already belong, today, to another layer's package than the folder they sit in.
+# Each says which package of the target layout it is part of; moving the file retires the entry.
+OVERRIDES: dict[str, str] = {
+    "opencomposer.rl.pipeline": "pipeline",  # CPT -> SFT -> RL -> evals -> report
+    "opencomposer.rl.episode": "episode",  # run_task: one episode
+    "opencomposer.rl.rollout": "episode",  # rollout collection
+    "opencomposer.harness.openai_policy": "policies",  # ARCHITECTURE: policies/ holds every Policy
+    "opencomposer.harness.oracle": "policies",
+    "opencomposer.harness.scripted": "policies",
+    "opencomposer.models.policy": "policies",  # the HF-model Policy
+    "opencomposer.rl.batching": "policies",  # BatchedPolicy
+    "opencomposer.inference.bench": "bench",
+    "opencomposer.inference.bench_moe": "bench",
+    "opencomposer.inference.bench_spec": "bench",
+    "opencomposer.inference.bench_sync": "bench",
+    "opencomposer.sandbox.bench": "bench",
+    "opencomposer.train.bench_checkpoint": "bench",
+    "opencomposer.train.bench_fsdp": "bench",
+}
+
+# Upward (importer, imported) pairs that exist today, grouped by package pair. Each group says
+# why it exists and which redesign step removes it. Remove entries as they go; never add one.
+# ``python tests/unit/test_layers.py --list`` prints today's list in this shape.
+KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
+    # config -> realtime, rl, tasks, train (lazy, registry strings): ROOTS/root_model map a config
+    # file's prefix to its root model, for tests/unit/test_config*.py only; goes when that map
+    # moves up (to cli/, or into those tests).
+    ("opencomposer.config", "opencomposer.realtime.config"),
+    ("opencomposer.config", "opencomposer.rl.config"),
+    ("opencomposer.config", "opencomposer.tasks.factory"),
+    ("opencomposer.config", "opencomposer.train.config"),
+    # harness -> policies: harness/__init__ re-exports OpenAIPolicy/OraclePolicy/ScriptedPolicy;
+    # goes when they move to policies/ (make_policy registry) and harness stops re-exporting them.
+    ("opencomposer.harness", "opencomposer.harness.openai_policy"),
+    ("opencomposer.harness", "opencomposer.harness.oracle"),
+    ("opencomposer.harness", "opencomposer.harness.scripted"),
+    # tasks -> policies (lazy): the factory's install agent is an OpenAIPolicy, `tasks stats --oracle`
+    # runs OraclePolicy; goes when the caller (cli) passes the Policy in, built by make_policy.
+    ("opencomposer.tasks.factory", "opencomposer.harness.openai_policy"),
+    ("opencomposer.tasks.stats", "opencomposer.harness.oracle"),
+    # tasks -> episode (lazy): `tasks stats --oracle` runs run_task itself; goes with the same step
+    # (the oracle run moves up to episode/ or cli, tasks/ keeps the counting).
+    ("opencomposer.tasks.stats", "opencomposer.rl.episode"),
+    # episode -> rl: rollout.py takes token_versions from rl/samples; goes when the rollout moves to
+    # episode/ and token_versions moves down with the trajectory (or samples move to train/).
+    ("opencomposer.rl.rollout", "opencomposer.rl.samples"),
+    # train -> rl: the trainer imports the loss and token samples from rl/; goes with the step
+    # "the trainer owns the loss" (rl/loss.py and rl/samples.py move to train/).
+    ("opencomposer.train.pretrain", "opencomposer.rl.samples"),
+    ("opencomposer.train.sft", "opencomposer.rl.samples"),
+    ("opencomposer.train.trainer", "opencomposer.rl.loss"),
+    ("opencomposer.train.trainer", "opencomposer.rl.samples"),
+})
+
+# Package cycles (strongly connected sets of packages under module-level imports) today.
+KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset({
+    # rl -> train (run.py drives the trainer) and train -> rl (loss, samples), plus rl -> episode
+    # (run/staleness -> rollout) -> rl (samples): breaks with the loss/samples move to train/.
+    ("episode", "rl", "train"),
+    # tasks/check.py -> grading (carry, grade) and grading -> tasks (format, testrun): grading is
+    # new (issue 29 puts it beside tasks); breaks when Task/testrun or check's grading use settle
+    # on one side.
+    ("grading", "tasks"),
+    # harness/__init__ -> policies -> models (chat) -> harness (codec): breaks with the
+    # harness -> policies entries above (policies/ stops being re-exported by harness).
+    ("harness", "models", "policies"),
+})
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import site: ``importer`` (a module) imports ``imported`` (a module of the tree)."""
+
+    importer: str
+    imported: str
+    path: Path
+    line: int
+    lazy: bool  # inside a function body (or a registry string / import_module call)
+
+
+def package_of(module: str) -> str:
+    """``opencomposer.rl.run`` -> ``rl``, or its OVERRIDES target; top-level modules are their own
+    package; the root package is ``__init__``."""
+    if module in OVERRIDES:
+        return OVERRIDES[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_of(module: str) -> int:
+    """Index into LAYERS (0 = bottom) of ``module``; KeyError names a package with no layer yet."""
+    package = package_of(module)
+    for i, layer in enumerate(LAYERS):
+        if package in layer:
+            return i
+    raise KeyError(f"{module}: package '{package}' has no layer; add it to LAYERS in {Path(__file__).name}")
+
+
+def layer_name(i: int) -> str:
+    return ", ".join(p for p in LAYERS[i] if p != "__init__")
+
+
+def modules(src: Path) -> dict[str, Path]:
+    """Every module under ``src/opencomposer``: dotted name -> file (a package is its __init__.py)."""
+    out = {}
+    for path in sorted((src / PKG).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _registry_target(node: ast.AST) -> str | None:
+    """``"opencomposer.x:Name"`` and ``importlib.import_module("opencomposer.x")``: the module named."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        module, colon, attr = node.value.partition(":")
+        if colon and attr.isidentifier() and module.startswith(PKG + ".") and all(
+                p.isidentifier() for p in module.split(".")):
+            return module
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
+
+
+def _import_nodes(tree: ast.Module) -> Iterator[tuple[ast.AST, bool]]:
+    """Each import statement or registry reference with whether it is lazy; TYPE_CHECKING bodies skipped."""
+    def visit(node: ast.AST, lazy: bool) -> Iterator[tuple[ast.AST, bool]]:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, lazy
+            return
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:  # the ``else:`` of a TYPE_CHECKING guard does run
+                yield from visit(child, lazy)
+            return
+        if _registry_target(node):
+            yield node, True
+        # class bodies run at import time; only function bodies defer their imports
+        inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, inner)
+
+    yield from visit(tree, False)
+
+
+def _known(name: str, mods: dict[str, Path]) -> str:
+    """The longest prefix of dotted ``name`` that is a module of the tree."""
+    parts = name.split(".")
+    while parts and ".".join(parts) not in mods:
+        parts.pop()
+    return ".".join(parts) or PKG
+
+
+def _targets(node: ast.AST, importer: str, mods: dict[str, Path]) -> list[str]:
+    """The tree modules ``node`` imports from ``importer`` (relative imports resolved)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            package = importer.split(".")
+            if mods[importer].name != "__init__.py":
+                package.pop()
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join(package + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        # ``from pkg import sub`` imports module pkg.sub when there is one, else a name of pkg
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+    else:
+        names = [_registry_target(node) or ""]
+    return [_known(n, mods) for n in names if n == PKG or n.startswith(PKG + ".")]
+
+
+def scan(src: Path = SRC) -> list[Import]:
+    """Every import of a tree module by another module of the tree, in file and line order."""
+    mods = modules(src)
+    out = []
+    for importer, path in mods.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, lazy in _import_nodes(tree):
+            for imported in dict.fromkeys(_targets(node, importer, mods)):  # once per statement
+                if imported != importer:
+                    out.append(Import(importer, imported, path, node.lineno, lazy))
+    return out
+
+
+def upward(imports: list[Import]) -> list[Import]:
+    """Imports across packages whose target sits in a higher layer than the importer."""
+    return [i for i in imports
+            if package_of(i.importer) != package_of(i.imported) and layer_of(i.importer) < layer_of(i.imported)]
+
+
+def package_graph(imports: list[Import]) -> dict[str, set[str]]:
+    """package -> packages it imports at module level (lazy imports left out: see the docstring)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for i in imports:
+        a, b = package_of(i.importer), package_of(i.imported)
+        if not i.lazy and a != b:
+            graph[a].add(b)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """Strongly connected sets of two or more packages (Tarjan), each as a sorted tuple."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[tuple[str, ...]] = set()
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.add(tuple(sorted(component)))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def _site(i: Import, src: Path) -> str:
+    return f"{i.path.relative_to(src.parent)}:{i.line}"
+
+
+def upward_problems(imports: list[Import], known: frozenset[tuple[str, str]], src: Path = SRC) -> list[str]:
+    """One line per new upward import site, and one per KNOWN_UPWARD entry that no longer exists."""
+    ups = upward(imports)
+    problems = [
+        f"{_site(i, src)}: {i.importer} (layer {layer_name(layer_of(i.importer))}) imports {i.imported} "
+        f"(layer {layer_name(layer_of(i.imported))}){' lazily' if i.lazy else ''}: an upward import. "
+        f"Dependencies point one way, downwards: {RULE}. Move what is shared down, or pass it in."
+        for i in ups if (i.importer, i.imported) not in known]
+    seen = {(i.importer, i.imported) for i in ups}
+    problems += [f"KNOWN_UPWARD entry {pair} no longer imports upward: delete it (the list only shrinks)"
+                 for pair in sorted(known - seen)]
+    return problems
+
+
+def cycle_problems(imports: list[Import], known: frozenset[tuple[str, ...]], src: Path = SRC) -> list[str]:
+    """One line per package cycle not in KNOWN_CYCLES (with its edges), one per stale entry."""
+    found = cycles(package_graph(imports))
+    problems = []
+    for cycle in sorted(found - known):
+        members = set(cycle)
+        edges = sorted({f"{_site(i, src)}: {i.importer} -> {i.imported}" for i in imports
+                        if not i.lazy and package_of(i.importer) in members and package_of(i.imported) in members
+                        and package_of(i.importer) != package_of(i.imported)})
+        shrunk = [k for k in known if members < set(k)]
+        note = f" (smaller than known {shrunk[0]}: replace that entry)" if shrunk else ""
+        problems.append(f"import cycle between packages {cycle}{note}, through module-level imports:\n    "
+                        + "\n    ".join(edges))
+    problems += [f"KNOWN_CYCLES entry {cycle} is no longer a cycle: delete or shrink it (the list only shrinks)"
+                 for cycle in sorted(known - found)]
+    return problems
+
+
+# ---- the tests ----
+
+def test_every_module_has_a_layer():
+    missing = []
+    for module in modules(SRC):
+        try:
+            layer_of(module)
+        except KeyError as e:
+            missing.append(str(e))
+    assert not missing, "\n".join(missing)
+
+
+def test_overrides_name_modules_that_exist():
+    stale = sorted(set(OVERRIDES) - set(modules(SRC)))
+    assert not stale, f"OVERRIDES names modules that are gone (moved? then delete the entry): {stale}"
+
+
+def test_no_new_upward_import():
+    problems = upward_problems(scan(), KNOWN_UPWARD)
+    assert not problems, f"{len(problems)} layering problem(s):\n" + "\n".join(problems)
+
+
+def test_no_new_package_cycle():
+    problems = cycle_problems(scan(), KNOWN_CYCLES)
+    assert not problems, f"{len(problems)} cycle problem(s):\n" + "\n".join(problems)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / PKG / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_scanner_catches_an_upward_import_and_a_cycle(tmp_path):
+    """A synthetic tree with one of each kind of upward import, one exempt import and one cycle."""
+    src = tmp_path / "src"
+    _write(src, {
+        "__init__.py": "",
+        "protocols.py": "from __future__ import annotations\n"
+                        "from typing import TYPE_CHECKING\n"
+                        "if TYPE_CHECKING:\n    from opencomposer.cli import main\n"  # exempt: never runs
+                        "def f():\n    from opencomposer.rl import run\n    return run\n",  # lazy, upward
+        "harness/__init__.py": "",
+        "harness/loop.py": "from ..rl.run import step\nfrom . import tools\n",  # relative, upward
+        "harness/tools.py": "",
+        "rl/__init__.py": "",
+        "rl/run.py": "import opencomposer.harness.loop\nfrom opencomposer import protocols\ndef step(): ...\n",
+        "rl/episode.py": "from .run import step\n",  # one package, but OVERRIDES puts episode below rl
+        "rl/pipeline.py": "from opencomposer.cli import main\n",  # pipeline -> cli
+        "cli/__init__.py": "ROOTS = {'rl': 'opencomposer.rl.run:step'}\ndef main(): ...\n",  # registry
+    })
+    imports = scan(src)
+    assert {(i.importer, i.imported, i.line, i.lazy) for i in upward(imports)} == {
+        ("opencomposer.protocols", "opencomposer.rl.run", 6, True),
+        ("opencomposer.harness.loop", "opencomposer.rl.run", 1, False),
+        ("opencomposer.rl.episode", "opencomposer.rl.run", 1, False),
+        ("opencomposer.rl.pipeline", "opencomposer.cli", 1, False),
+    }
+    assert ("opencomposer.cli", "opencomposer.rl.run", True) in {(i.importer, i.imported, i.lazy) for i in imports}
+    problems = upward_problems(imports, frozenset(), src)
+    assert len(problems) == 4
+    assert any(p.startswith("src/opencomposer/harness/loop.py:1: opencomposer.harness.loop (layer harness, ")
+               and "(layer rl, eval)" in p and RULE in p for p in problems), problems
+    # the ratchet: known pairs pass; a known pair that is gone fails
+    known = frozenset((i.importer, i.imported) for i in upward(imports))
+    assert upward_problems(imports, known, src) == []
+    stale = upward_problems(imports, known | {("opencomposer.paths", "opencomposer.cli")}, src)
+    assert len(stale) == 1 and "no longer imports upward" in stale[0]
+    # harness <-> rl at module level is a cycle; the lazy protocols -> rl import makes none
+    assert cycles(package_graph(imports)) == {("harness", "rl")}
+    assert cycle_problems(imports, frozenset({("harness", "rl")}), src) == []
+    new = cycle_problems(imports, frozenset(), src)
+    assert len(new) == 1 and "src/opencomposer/rl/run.py:1: opencomposer.rl.run -> opencomposer.harness.loop" in new[0]
+    gone = cycle_problems(imports, frozenset({("harness", "rl"), ("rl", "train")}), src)
+    assert len(gone) == 1 and "no longer a cycle" in gone[0]
+
+
+def test_real_tree_with_one_lazy_upward_import_added_fails_naming_it(tmp_path):
+    """Today's tree plus one lazy ``harness/loop.py -> cli`` import: exactly that one is reported."""
+    src = tmp_path / "src"
+    shutil.copytree(SRC / PKG, src / PKG, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl"))
+    loop = src / PKG / "harness" / "loop.py"
+    loop.write_text(loop.read_text() + "\n\ndef _late():\n    from opencomposer.cli.common import main\n")
+    problems = upward_problems(scan(src), KNOWN_UPWARD, src)
+    assert len(problems) == 1 and problems[0].startswith("src/opencomposer/harness/loop.py:"), problems
+    assert "imports opencomposer.cli.common (layer cli, bench) lazily" in problems[0]
+
+
+def _listing(imports: list[Import]) -> str:
+    """Today's upward pairs grouped by package pair, and cycles, as Python literals to paste."""
+    groups: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+    for i in upward(imports):
+        groups[package_of(i.importer), package_of(i.imported)].add((i.importer, i.imported))
+    lines = ["KNOWN_UPWARD = frozenset({"]
+    for (a, b), pairs in sorted(groups.items()):
+        lines.append(f"    # {a} -> {b} ({len(pairs)})")
+        lines += [f"    ({x!r}, {y!r})," for x, y in sorted(pairs)]
+    lines += ["})", "KNOWN_CYCLES = frozenset({"]
+    lines += [f"    {c!r}," for c in sorted(cycles(package_graph(imports)))]
+    return "\n".join(lines + ["})"])
+
+
+def main(argv: list[str]) -> int:
+    imports = scan()
+    if "--list" in argv:
+        print(_listing(imports))
+    ups = upward(imports)
+    found = cycles(package_graph(imports))
+    up_problems = upward_problems(imports, KNOWN_UPWARD)
+    cy_problems = cycle_problems(imports, KNOWN_CYCLES)
+    for p in up_problems + cy_problems:
+        print(p, file=sys.stderr)
+    pairs = {(i.importer, i.imported) for i in ups}
+    by_package = defaultdict(int)
+    for a, b in sorted(pairs):
+        by_package[f"{package_of(a)}->{package_of(b)}"] += 1
+    print(json.dumps({
+        "check": "layers", "ok": not (up_problems or cy_problems),
+        "upward_pairs": len(pairs), "upward_sites": len(ups), "upward_by_package": by_package,
+        "known_upward": len(KNOWN_UPWARD), "cycles": len(found), "known_cycles": len(KNOWN_CYCLES),
+        "upward_problems": len(up_problems), "cycle_problems": len(cy_problems),
+    }))
+    return 0 if not (up_problems or cy_problems) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
