@@ -23,7 +23,7 @@ from pathlib import Path
 
 from opencomposer.harness.oracle import OraclePolicy
 from opencomposer.rl.episode import run_task
-from opencomposer.tasks.check import check_task
+from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import Task
 
 

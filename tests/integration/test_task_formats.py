@@ -18,7 +18,7 @@ import pytest
 import tomli_w
 from conftest import NS_REASON, run_cli
 
-from opencomposer.tasks.check import check_task
+from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import Task, find_tasks
 from opencomposer.tasks.make import make_tasks
 from opencomposer.tasks.sources.assemble import tree_files

@@ -14,7 +14,7 @@ import pytest
 from conftest import BACKENDS, make_sdist, run_cli
 from opencomposer.harness.oracle import OraclePolicy
 from opencomposer.rl.episode import run_task
-from opencomposer.tasks.check import check_task
+from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import Task, find_tasks
 from opencomposer.tasks.make import make_tasks
 from opencomposer.tasks.pypi import SourceError

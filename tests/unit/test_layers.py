@@ -119,10 +119,6 @@ KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset({
     # rl -> train (run.py drives the trainer) and train -> rl (loss, samples), plus rl -> episode
     # (run/staleness -> rollout) -> rl (samples): breaks with the loss/samples move to train/.
     ("episode", "rl", "train"),
-    # tasks/check.py -> grading (carry, grade) and grading -> tasks (format, testrun): grading is
-    # new (issue 29 puts it beside tasks); breaks when Task/testrun or check's grading use settle
-    # on one side.
-    ("grading", "tasks"),
     # harness/__init__ -> policies -> models (chat) -> harness (codec): breaks with the
     # harness -> policies entries above (policies/ stops being re-exported by harness).
     ("harness", "models", "policies"),

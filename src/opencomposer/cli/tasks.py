@@ -106,7 +106,7 @@ def tasks_check(
     """Validate tasks: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from opencomposer.tasks.check import check_task
+    from opencomposer.grading.check import check_task
     from opencomposer.tasks.format import find_tasks
 
     try:

@@ -17,7 +17,7 @@ reports, none). The agent's processes, its /tmp, HOME, environment variables, ``
 ``conftest.py``, ``sitecustomize.py`` and every other file outside the code under test
 never meet the tests.
 
-The same function validates tasks (``tasks/check.py``: an empty carry must fail, the gold
+The same function validates tasks (``grading/check.py``: an empty carry must fail, the gold
 patch's carry must pass), so the oracle is graded exactly as an agent is.
 
 Test: ``pytest tests/unit/grading/test_grade.py``; the adversarial suite: ``pytest tests/adversarial``.
@@ -28,8 +28,8 @@ from __future__ import annotations
 import ast
 import posixpath
 import secrets
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Callable
 
 from opencomposer.grading.carry import TEST_FILE, Carry, collect
 from opencomposer.grading.runner import GradedRun, PytestRun, Reach

@@ -180,7 +180,7 @@ class GradedRun(TestReport):
     problem: str = ""  # why the outcomes cannot be trusted ("" when they can)
     collect_errors: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # watched files whose bytes changed during the run
-    reach: list["Reach"] = field(default_factory=list)  # what the launcher's audit hook saw the code under test do
+    reach: list[Reach] = field(default_factory=list)  # what the launcher's audit hook saw the code under test do
 
 
 @dataclass

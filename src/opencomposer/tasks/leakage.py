@@ -37,6 +37,7 @@ from pathlib import Path
 from types import CodeType
 
 from opencomposer.tasks import pyparse
+from opencomposer.tasks.format import Task
 
 CACHE_DIRS = frozenset(
     ".git .hg .svn __pycache__ .pytest_cache .mypy_cache .ruff_cache .tox .nox .eggs "
@@ -362,3 +363,39 @@ def _remove(p: Path) -> None:
         shutil.rmtree(p)
     else:
         p.unlink()
+
+
+# --------------------------------------------------------------------------- a task's leak scan
+
+
+def gold_added_lines(patch: str) -> str:
+    """The text the gold patch adds back: the deleted code."""
+    return "\n".join(l[1:] for l in patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
+
+
+def _probe_roots(task: Task) -> list[Path]:
+    """What a sandbox can read that may hold the library: the workspace and the env.
+
+    The base interpreter's own site-packages is hidden inside namespace sandboxes
+    (see ``sandbox/namespace.py``); the local backend isolates nothing by design.
+    """
+    return [task.workspace] + ([task.env_dir] if task.env_dir else [])
+
+
+def leak_scan(task: Task) -> tuple[dict, dict]:
+    """(channels checked with their file counts, suspects: where -> deleted lines found there).
+
+    The factory runs this on every task before it is written (``tasks/make.py``), and
+    ``check_task`` again on the finished directory. In the workspace any deleted line is a
+    leak (lines that remain elsewhere in it were dropped by ``distinctive_lines``). Outside it
+    (the env, site-packages) a leak is a copy: a file holding >= 3 distinct deleted lines;
+    one or two short lines there are shared idioms ("return self[key]"), and deletions with
+    fewer distinctive lines reveal nothing.
+    """
+    lines = distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
+    roots = _probe_roots(task)
+    inside = probe(roots[:1], lines)
+    outside = probe(roots[1:], lines)
+    suspects = {**inside.suspects(min_lines=1),
+                **{p: t for p, t in outside.suspects(min_lines=3).items() if len(t) >= 3}}
+    return dict(inside.checked + outside.checked), suspects

@@ -10,7 +10,7 @@ FAIL_TO_PASS or PASS_TO_PASS -> draw (candidate, level) jobs, levels weighted as
 for each, delete in a sandbox and rerun the tests that execute or mention it -> keep it
 when some tests fail (FAIL_TO_PASS) and the rest still pass (PASS_TO_PASS) -> write the task
 directory (``tasks/format.py``) atomically, scrubbed of every leak channel, after the full
-leak probe (``check.leak_scan``: workspace and git objects, the env with its archives and
+leak probe (``leakage.leak_scan``: workspace and git objects, the env with its archives and
 compiled files) found nothing; a flagged candidate is rejected and never written.
 
 Validation order (the cheap way that keeps every guarantee): a ``function`` or ``class``
@@ -64,7 +64,7 @@ from opencomposer.paths import (
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks import deletion, instructions, leakage, pyparse
-from opencomposer.tasks.check import leak_scan
+from opencomposer.tasks.leakage import leak_scan
 from opencomposer.tasks.coverage import TestMap, flaky_tests, item_of, trace_tests
 from opencomposer.tasks.format import (
     EnvironmentInfo,

@@ -14,7 +14,7 @@ import pytest
 from opencomposer.config import validate
 from opencomposer.harness.oracle import OraclePolicy
 from opencomposer.rl.episode import run_task
-from opencomposer.tasks.check import check_task
+from opencomposer.grading.check import check_task
 from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 from opencomposer.tasks.format import Task, find_tasks
 

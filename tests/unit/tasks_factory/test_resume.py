@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_factory import CORE, TESTS, UTIL, _sdist
 
-from opencomposer.tasks.check import check_task
+from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import find_tasks
 
 CLI = [sys.executable, "-m", "opencomposer.cli", "tasks", "make"]

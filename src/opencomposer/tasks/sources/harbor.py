@@ -345,7 +345,7 @@ def _first_file(patch: str) -> str:
 
 def import_harbor(root: Path, out: Path, env: Path | None = None, check: str | None = None) -> ImportReport:
     """Import every Harbor task under ``root`` (a task dir or a dir of them)."""
-    from opencomposer.tasks.check import check_task
+    from opencomposer.grading.check import check_task
 
     t0 = time.time()
     root, out = Path(root), Path(out)

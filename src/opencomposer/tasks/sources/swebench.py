@@ -192,7 +192,7 @@ def import_swebench(jsonl: Path, repos: Path, out: Path, env: Path | None = None
     """One task per usable row; bad rows are reported (file, row, field) and skipped over.
     ``check``: a sandbox backend to validate each task with (``tasks check``); a task that
     fails it is removed and counted as failed."""
-    from opencomposer.tasks.check import check_task
+    from opencomposer.grading.check import check_task
 
     t0 = time.time()
     jsonl, repos, out = Path(jsonl), Path(repos), Path(out)

@@ -5,11 +5,11 @@
 For each task, through the grader agents get (``grading/grade.py``: a fresh sandbox of the
 chosen backend each time): FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass on the
 workspace as given, the gold patch, carried as an agent's changes are, makes all of them
-pass, and the leak probe finds no distinctive line of the
+pass, and the leak probe (``tasks/leakage.leak_scan``) finds no distinctive line of the
 deleted code anywhere the sandbox can read (workspace incl. git objects, the task's
 environment, and the base interpreter's site-packages entries for the library).
 
-Test: ``pytest tests/integration/test_tasks_make.py``.
+Test: ``pytest tests/unit/tasks_factory/test_factory.py tests/integration/test_tasks_pipeline.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from opencomposer.grading.carry import Carry
 from opencomposer.grading.grade import grade, opener, patch_carry
-from opencomposer.tasks import leakage
 from opencomposer.tasks.format import Task, TaskFormatError
+from opencomposer.tasks.leakage import leak_scan
 
 
 @dataclass
@@ -37,39 +37,6 @@ class CheckResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def gold_added_lines(patch: str) -> str:
-    """The text the gold patch adds back: the deleted code."""
-    return "\n".join(l[1:] for l in patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
-
-
-def _probe_roots(task: Task) -> list[Path]:
-    """What a sandbox can read that may hold the library: the workspace and the env.
-
-    The base interpreter's own site-packages is hidden inside namespace sandboxes
-    (see ``sandbox/namespace.py``); the local backend isolates nothing by design.
-    """
-    return [task.workspace] + ([task.env_dir] if task.env_dir else [])
-
-
-def leak_scan(task: Task) -> tuple[dict, dict]:
-    """(channels checked with their file counts, suspects: where -> deleted lines found there).
-
-    The factory runs this on every task before it is written (``tasks/make.py``), and
-    ``check_task`` again on the finished directory. In the workspace any deleted line is a
-    leak (lines that remain elsewhere in it were dropped by ``distinctive_lines``). Outside it
-    (the env, site-packages) a leak is a copy: a file holding >= 3 distinct deleted lines;
-    one or two short lines there are shared idioms ("return self[key]"), and deletions with
-    fewer distinctive lines reveal nothing.
-    """
-    lines = leakage.distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
-    roots = _probe_roots(task)
-    inside = leakage.probe(roots[:1], lines)
-    outside = leakage.probe(roots[1:], lines)
-    suspects = {**inside.suspects(min_lines=1),
-                **{p: t for p, t in outside.suspects(min_lines=3).items() if len(t) >= 3}}
-    return dict(inside.checked + outside.checked), suspects
 
 
 def check_task(path: Path, backend: str = "auto") -> CheckResult:
