@@ -114,8 +114,7 @@ def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
         if not path.endswith(".py") or not hidden.is_file():
             continue
         src = hidden.read_bytes().decode("utf-8", errors="replace")
-        names = {n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(ast.parse(src))} \
-            if _parses(src) else set()
+        names = _names(src)
         base = rest.split("[")[0] if rest and "::" not in rest else f"test_{task.meta.feature.symbol.split('.')[-1].lower()}"
         new = next((f"{base}_{w}" for w in secrets.SystemRandom().sample(WORDS, len(WORDS)) if f"{base}_{w}" not in names),
                    f"{base}_{secrets.token_hex(3)}")
@@ -131,12 +130,13 @@ def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
     return path, f"{path}::test_{name}"
 
 
-def _parses(src: str) -> bool:
+def _names(src: str) -> set[str]:
+    """Every name bound or used in ``src`` (empty when it does not parse): the canary's must be new."""
     try:
-        ast.parse(src)
-        return True
+        tree = ast.parse(src)
     except SyntaxError:
-        return False
+        return set()
+    return {n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(tree)}
 
 
 def base_test_files(task: Task) -> list[str]:
