@@ -46,7 +46,7 @@ from opencomposer.eval.heldout import evaluate
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.rl.pipeline import oracle_traces, sft_warm_start
+from opencomposer.pipeline.run import oracle_traces, sft_warm_start
 from opencomposer.rl.run import RLRun
 from opencomposer.tasks.format import Task
 from opencomposer.train.checkpoint import export_model

@@ -34,7 +34,7 @@ CFG=${CFG:-configs/ablation/gpu.toml}
 RUN=runs/ablation-gpu
 mkdir -p /tmp/ablation-gpu runs && { [ -e $RUN ] || ln -s /tmp/ablation-gpu $RUN; }  # survives between calls
 if [ "${1:-}" = check ]; then
-  python3 -c "import torch, transformers, pydantic, opencomposer.rl.run, opencomposer.inference.engine; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+  python3 -c "import torch, transformers, pydantic, opencomposer.rl.run, opencomposer.inference.engine.core; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
   ruff --version; nvidia-smi --query-gpu=name,memory.used --format=csv
   exit 0
 fi

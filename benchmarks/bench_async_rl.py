@@ -19,7 +19,7 @@ from pathlib import Path
 
 from opencomposer.config import load_config
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.rl.pipeline import run_pipeline
+from opencomposer.pipeline.run import run_pipeline
 
 KEYS = ("time_step", "time_wait_rollouts", "time_rollout_idle", "time_rollout", "time_generate", "time_train",
         "staleness_mean", "staleness_max", "versions_per_rollout", "reward_mean", "shaped_reward_mean",

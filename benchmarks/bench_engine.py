@@ -3,11 +3,11 @@
     PYTHONPATH=src python benchmarks/bench_engine.py --shapes qwen2.5-0.5b,qwen2.5-1.5b --out engine.json
     opencomposer bench engine            # the same, through the CLI
 
-All the measuring lives in ``opencomposer.inference.bench`` (so the CLI and this script run
+All the measuring lives in ``opencomposer.bench.engine`` (so the CLI and this script run
 the same code); see its docstring for what each figure means. Last line: one JSON object.
 """
 
-from opencomposer.inference.bench import main
+from opencomposer.bench.engine import main
 
 if __name__ == "__main__":
     main()

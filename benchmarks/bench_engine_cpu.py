@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from opencomposer.inference.bench import emit, run
+from opencomposer.bench.engine import emit, run
 
 
 def main() -> None:

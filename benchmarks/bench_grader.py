@@ -29,9 +29,9 @@ from pathlib import Path
 
 from opencomposer.grading import collect, grade
 from opencomposer.grading.grade import apply_patch, lay_hidden_tests, opener
-from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.rewards.changes import workspace_changes
-from opencomposer.rl.episode import run_task
+from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task, find_tasks
 from opencomposer.tasks.testrun import run_tests
 

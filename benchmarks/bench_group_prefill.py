@@ -14,8 +14,8 @@ import os
 
 import torch
 
-from opencomposer.inference.bench import emit
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.bench.engine import emit
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from opencomposer.config import AgentConfig
 from opencomposer.harness.loop import Agent
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks.format import Task
 

@@ -4,10 +4,10 @@
     PYTHONPATH=src python benchmarks/bench_moe.py --full          # Qwen3-30B-A3B at full depth, engine only
     opencomposer bench moe                                        # the same, through the CLI
 
-The measuring lives in ``opencomposer.inference.bench_moe``; see its docstring. Last line: one JSON object.
+The measuring lives in ``opencomposer.bench.moe``; see its docstring. Last line: one JSON object.
 """
 
-from opencomposer.inference.bench_moe import main
+from opencomposer.bench.moe import main
 
 if __name__ == "__main__":
     main()

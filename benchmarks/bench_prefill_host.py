@@ -34,11 +34,11 @@ import time
 
 import torch
 
-from opencomposer.inference.bench import time_ms
-from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.prefill_layout import PrefillLayout
-from opencomposer.inference.sampler import plain_inputs
-from opencomposer.inference.sequence import Sequence
+from opencomposer.bench.engine import time_ms
+from opencomposer.inference.engine.core import Engine, SamplingParams
+from opencomposer.inference.engine.prefill_layout import PrefillLayout
+from opencomposer.inference.engine.sampler import plain_inputs
+from opencomposer.inference.engine.sequence import Sequence
 
 
 def small_qwen2(max_len: int):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from opencomposer.inference.serve_process import serve_process
+from opencomposer.inference.server.process import serve_process
 
 
 def cli(*args: str, timeout: float = 7200) -> dict:

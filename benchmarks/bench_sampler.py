@@ -15,10 +15,10 @@ import json
 
 import torch
 
-from opencomposer.inference import batch1_plan
-from opencomposer.inference.bench import bandwidth
-from opencomposer.inference.sampler import sample_plain
-from opencomposer.inference.triton_sample import sample_plain_fused
+from opencomposer.inference.engine.core import batch1_plan
+from opencomposer.bench.engine import bandwidth
+from opencomposer.inference.engine.sampler import sample_plain
+from opencomposer.inference.kernels.sample import sample_plain_fused
 
 
 def graph_ms(fn, args: tuple, reps: int = 50) -> float:

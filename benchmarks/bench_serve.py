@@ -58,9 +58,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating HTTP/engine rounds; medians reported")
     args = ap.parse_args()
 
-    from opencomposer.inference.chat_format import render_chat
-    from opencomposer.inference.engine import SamplingParams
-    from opencomposer.inference.server import ServeConfig, build_server, uvicorn_server
+    from opencomposer.inference.server.chat_format import render_chat
+    from opencomposer.inference.engine.core import SamplingParams
+    from opencomposer.inference.server.app import ServeConfig, build_server, uvicorn_server
     from opencomposer.models.chat import encode_prompt
 
     srv = build_server(ServeConfig(model=args.model, max_num_seqs=max(args.requests, 1)))

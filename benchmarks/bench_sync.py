@@ -4,10 +4,10 @@
     PYTHONPATH=src python benchmarks/bench_sync.py --shape tiny --device cpu     # quick check
     opencomposer bench sync                                                      # the same, through the CLI
 
-The measuring lives in ``opencomposer.inference.bench_sync``; see its docstring. Last line: one JSON object.
+The measuring lives in ``opencomposer.bench.sync``; see its docstring. Last line: one JSON object.
 """
 
-from opencomposer.inference.bench_sync import main
+from opencomposer.bench.sync import main
 
 if __name__ == "__main__":
     main()

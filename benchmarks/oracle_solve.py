@@ -15,8 +15,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task, find_tasks
 
 

@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from opencomposer.inference.bench import emit, projection_ms, random_model
+from opencomposer.bench.engine import emit, projection_ms, random_model
 from opencomposer.inference.models.transformer import from_hf_model
 
 

@@ -29,9 +29,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from opencomposer.inference.attention import _decode, _decode_mirrored, decode_mask
-from opencomposer.inference.bench import emit, random_model, time_ms
-from opencomposer.inference.decode_mirror import DecodeMirror
+from opencomposer.inference.models.attention import _decode, _decode_mirrored, decode_mask
+from opencomposer.bench.engine import emit, random_model, time_ms
+from opencomposer.inference.engine.decode_mirror import DecodeMirror
 from opencomposer.inference.models.transformer import DecoderConfig
 
 CPU = torch.device("cpu")
@@ -135,7 +135,7 @@ def _race(logits, inputs):  # session 13's sampler: argmax(p / E), E ~ Exp(1) pe
 
 
 def sampling(vocab: int, batches=(1, 4, 8)) -> dict:
-    from opencomposer.inference.sampler import sample_plain
+    from opencomposer.inference.engine.sampler import sample_plain
 
     out = {}
     for b in batches:

@@ -26,8 +26,8 @@ from collections import defaultdict
 import torch
 import triton
 
-from opencomposer.inference.batch1_plan import graph_ms
-from opencomposer.inference.bench import (
+from opencomposer.inference.engine.batch1_plan import graph_ms
+from opencomposer.bench.engine import (
     agent_rollout,
     bandwidth,
     emit,
@@ -36,7 +36,7 @@ from opencomposer.inference.bench import (
     random_model,
     roofline,
 )
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 def kernel_table(fn, reps: int = 3, top: int = 14) -> dict:
@@ -102,7 +102,7 @@ def sdpa_reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, nseq: in
 def _case(shape: str, q_len: int, ctx: int, nseq: int):
     """Random bf16 inputs of ``paged_prefill`` for ``nseq`` sequences of ``q_len`` new tokens on
     ``ctx``-token contexts of a model shape: (q, k cache, v cache, block tables, GQA group)."""
-    from opencomposer.inference.bench import SHAPES
+    from opencomposer.bench.engine import SHAPES
 
     c = SHAPES[shape]
     h, kvh = c["num_attention_heads"], c["num_key_value_heads"]
@@ -117,7 +117,7 @@ def _case(shape: str, q_len: int, ctx: int, nseq: int):
 
 def _time_configs(res: dict, q, kc, vc, table, q_len: int, ctx: int, nseq: int, configs, reps: int) -> None:
     """``res["{rows}x{splits} n{key tile} w{warps} s{stages}"]`` = us of ``paged_prefill`` per config."""
-    from opencomposer.inference.triton_prefill import Tile, paged_prefill, plan
+    from opencomposer.inference.kernels.prefill import Tile, paged_prefill, plan
 
     group = q.shape[1] // kc.shape[2]
     for rows, splits, bn, w, st in configs:
@@ -137,7 +137,7 @@ def attention_grid(shape: str, turn_only: bool = False) -> dict:
     cached prefix and for fresh prompts: the (rows, splits) the engine picks
     (``tile_for``/``splits_for``) and neighbours, then kernel knobs (key tile, warps, stages);
     and torch's SDPA flash and cuDNN backends on the same shapes (``sdpa_reference``)."""
-    from opencomposer.inference.triton_prefill import splits_for, tile_for
+    from opencomposer.inference.kernels.prefill import splits_for, tile_for
 
     out = {}
     # (new tokens, context, sequences): one turn, 8 turns in one step (bench engine's x8 group), fresh prompts
@@ -165,13 +165,13 @@ def engine_attention(q, kc, vc, table, nseq: int, q_len: int, ctx: int, max_keys
     tokens on ``ctx``-token contexts: through a prefill graph's launch (its bucket's padding
     tiles, the captured split count the step prefers) where the step
     fits a graph, else eagerly. -> (label, callable)."""
-    from opencomposer.inference.prefill_layout import (
+    from opencomposer.inference.engine.prefill_layout import (
         PREFILL_GRAPH_TOKENS,
         bucket_of,
         bucket_variants,
         tiles_in_bucket,
     )
-    from opencomposer.inference.triton_prefill import (
+    from opencomposer.inference.kernels.prefill import (
         paged_prefill,
         pick_variant,
         plan,
@@ -210,7 +210,7 @@ def attention_sweep(shape: str) -> dict:
     case also as the engine launches it (``engine_attention``), and torch's SDPA flash and
     cuDNN on the single sequences. The data behind ``triton_prefill.splits_for`` and
     ``tile_for``."""
-    from opencomposer.inference.triton_prefill import splits_for
+    from opencomposer.inference.kernels.prefill import splits_for
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(208, ctx, n) for n in (1, 8) for ctx in (1000, 3000, 8000, 16000, 30000, 60000)]

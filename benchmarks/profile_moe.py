@@ -20,13 +20,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_engine import kernel_table
 
-from opencomposer.inference.bench import bandwidth, emit, engine_decode, roofline
-from opencomposer.inference.bench_moe import (
+from opencomposer.bench.engine import bandwidth, emit, engine_decode, roofline
+from opencomposer.bench.moe import (
     experts_hit,
     moe_config,
     random_engine_model,
 )
-from opencomposer.inference.engine import Engine
+from opencomposer.inference.engine.core import Engine
 
 
 def main() -> None:

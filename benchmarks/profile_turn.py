@@ -32,15 +32,15 @@ from collections import defaultdict
 
 import torch
 
-from opencomposer.inference.batch1_plan import graph_ms
-from opencomposer.inference.bench import (
+from opencomposer.inference.engine.batch1_plan import graph_ms
+from opencomposer.bench.engine import (
     bandwidth,
     emit,
     prefill_alone,
     projection_ms,
     random_model,
 )
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 GEMM_MARKS = ("gemm", "sm90", "cutlass", "nvjet", "cublas", "splitk")
 

@@ -21,8 +21,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.episode.run import run_task
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import Task
 

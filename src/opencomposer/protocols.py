@@ -69,6 +69,11 @@ class PolicyOutput:
     routes: str = ""
 
 
+class ContextLengthError(ValueError):
+    """The rendered prompt leaves no room to generate in the model's context window; the
+    harness answers it by summarising (``harness/summarize.py``) or ending the episode."""
+
+
 # ``system_fingerprint`` of an ``opencomposer serve`` response: this, then the policy version that answered
 POLICY_FINGERPRINT = "opencomposer-policy-"
 
@@ -77,8 +82,8 @@ POLICY_FINGERPRINT = "opencomposer-policy-"
 class Policy(Protocol):
     """Anything that answers a conversation with text and tool calls.
 
-    Implementations: the scripted oracle (``harness/oracle.py``), a local model
-    (``models/``), any OpenAI-compatible endpoint (``harness/openai_policy.py``).
+    Implementations: the scripted oracle (``policies/oracle.py``), a local model
+    (``models/``), any OpenAI-compatible endpoint (``policies/openai.py``).
     """
 
     name: str

@@ -51,8 +51,8 @@ def backend(request) -> str:
 def episodes(toolz_tasks):
     """``play(strategy, backend)``: the strategy's episode, run once per session (the reward test
     and the monitor test of a strategy read the same episode)."""
-    from opencomposer.harness.scripted import ScriptedPolicy
-    from opencomposer.rl.episode import run_task
+    from opencomposer.policies.scripted import ScriptedPolicy
+    from opencomposer.episode.run import run_task
 
     cache: dict = {}
 

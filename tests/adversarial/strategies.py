@@ -41,7 +41,7 @@ from forgeries import (
     XFAIL_STUB,
 )
 
-from opencomposer.harness.scripted import tool_call
+from opencomposer.policies.scripted import tool_call
 from opencomposer.protocols import ToolCall
 from opencomposer.tasks.format import Task
 

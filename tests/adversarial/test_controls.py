@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.harness.patch import apply_patch
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
+from opencomposer.episode.run import run_task
 
 TASKS = range(4)
 

@@ -7,8 +7,8 @@ episode, or its worker).
 
 from __future__ import annotations
 
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
+from opencomposer.episode.run import run_task
 
 
 def test_oversized_sparse_file_is_refused_not_a_crash(backend: str, toolz_tasks) -> None:

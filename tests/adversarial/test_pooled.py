@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from strategies import STRATEGIES
 
-from opencomposer.harness.scripted import ScriptedPolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.scripted import ScriptedPolicy
+from opencomposer.episode.run import run_task
 from opencomposer.sandbox.pool import BlockingSandboxPool, SandboxPool
 
 LEFT_BEHIND = ["a01-sitecustomize", "a06-conftest-root", "a12-dist-info-pytest11", "c01-daemon-left-behind",

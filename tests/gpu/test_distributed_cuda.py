@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
 def data():
     """Five sequences of uneven length (the ranks' shares need different pass counts) with
     fixed sampler logprobs, and feedback pairs; random tokens of the 'tiny' shape's vocabulary."""
-    from opencomposer.rl.samples import Sample
+    from opencomposer.train.samples import Sample
 
     g = torch.Generator().manual_seed(0)
     samples = []

@@ -11,7 +11,7 @@ import contextlib
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -40,8 +40,8 @@ def _hf_greedy(hf, p, n):
 
 
 def test_triton_paged_decode_matches_torch_path():
-    from opencomposer.inference.attention import _decode, decode_mask
-    from opencomposer.inference.triton_kernels import paged_decode
+    from opencomposer.inference.models.attention import _decode, decode_mask
+    from opencomposer.inference.kernels.fused import paged_decode
 
     torch.manual_seed(0)
     for dtype, h, kvh, d in ((torch.float32, 14, 2, 64), (torch.bfloat16, 12, 2, 128), (torch.bfloat16, 16, 8, 64)):
@@ -60,8 +60,8 @@ def test_triton_paged_decode_matches_torch_path():
 def test_decode_split_merge_has_no_race_and_leaves_its_counters_zero():
     """The last key split to arrive merges them (an atomic counter): a race would make
     identical calls differ, or leave a counter set for the next layer."""
-    from opencomposer.inference.attention import _decode, decode_mask
-    from opencomposer.inference.triton_kernels import paged_decode, pdl_launches
+    from opencomposer.inference.models.attention import _decode, decode_mask
+    from opencomposer.inference.kernels.fused import paged_decode, pdl_launches
 
     torch.manual_seed(0)
     h, kvh, d, bs, n_blocks, width = 12, 2, 128, 16, 4096, 64
@@ -129,7 +129,7 @@ def test_bf16_logprobs_close_to_hf():
 
 
 def test_fused_kernels_match_torch_ops():
-    from opencomposer.inference import triton_kernels as tk
+    from opencomposer.inference.kernels import fused as tk
     from opencomposer.inference.models.transformer import RMSNorm
 
     torch.manual_seed(0)
@@ -164,8 +164,7 @@ def test_fused_kernels_match_torch_ops():
 def test_parallel_compile_compiles_without_running_then_launches_run():
     """Start-up's parallel compile: inside, a launch only queues its compile (the in-place
     residual add of ``add_rmsnorm`` does not happen); after it, the same launch runs."""
-    from opencomposer.inference import triton_kernels as tk
-
+    from opencomposer.inference.kernels import fused as tk
     x = torch.randn(4, 320, device="cuda")
     r, w = torch.zeros_like(x), torch.ones(320, device="cuda")
     with tk.parallel_compile(torch.device("cuda"), threads=4):
@@ -198,7 +197,7 @@ def test_gemv_batch1_graph_matches_cublas_graph():
 
 
 def test_gemv_kernel_bf16_on_model_shapes():
-    from opencomposer.inference.triton_gemv import gemv
+    from opencomposer.inference.kernels.gemv import gemv
 
     torch.manual_seed(0)
     for n, k in ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)):
@@ -272,7 +271,7 @@ def test_long_prompts_take_128_row_tiles_that_match_sdpa():
     (fp32 reference) to bf16 precision."""
     import torch.nn.functional as F
 
-    from opencomposer.inference.triton_prefill import (
+    from opencomposer.inference.kernels.prefill import (
         WIDE,
         Tile,
         paged_prefill,
@@ -303,7 +302,7 @@ def test_a_group_of_turns_on_long_histories_replays_a_128_row_graph():
     with 128-row tiles (``tile_for``). Its greedy tokens are those of each turn alone (64-row
     tiles: 2,204 rows) and of the torch path, and its logprobs are as close to the torch
     path's as the 64-row path's are (bf16 rounding, not the tile, sets the difference)."""
-    from opencomposer.inference.triton_prefill import WIDE
+    from opencomposer.inference.kernels.prefill import WIDE
 
     hf = _tiny(dtype=torch.bfloat16, hidden=512, intermediate=512, positions=32768)
     g = torch.Generator().manual_seed(12)
@@ -372,8 +371,8 @@ def test_in_graph_sampling_logprobs_match_hf_fp32():
 def test_fused_sampler_on_a_real_vocabulary():
     """The two-kernel sampler on [256, 151936] bf16 logits: greedy rows give the argmax,
     logprobs equal log_softmax(logits / T)[token], and draws follow the distribution."""
-    from opencomposer.inference.sampler import sample_plain
-    from opencomposer.inference.triton_sample import sample_plain_fused
+    from opencomposer.inference.engine.sampler import sample_plain
+    from opencomposer.inference.kernels.sample import sample_plain_fused
 
     torch.manual_seed(0)
     b, v = 256, 151936
@@ -467,7 +466,7 @@ def test_run_ahead_decode_gives_the_same_outputs(kernels):
 OOM_SCRIPT = r"""
 import gc, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 # 16 layers: the cache the engine wants (2 x 256 sequences x 32,768 tokens, 275 GB) exceeds any
 # one GPU's memory, so it takes all that is free (with 8 layers it wanted 137 GB: an H200 had room)
 cfg = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=16,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.models.moe_replay import pad_routes, replay_routes, routers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.speculate import Speculator
+from opencomposer.inference.engine.core import Engine, SamplingParams
+from opencomposer.inference.engine.speculate import Speculator
 from opencomposer.train.mtp import head_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

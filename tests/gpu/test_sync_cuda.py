@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.bench import random_model
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.bench.engine import random_model
+from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.sync import codec
 from opencomposer.sync.publisher import WeightPublisher
 from opencomposer.sync.store import FileStore

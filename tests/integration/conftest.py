@@ -59,8 +59,8 @@ def following_server(store: Path) -> Iterator[tuple[Any, str]]:
     import threading
     import time
 
-    from opencomposer.inference.front import build_front
-    from opencomposer.inference.server import ServeConfig, uvicorn_server
+    from opencomposer.inference.server.front import build_front
+    from opencomposer.inference.server.app import ServeConfig, uvicorn_server
 
     front = build_front(ServeConfig(model="tiny-random", max_num_seqs=8, weights_from=str(store), weights_poll_s=0.05))
     uv = uvicorn_server(front, "127.0.0.1", 0)

@@ -26,11 +26,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from opencomposer.config import AgentConfig
-from opencomposer.harness.codec import format_assistant
+from opencomposer.models.codec import format_assistant
 from opencomposer.harness.patch import Hunk, parse_patch
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.models import load_model
-from opencomposer.rl.episode import run_task
+from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task
 from opencomposer.train.checkpoint import export_model
 from opencomposer.train.config import TrainConfig

@@ -36,7 +36,7 @@ def sharded_cfg(tmp: Path, tasks: Path, out: Path) -> Path:
     # enough to flip a sampled token; in fp32 they differ by float-sum order only
     text = text.replace("[train]\n", "[train]\nbf16 = false\n")
     # greedy: a sampled request's seed depends on which model call it joins (episodes batch by
-    # timing, rl/batching.py), so sampled rollouts differ between two runs; greedy ones are a
+    # timing, policies/batched.py), so sampled rollouts differ between two runs; greedy ones are a
     # function of the weights alone, which is what the two runs are compared on
     text = text.replace("temperature = 1.0", "temperature = 0.0")
     path.write_text(text)

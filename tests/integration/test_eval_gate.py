@@ -42,8 +42,8 @@ from solver_model import damage, record_demos, resave, tiny_base, train_solver
 from opencomposer.config import AgentConfig
 from opencomposer.eval.run import run_suite
 from opencomposer.eval.suite import load_suite
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 
 pytestmark = pytest.mark.slow
 BACKEND = "local" if NS_REASON else "namespace"

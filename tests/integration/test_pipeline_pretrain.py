@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import opencomposer.rl.pipeline as pipeline
+import opencomposer.pipeline.run as pipeline
 from opencomposer.config import load_config
 from opencomposer.models.registry import load_model
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.rl.pipeline import run_pipeline
+from opencomposer.pipeline.run import run_pipeline
 from opencomposer.rl.run import RLRun
 from opencomposer.train.corpus import Mix
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "suites" / "tasks" / "smoke"
-CODE = ["rl/config.py", "rl/pipeline.py", "rl/sampler.py", "rl/advantages.py", "rl/loss.py", "train/corpus.py",
+CODE = ["rl/config.py", "pipeline/run.py", "rl/sampler.py", "rl/advantages.py", "train/loss.py", "train/corpus.py",
         "train/pretrain.py", "train/sft.py"]
 
 

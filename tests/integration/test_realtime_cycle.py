@@ -20,7 +20,7 @@ import httpx
 import pytest
 from conftest import run_cli
 
-from opencomposer.inference.serve_process import serve_process
+from opencomposer.inference.server.process import serve_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "configs" / "suites" / "tasks" / "smoke" / "textkit__mean__body"
@@ -136,7 +136,7 @@ def test_a_failing_gate_blocks_the_swap_and_records_why(server, tmp_path):
     candidate is worse, so the gate must block it and the server must keep its weights."""
     from opencomposer.eval.run import run_suite
     from opencomposer.eval.suite import load_suite
-    from opencomposer.harness.oracle import OraclePolicy
+    from opencomposer.policies.oracle import OraclePolicy
 
     url, logs = server
     base = url.removesuffix("/v1")

@@ -13,7 +13,7 @@ import torch
 
 from opencomposer.config import load_config
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.rl.pipeline import run_pipeline
+from opencomposer.pipeline.run import run_pipeline
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint
 from opencomposer.train.trainer import Trainer
 
@@ -59,7 +59,7 @@ steps = {steps}
 def _follower_matches(store: Path, trainer: Trainer, version: int, follower=None):
     """An engine following the run's weight store ([sync]) holds the trainer's weights;
     returns (engine, subscriber) to poll again later."""
-    from opencomposer.inference.engine import Engine
+    from opencomposer.inference.engine.core import Engine
     from opencomposer.models.registry import load_model
     from opencomposer.sync.store import FileStore
     from opencomposer.sync.subscriber import WeightSubscriber

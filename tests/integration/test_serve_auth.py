@@ -1,4 +1,4 @@
-"""Credentials of ``opencomposer serve`` (``inference/auth.py``), through the real CLI and real
+"""Credentials of ``opencomposer serve`` (``inference/server/auth.py``), through the real CLI and real
 HTTP on loopback: without a token, a start-up warning saying who can reach the endpoints that
 change state; with one (``OPENCOMPOSER_SERVE_TOKEN``, not in argv), 401 without it or with a
 wrong one on ``/admin/*`` and ``/v1/feedback``, 200 with it; feedback naming an unsigned,
@@ -14,14 +14,14 @@ import httpx
 import pytest
 from conftest import run_cli
 
-from opencomposer.inference.auth import (
+from opencomposer.inference.server.auth import (
     SIGNED_HEADER,
     Refused,
     check_bearer,
     open_warning,
 )
-from opencomposer.inference.serve_process import serve_process
-from opencomposer.inference.session_log import read_window
+from opencomposer.inference.server.process import serve_process
+from opencomposer.inference.server.session_log import read_window
 from opencomposer.realtime.deploy import ServerClient, ServerRefused
 
 TOKEN = "t0ken-for-tests-7d1e"

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from conftest import run_cli
 
-from opencomposer.inference.serve_process import serve_process
+from opencomposer.inference.server.process import serve_process
 
 STATS = 'def mean(xs):\n    """Arithmetic mean of a non-empty sequence."""\n    return sum(xs) / len(xs)\n'
 DELETED = 'def mean(xs):\n    """Arithmetic mean of a non-empty sequence."""\n    raise NotImplementedError\n'

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import BACKENDS, make_sdist, run_cli
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.episode.run import run_task
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import Task, find_tasks
 from opencomposer.tasks.make import make_tasks
@@ -62,7 +62,7 @@ def test_tasks_check_and_oracle_solve(toolz_tasks: Path, backend: str):
 
 
 def test_unsolved_workspace_scores_zero(toolz_tasks: Path):
-    from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+    from opencomposer.policies.scripted import ScriptedPolicy, tool_call
     task = Task.load(find_tasks([toolz_tasks])[0])
     ep = run_task(task, ScriptedPolicy([[tool_call("submit", message="done")]]), "local")
     assert ep.reward.reward == 0.0

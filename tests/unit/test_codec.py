@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from opencomposer.harness.codec import format_assistant, parse_tool_calls, tools_system_prompt
+from opencomposer.models.codec import format_assistant, parse_tool_calls, tools_system_prompt
 from opencomposer.harness.tools import tool_schemas
 from opencomposer.protocols import ToolCall
 

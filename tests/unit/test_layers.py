@@ -7,10 +7,10 @@ The layering of ARCHITECTURE.md, top first; a module may import its own layer or
 
 A module's layer is its package's (``opencomposer/<package>/...``; the top-level modules and the
 package ``__init__`` are the bottom layer), except for the few modules in ``OVERRIDES`` that
-already are, today, a part of a package that does not exist yet (``rl/pipeline.py`` is the
-pipeline, ``rl/episode.py`` the episode, the policies of harness/, models/ and rl/ are policies, the
+already are, today, a part of a package that does not exist yet (``pipeline/run.py`` is the
+pipeline, ``episode/run.py`` the episode, the policies of harness/, models/ and rl/ are policies, the
 ``bench*`` modules are benchmarks). An override module counts as part of its target package
-everywhere, so ``rl/rollout.py`` (episode) importing ``rl/samples.py`` (rl) is upward: it is
+everywhere, so ``episode/rollout.py`` (episode) importing ``train/samples.py`` (rl) is upward: it is
 what keeps it from moving to episode/.
 
 What counts as an import of module M (read with ``ast``, every ``.py`` under src/opencomposer):
@@ -63,21 +63,6 @@ RULE = " -> ".join(", ".join(p for p in layer if p != "__init__") for layer in r
 # Modules that already belong, today, to another layer's package than the folder they sit in.
 # Each says which package of the target layout it is part of; moving the file retires the entry.
 OVERRIDES: dict[str, str] = {
-    "opencomposer.rl.pipeline": "pipeline",  # CPT -> SFT -> RL -> evals -> report
-    "opencomposer.rl.episode": "episode",  # run_task: one episode
-    "opencomposer.rl.rollout": "episode",  # rollout collection
-    "opencomposer.harness.openai_policy": "policies",  # ARCHITECTURE: policies/ holds every Policy
-    "opencomposer.harness.oracle": "policies",
-    "opencomposer.harness.scripted": "policies",
-    "opencomposer.models.policy": "policies",  # the HF-model Policy
-    "opencomposer.rl.batching": "policies",  # BatchedPolicy
-    "opencomposer.inference.bench": "bench",
-    "opencomposer.inference.bench_moe": "bench",
-    "opencomposer.inference.bench_spec": "bench",
-    "opencomposer.inference.bench_sync": "bench",
-    "opencomposer.sandbox.bench": "bench",
-    "opencomposer.train.bench_checkpoint": "bench",
-    "opencomposer.train.bench_fsdp": "bench",
 }
 
 # Upward (importer, imported) pairs that exist today, grouped by package pair. Each group says
@@ -91,37 +76,17 @@ KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
     ("opencomposer.config", "opencomposer.rl.config"),
     ("opencomposer.config", "opencomposer.tasks.factory"),
     ("opencomposer.config", "opencomposer.train.config"),
-    # harness -> policies: harness/__init__ re-exports OpenAIPolicy/OraclePolicy/ScriptedPolicy;
-    # goes when they move to policies/ (make_policy registry) and harness stops re-exporting them.
-    ("opencomposer.harness", "opencomposer.harness.openai_policy"),
-    ("opencomposer.harness", "opencomposer.harness.oracle"),
-    ("opencomposer.harness", "opencomposer.harness.scripted"),
     # tasks -> policies (lazy): the factory's install agent is an OpenAIPolicy, `tasks stats --oracle`
     # runs OraclePolicy; goes when the caller (cli) passes the Policy in, built by make_policy.
-    ("opencomposer.tasks.factory", "opencomposer.harness.openai_policy"),
-    ("opencomposer.tasks.stats", "opencomposer.harness.oracle"),
+    ("opencomposer.tasks.factory", "opencomposer.policies.openai"),
+    ("opencomposer.tasks.stats", "opencomposer.policies.oracle"),
     # tasks -> episode (lazy): `tasks stats --oracle` runs run_task itself; goes with the same step
     # (the oracle run moves up to episode/ or cli, tasks/ keeps the counting).
-    ("opencomposer.tasks.stats", "opencomposer.rl.episode"),
-    # episode -> rl: rollout.py takes token_versions from rl/samples; goes when the rollout moves to
-    # episode/ and token_versions moves down with the trajectory (or samples move to train/).
-    ("opencomposer.rl.rollout", "opencomposer.rl.samples"),
-    # train -> rl: the trainer imports the loss and token samples from rl/; goes with the step
-    # "the trainer owns the loss" (rl/loss.py and rl/samples.py move to train/).
-    ("opencomposer.train.pretrain", "opencomposer.rl.samples"),
-    ("opencomposer.train.sft", "opencomposer.rl.samples"),
-    ("opencomposer.train.trainer", "opencomposer.rl.loss"),
-    ("opencomposer.train.trainer", "opencomposer.rl.samples"),
+    ("opencomposer.tasks.stats", "opencomposer.episode.run"),
 })
 
 # Package cycles (strongly connected sets of packages under module-level imports) today.
 KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset({
-    # rl -> train (run.py drives the trainer) and train -> rl (loss, samples), plus rl -> episode
-    # (run/staleness -> rollout) -> rl (samples): breaks with the loss/samples move to train/.
-    ("episode", "rl", "train"),
-    # harness/__init__ -> policies -> models (chat) -> harness (codec): breaks with the
-    # harness -> policies entries above (policies/ stops being re-exported by harness).
-    ("harness", "models", "policies"),
 })
 
 
@@ -383,16 +348,16 @@ def test_scanner_catches_an_upward_import_and_a_cycle(tmp_path):
         "harness/tools.py": "",
         "rl/__init__.py": "",
         "rl/run.py": "import opencomposer.harness.loop\nfrom opencomposer import protocols\ndef step(): ...\n",
-        "rl/episode.py": "from .run import step\n",  # one package, but OVERRIDES puts episode below rl
-        "rl/pipeline.py": "from opencomposer.cli import main\n",  # pipeline -> cli
+        "episode/run.py": "from .run import step\n",  # one package, but OVERRIDES puts episode below rl
+        "pipeline/run.py": "from opencomposer.cli import main\n",  # pipeline -> cli
         "cli/__init__.py": "ROOTS = {'rl': 'opencomposer.rl.run:step'}\ndef main(): ...\n",  # registry
     })
     imports = scan(src)
     assert {(i.importer, i.imported, i.line, i.lazy) for i in upward(imports)} == {
         ("opencomposer.protocols", "opencomposer.rl.run", 6, True),
         ("opencomposer.harness.loop", "opencomposer.rl.run", 1, False),
-        ("opencomposer.rl.episode", "opencomposer.rl.run", 1, False),
-        ("opencomposer.rl.pipeline", "opencomposer.cli", 1, False),
+        ("opencomposer.episode.run", "opencomposer.rl.run", 1, False),
+        ("opencomposer.pipeline.run", "opencomposer.cli", 1, False),
     }
     assert ("opencomposer.cli", "opencomposer.rl.run", True) in {(i.importer, i.imported, i.lazy) for i in imports}
     problems = upward_problems(imports, frozenset(), src)

@@ -23,7 +23,7 @@ def bench_sandbox(
     root: Optional[Path] = typer.Option(None, help="where sandbox dirs go (default: the temp dir)"),
 ) -> None:
     """Create/exec/snapshot/restore/fork latency and live idle sandboxes, vs cp -r + subprocess."""
-    from opencomposer.sandbox.bench import run_bench, table_rows
+    from opencomposer.bench.sandbox import run_bench, table_rows
 
     try:
         res = run_bench([b.strip() for b in backend.split(",") if b.strip()], repo, n, idle, idle_budget, root,
@@ -63,7 +63,7 @@ def bench_engine(
     """Rollout-engine decode/prefill throughput vs HF generate and the HBM roofline; prefix cache; logprob parity."""
     import torch
 
-    from opencomposer.inference.bench import SHAPES, run
+    from opencomposer.bench.engine import SHAPES, run
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     asked = shapes
@@ -107,7 +107,7 @@ def bench_moe(
     """MoE decode (Qwen3-MoE): the engine's grouped GEMMs in CUDA graphs vs its experts' loop, HF generate, the roofline."""
     import torch
 
-    from opencomposer.inference.bench_moe import MOE_SHAPES, run
+    from opencomposer.bench.moe import MOE_SHAPES, run
 
     if shape not in MOE_SHAPES:
         fail(ValueError(f"--shape: unknown MoE shape {shape!r}; expected one of {','.join(MOE_SHAPES)}"))
@@ -140,8 +140,8 @@ def bench_sync(
     """Weight sync: a trainer publishes each version as deltas; a decoding engine follows in flight."""
     import torch
 
-    from opencomposer.inference.bench import SHAPES
-    from opencomposer.inference.bench_sync import run
+    from opencomposer.bench.engine import SHAPES
+    from opencomposer.bench.sync import run
 
     if shape not in SHAPES:
         fail(ValueError(f"--shape: unknown shape {shape!r}; expected one of {','.join(sorted(SHAPES))}"))
@@ -171,8 +171,8 @@ def bench_spec(
     """Speculative decoding with an MTP head against plain decoding: tokens/s, tokens a step, share of drafts kept."""
     import torch
 
-    from opencomposer.inference.bench import SHAPES
-    from opencomposer.inference.bench_spec import run
+    from opencomposer.bench.engine import SHAPES
+    from opencomposer.bench.spec import run
     from opencomposer.models.mtp import MTPError
 
     if shape is not None and shape not in SHAPES:

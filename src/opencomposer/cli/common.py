@@ -77,13 +77,13 @@ def sandbox_backend(given: str | None, flag: str | None, config=None, key: str |
 def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
                 max_new_tokens: int = 256, temperature: float = 0.0):
     if kind == "oracle":
-        from opencomposer.harness.oracle import OraclePolicy
+        from opencomposer.policies.oracle import OraclePolicy
         return OraclePolicy(task)
     if kind == "model":
-        from opencomposer.models.policy import ModelPolicy
+        from opencomposer.policies.model import ModelPolicy
         return ModelPolicy(model or "smollm2-135m", max_new_tokens=max_new_tokens, temperature=temperature)
     if kind == "openai":
-        from opencomposer.harness.openai_policy import OpenAIPolicy
+        from opencomposer.policies.openai import OpenAIPolicy
         if not base_url:
             raise ConfigError("--policy openai needs --base-url (any OpenAI-compatible endpoint)")
         return OpenAIPolicy(model=model or "default", base_url=base_url, api_key=api_key)

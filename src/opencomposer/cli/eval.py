@@ -98,8 +98,8 @@ class _eval_policy:
         if kind == "model":
             import torch
 
-            from opencomposer.models.policy import ModelPolicy
-            from opencomposer.rl.batching import BatchedPolicy
+            from opencomposer.policies.model import ModelPolicy
+            from opencomposer.policies.batched import BatchedPolicy
             dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
             self.closer = BatchedPolicy(ModelPolicy(model, max_new_tokens=max_new_tokens, temperature=temperature,
                                                     device=dev), max_batch=max_batch)

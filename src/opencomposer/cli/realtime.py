@@ -57,7 +57,7 @@ def realtime_report(
     threshold: float = typer.Option(0.5, min=0.0, max=1.0, help="classifier probability of a dissatisfied follow-up"),
 ) -> None:
     """A/B report per arm: edit persistence, dissatisfied follow-ups, latency p50/p95, with counts."""
-    from opencomposer.inference.session_log import read_window
+    from opencomposer.inference.server.session_log import read_window
     from opencomposer.realtime.ab_report import ab_report
     from opencomposer.realtime.classifier import default_classifier
 

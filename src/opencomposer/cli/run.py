@@ -33,7 +33,7 @@ def agent(
     """Run one episode on a task and print reward, turns, tool calls, invalid calls and time."""
     from rich.markup import escape
 
-    from opencomposer.rl.episode import run_task
+    from opencomposer.episode.run import run_task
     from opencomposer.tasks.format import Task
 
     try:
@@ -81,7 +81,7 @@ def train(
         if out_dir is not None:
             cfg.run.out_dir = out_dir
         cfg.rollout.backend = sandbox_backend(sandbox, "--sandbox", config, "rollout.backend", cfg.rollout.backend)
-        from opencomposer.rl.pipeline import run_pipeline
+        from opencomposer.pipeline.run import run_pipeline
 
         def show(row: dict) -> None:
             if err.width >= WIDE_TABLE:
@@ -261,8 +261,8 @@ def serve(
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
     /v1/feedback and /admin/weights for the real-time loop)."""
-    from opencomposer.inference.server import ServeConfig
-    from opencomposer.inference.server import serve as run_server
+    from opencomposer.inference.server.app import ServeConfig
+    from opencomposer.inference.server.app import serve as run_server
     from opencomposer.realtime.config import parse_duration
 
     try:

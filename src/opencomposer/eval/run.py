@@ -37,11 +37,11 @@ from typing import Any
 from opencomposer.config import AgentConfig
 from opencomposer.eval.results import SCHEMA, EvalError, summarize
 from opencomposer.eval.suite import Suite
-from opencomposer.models.policy import ModelPolicy
+from opencomposer.policies.model import ModelPolicy
 from opencomposer.paths import atomic_write_text
-from opencomposer.rl.batching import BatchedPolicy
-from opencomposer.rl.episode import EpisodeResult, run_task
-from opencomposer.rl.rollout import collect_rollouts
+from opencomposer.policies.batched import BatchedPolicy
+from opencomposer.episode.run import EpisodeResult, run_task
+from opencomposer.episode.rollout import collect_rollouts
 from opencomposer.tasks.format import Task
 
 PolicyFactory = Callable[[Task], Any]

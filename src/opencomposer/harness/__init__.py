@@ -1,27 +1,25 @@
 """The agent harness: one loop, one tool set, one prompt for deployment, evaluation and RL.
 
-    from opencomposer.harness import run_episode, OpenAIPolicy
-    traj = run_episode(task.instruction, sandbox, OpenAIPolicy("m", base_url=url), AgentConfig())
+    from opencomposer.harness import run_episode
+    from opencomposer.policies import make_policy
+    traj = run_episode(task.instruction, sandbox, make_policy("openai:m", base_url=url), AgentConfig())
     traj.save("runs/task.json")
 
 Modules: ``loop`` (the episode), ``tools`` + ``fs_tools`` + ``shell_tools`` (what the
 agent can do), ``prompt`` (what it is told), ``codec`` (tool calls inside local-model
-text), ``trajectory`` (the JSON transcript), ``openai_policy`` / ``oracle`` / ``scripted``
-(policies), ``patch`` (unified diffs).
+text), ``trajectory`` (the JSON transcript), ``patch`` (unified diffs). The tool-call codec is
+``models/codec.py``; the policies are in ``policies/``.
 
 Test: ``pytest tests/unit/harness tests/unit/test_codec.py -q``.
 """
 
 from opencomposer.harness.loop import Agent, LimitsExceeded, run_episode
-from opencomposer.harness.openai_policy import OpenAIPolicy
-from opencomposer.harness.oracle import OraclePolicy
 from opencomposer.harness.prompt import SYSTEM_PROMPT, agent_tools, system_prompt
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
 from opencomposer.harness.tools import TOOLS, Submitted, execute, tool_schemas
 from opencomposer.harness.trajectory import EXIT_REASONS, Step, ToolEvent, Trajectory
 
 __all__ = [
-    "Agent", "EXIT_REASONS", "LimitsExceeded", "OpenAIPolicy", "OraclePolicy", "SYSTEM_PROMPT",
-    "ScriptedPolicy", "Step", "Submitted", "TOOLS", "ToolEvent", "Trajectory", "agent_tools",
-    "execute", "run_episode", "system_prompt", "tool_call", "tool_schemas",
+    "Agent", "EXIT_REASONS", "LimitsExceeded", "SYSTEM_PROMPT",
+    "Step", "Submitted", "TOOLS", "ToolEvent", "Trajectory", "agent_tools",
+    "execute", "run_episode", "system_prompt", "tool_schemas",
 ]

@@ -40,12 +40,12 @@ from dataclasses import replace
 from typing import Callable
 
 from opencomposer.config import AgentConfig
-from opencomposer.harness.codec import OPEN, parse_tool_calls
+from opencomposer.models.codec import OPEN, parse_tool_calls
 from opencomposer.harness.prompt import agent_tools, no_call_nudge, system_prompt as default_system_prompt
 from opencomposer.harness.summarize import next_segment, summary_request
 from opencomposer.harness.tools import Submitted, execute
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory
-from opencomposer.protocols import Message, Policy, PolicyOutput, Sandbox, ToolCall
+from opencomposer.protocols import ContextLengthError, Message, Policy, PolicyOutput, Sandbox, ToolCall
 
 MIN_COMMAND_SECONDS = 1.0  # a run call near the deadline still gets this long
 
@@ -70,11 +70,11 @@ def estimate_tokens(text: str) -> int:
 
 
 def _is_context_overflow(e: Exception) -> bool:
-    """A policy that ran out of context: models.ContextLengthError, or an OpenAI-style 400.
+    """A policy that ran out of context: protocols.ContextLengthError, or an OpenAI-style 400.
 
     Matched by name and error code so the loop needs neither torch nor the openai client.
     """
-    return type(e).__name__ == "ContextLengthError" or getattr(e, "code", None) == "context_length_exceeded"
+    return isinstance(e, ContextLengthError) or getattr(e, "code", None) == "context_length_exceeded"
 
 
 def _mixed_versions(out: PolicyOutput) -> list[int]:

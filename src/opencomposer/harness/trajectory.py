@@ -66,6 +66,13 @@ class Step:
     routes: str = ""
     routes_from: int = 0
 
+    def token_versions(self) -> list[int]:
+        """The policy version of each sampled token (several when new weights came in flight
+        mid-turn: ``policy_versions``; else every token is ``policy_version``'s)."""
+        if self.policy_versions and len(self.policy_versions) == len(self.token_ids):
+            return list(self.policy_versions)
+        return [self.policy_version] * len(self.token_ids)
+
 
 @dataclass
 class Trajectory:

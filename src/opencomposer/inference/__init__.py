@@ -1,6 +1,6 @@
 """The rollout / serving engine and the OpenAI-compatible server.
 
-Engine (``from opencomposer.inference.engine import Engine, SamplingParams``), one class
+Engine (``from opencomposer.inference.engine.core import Engine, SamplingParams``), one class
 per role, as in vLLM / nano-vllm:
 
 * ``engine.py``         Engine: add_request / step / generate / abort / update_weights / stats

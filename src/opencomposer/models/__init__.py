@@ -1,6 +1,6 @@
-"""Local models: loading (``registry``), the prompt (``chat``), and the policy (``policy``).
+"""Local models: loading (``registry``), the prompt (``chat``), tool calls in model text (``codec``).
 
-    from opencomposer.models import ModelPolicy, load_model, render_prompt
+    from opencomposer.models import load_model, render_prompt
 
 Names are resolved lazily so that ``import opencomposer.models.chat`` (no torch needed)
 stays cheap, and importing this package never loads torch by itself.
@@ -22,8 +22,6 @@ _EXPORTS = {
     "render_prompt": "chat",
     "encode_prompt": "chat",
     "PromptError": "chat",
-    "ModelPolicy": "policy",
-    "ContextLengthError": "policy",
 }
 
 __all__ = sorted(_EXPORTS)

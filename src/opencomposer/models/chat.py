@@ -4,7 +4,7 @@
 it and RL training recomputes log-probabilities from it, so the two must agree byte for
 byte; nothing else may assemble chat text by hand.
 
-How each harness message is rendered (Hermes / Qwen convention, see ``harness/codec.py``):
+How each harness message is rendered (Hermes / Qwen convention, see ``models/codec.py``):
 
 * the first system message gets ``codec.tools_system_prompt(tools)`` appended (a system
   message is created if the conversation has none and there are tools);
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from opencomposer.harness import codec
+from opencomposer.models import codec
 from opencomposer.protocols import Message
 
 # Plain ChatML, the format SmolLM2 and Qwen are trained on; used only for tokenizers that

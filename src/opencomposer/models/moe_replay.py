@@ -5,7 +5,7 @@ top-k experts). The sampler and the trainer compute the router's scores with dif
 kernels, and in asynchronous RL with different weights (the sampler is a few versions
 behind), so near-equal scores can fall either way: a token routed to other experts in the
 trainer has the logprob of another network, and the importance ratio of that token is noise.
-Replaying the sampler's routes (recorded by the engine, ``inference/moe.py``) removes that:
+Replaying the sampler's routes (recorded by the engine, ``inference/models/moe.py``) removes that:
 the trainer's router still computes its probabilities, so the router learns, but the top-k
 *selection* is the recorded one, and the gate weights are the trainer's probabilities of
 those experts (renormalised when the model does). Tokens without a record (the id -1: the

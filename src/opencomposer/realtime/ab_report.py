@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from opencomposer.inference.session_log import LogWindow
+from opencomposer.inference.server.session_log import LogWindow
 from opencomposer.realtime.classifier import FollowupClassifier
 from opencomposer.realtime.rewards import classify_feedback
 

@@ -5,7 +5,7 @@
 
 One cycle (``RealtimeLoop.cycle``), each step timed:
 
-1. ``window``: the session logs of ``[since, now)`` (``inference/session_log.py``); since
+1. ``window``: the session logs of ``[since, now)`` (``inference/server/session_log.py``); since
    is where the last completed cycle stopped. Torn or garbled lines are skipped and counted.
 2. ``rewards``: per completion, from edits kept/reverted, dissatisfied follow-ups
    (classifier) and latency (``realtime/rewards.py``).
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.config import ConfigError
-from opencomposer.inference.session_log import read_window
+from opencomposer.inference.server.session_log import read_window
 from opencomposer.paths import atomic_write_text
 from opencomposer.realtime.classifier import default_classifier
 from opencomposer.realtime.config import RealtimeConfig

@@ -19,15 +19,15 @@ from opencomposer.realtime.config import RealtimeConfig
 
 
 def checkpoint_policy(path: str, cfg: RealtimeConfig):
-    from opencomposer.models.policy import ModelPolicy
+    from opencomposer.policies.model import ModelPolicy
     from opencomposer.models.registry import load_model
-    from opencomposer.rl.batching import BatchedPolicy
+    from opencomposer.policies.batched import BatchedPolicy
 
     g = cfg.gate
     model, tok = load_model(path, device=cfg.model.device)
     if g.engine == "builtin":
-        from opencomposer.inference.engine import Engine
-        from opencomposer.inference.policy import EnginePolicy
+        from opencomposer.inference.engine.core import Engine
+        from opencomposer.policies.engine import EnginePolicy
 
         engine = Engine(model, tok, max_num_seqs=g.max_batch, device=cfg.model.device,
                         max_model_len=min(int(model.config.max_position_embeddings), 8192))

@@ -6,7 +6,7 @@
 A logged completion is already a training sequence: the prompt's token ids (exactly what
 the engine was given) followed by the sampled token ids, loss on the sampled tokens only,
 with the sampler's log-probs as the "old" policy of the clipped importance ratio
-(``rl/loss.py``). Nothing is re-rendered, so a token is never trained on in a context the
+(``train/loss.py``). Nothing is re-rendered, so a token is never trained on in a context the
 model did not see.
 
 Advantages: production has no K rollouts of one prompt, so the baseline is the window:
@@ -33,8 +33,8 @@ from typing import Any
 
 from opencomposer.realtime.config import RealtimeConfig
 from opencomposer.rl.advantages import group_advantages
-from opencomposer.rl.loss import LossConfig
-from opencomposer.rl.samples import NOT_GENERATED, Sample
+from opencomposer.train.loss import LossConfig
+from opencomposer.train.samples import NOT_GENERATED, Sample
 
 
 def completion_samples(completions: list[dict], rewards: dict[str, float], temperature: float,

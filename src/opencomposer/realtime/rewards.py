@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from opencomposer.inference.session_log import LogWindow
+from opencomposer.inference.server.session_log import LogWindow
 from opencomposer.realtime.classifier import FollowupClassifier
 from opencomposer.realtime.config import RewardSection
 

@@ -9,7 +9,7 @@ prompt from its instruction in their style (terse users cut it to a few words, v
 name only the file or the symbol), and runs the deployed harness against the server
 (``OpenAIPolicy`` with ``user = session id``, so every turn is logged under the session and
 routed to one A/B arm; feedback names the session by the signed id that the server's chat
-responses carry in ``X-Signed-Session-Id``, ``inference/auth.py``). When the episode ends
+responses carry in ``X-Signed-Session-Id``, ``inference/server/auth.py``). When the episode ends
 the user judges the result the way a developer would, by running the hidden tests:
 
 * the agent changed files: ``edit_kept`` if the tests pass, else ``edit_reverted``, with
@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 
 from opencomposer.config import AgentConfig
-from opencomposer.inference.auth import SIGNED_HEADER
+from opencomposer.inference.server.auth import SIGNED_HEADER
 from opencomposer.realtime.deploy import ServerClient
 
 DISSATISFIED = [
@@ -138,8 +138,8 @@ class UserPopulation:
 
 def run_session(client: ServerClient, base_url: str, model: str, persona: Persona, task: Any, sid: str, seed: int,
                 *, backend: str, agent_cfg: AgentConfig, temperature: float, max_tokens: int | None) -> SessionOutcome:
-    from opencomposer.harness.openai_policy import OpenAIPolicy
-    from opencomposer.rl.episode import run_task
+    from opencomposer.policies.openai import OpenAIPolicy
+    from opencomposer.episode.run import run_task
 
     rng = random.Random(seed)
     prompt = persona.prompt(task, rng)

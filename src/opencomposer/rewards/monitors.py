@@ -29,7 +29,7 @@ Four kinds, each with the evidence that raised it:
 
 Heuristics on tool arguments, the final file list and the carried code, cheap and
 explainable; every flag carries its evidence into the transcript so a person can judge it.
-``run_task`` (``rl/episode.py``) runs them on every graded episode (``agent``, ``eval``, RL)
+``run_task`` (``episode/run.py``) runs them on every graded episode (``agent``, ``eval``, RL)
 and voids the reward of a flagged one.
 
 Test: ``pytest tests/unit/rewards/test_shaping.py -k monitor``; ``pytest tests/adversarial``.

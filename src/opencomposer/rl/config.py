@@ -112,7 +112,7 @@ class PretrainStage(PretrainSection):
     The keys of ``opencomposer pretrain --config``'s ``[pretrain]`` table, and its ``[train]``
     table as ``[pretrain.train]`` (same defaults), except ``model`` and ``out_dir``: the stage
     continues pretraining ``[model] name`` into ``<run.out_dir>/pretrain``, and its export is the
-    model SFT, RL and the KL reference start from (``rl/pipeline.py``).
+    model SFT, RL and the KL reference start from (``pipeline/run.py``).
     """
 
     enabled: bool = False

@@ -43,13 +43,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opencomposer.harness.codec import TOOL_CALL_BLOCK
+from opencomposer.models.codec import TOOL_CALL_BLOCK
 from opencomposer.harness.tools import TOOLS
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
 from opencomposer.protocols import Message
 from opencomposer.rl.config import DETECTORS, FeedbackConfig
-from opencomposer.rl.samples import NOT_GENERATED, Sample, turn_contexts
+from opencomposer.train.samples import NOT_GENERATED, Sample, turn_contexts
 
 __all__ = ["DETECTORS", "FeedbackConfig", "FeedbackPoint", "detect", "distill_pairs"]
 

@@ -40,18 +40,18 @@ from typing import Any, Callable
 
 from opencomposer.config import ConfigError
 from opencomposer.harness.prompt import agent_tools
-from opencomposer.models.policy import ModelPolicy
+from opencomposer.policies.model import ModelPolicy
 from opencomposer.models.registry import load_model
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.advantages import advantages_for_groups
 from opencomposer.rl.config import RLRunConfig, RolloutSection
 from opencomposer.rl.feedback import detect, distill_pairs
-from opencomposer.rl.loss import LossConfig
+from opencomposer.train.loss import LossConfig
 from opencomposer.rl.metrics import summarize_groups
-from opencomposer.rl.batching import BatchedPolicy
-from opencomposer.rl.rollout import Rollout, collect_rollouts, shape_rollouts
+from opencomposer.policies.batched import BatchedPolicy
+from opencomposer.episode.rollout import Rollout, collect_rollouts, shape_rollouts
 from opencomposer.rl.async_rollouts import RolloutsAhead
-from opencomposer.rl.samples import Sample, trajectory_samples
+from opencomposer.train.samples import Sample, trajectory_samples
 from opencomposer.rl.sampler import TaskSampler
 from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
 from opencomposer.rl.taskpool import HarderTasks
@@ -220,7 +220,7 @@ class RLRun:
         """
         r, m = self.cfg.rollout, self.cfg.model
         if r.engine == "server" and not base_model:  # the base model is measured locally (the server trains on)
-            from opencomposer.inference.remote_policy import ServerPolicy
+            from opencomposer.policies.server import ServerPolicy
 
             base = ServerPolicy(r.base_url, self.trainer.tokenizer, temperature=temperature, top_p=r.top_p,
                                 max_new_tokens=r.max_new_tokens, seed=self.cfg.run.seed)
@@ -235,8 +235,8 @@ class RLRun:
             model, tok = self.trainer.policy_pair()
         version = 0 if base_model else self.trainer.version
         if r.engine == "builtin":
-            from opencomposer.inference.engine import Engine
-            from opencomposer.inference.policy import EnginePolicy
+            from opencomposer.inference.engine.core import Engine
+            from opencomposer.policies.engine import EnginePolicy
 
             engine = Engine(model, tok, max_num_seqs=r.max_batch, device=self.device, policy_version=version,
                             max_model_len=min(int(model.config.max_position_embeddings), 8192))

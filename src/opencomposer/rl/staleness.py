@@ -6,7 +6,7 @@
 
 Staleness of a token is the trainer's version at the update minus the version that sampled
 it: 0 in a synchronous step, up to ``[rollout] max_staleness`` when rollouts run ahead
-(``rl/async_rollouts.py``). Per-token versions come from the sampler (``rl.samples.token_versions``).
+(``rl/async_rollouts.py``). Per-token versions come from the sampler (``Step.token_versions``).
 
 Test: ``pytest tests/unit/rl/test_staleness.py``.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from opencomposer.rl.rollout import Rollout
-from opencomposer.rl.samples import Sample
+from opencomposer.episode.rollout import Rollout
+from opencomposer.train.samples import Sample
 
 
 def oldest_version(rollouts: Iterable[Rollout]) -> int | None:

@@ -123,7 +123,7 @@ class TaskFactory:
         self.cfg = cfg
         self.out = Path(out or cfg.factory.out)
         if policy is None and cfg.install_agent is not None:
-            from opencomposer.harness.openai_policy import OpenAIPolicy
+            from opencomposer.policies.openai import OpenAIPolicy
             policy = OpenAIPolicy(cfg.install_agent.model, cfg.install_agent.base_url)
         self.policy = policy  # the install agent, for repositories the recipe cannot install
         self.schedule = cfg.difficulty.model_copy()

@@ -39,8 +39,8 @@ def diff_size(patch: str) -> tuple[int, int]:
 
 def run_oracle(tasks: list[Task], backend: str, workers: int = 2) -> list[dict]:
     """The oracle policy on each task through the harness + hidden-test reward."""
-    from opencomposer.harness.oracle import OraclePolicy
-    from opencomposer.rl.episode import run_task
+    from opencomposer.policies.oracle import OraclePolicy
+    from opencomposer.episode.run import run_task
 
     def one(task: Task) -> dict:
         try:

@@ -16,7 +16,7 @@ Two rules make N ranks compute exactly what one process would:
 
 * gradients are summed over ranks, not averaged (FSDP2 divides by the world size by
   default; ``shard_model`` turns that off), because each loss already divides by a
-  constant that covers the whole step (``rl/loss.py``: no per-sequence normalisation);
+  constant that covers the whole step (``train/loss.py``: no per-sequence normalisation);
 * every rank runs the same number of forward/backward passes: FSDP2 all-gathers inside
   each one, so a rank with fewer micro-batches would leave the others waiting forever.
   ``Trainer`` pads the shorter ranks with zero-weight passes (``equal_count``).

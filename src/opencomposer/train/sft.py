@@ -34,7 +34,7 @@ import torch
 from opencomposer.harness.prompt import agent_tools
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models import load_model
-from opencomposer.rl.samples import Sample, sft_samples
+from opencomposer.train.samples import Sample, sft_samples
 from opencomposer.train.checkpoint import export_model, save_checkpoint
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.distributed import init_from_env, rank_device

@@ -1,4 +1,4 @@
-"""``Trainer``: one optimizer step of RL (GRPO, ``rl/loss.py``) or SFT on ``rl.samples.Sample``s.
+"""``Trainer``: one optimizer step of RL (GRPO, ``train/loss.py``) or SFT on ``rl.samples.Sample``s.
 
     model, tok = load_model("tiny-random")
     trainer = Trainer(model, tok, TrainConfig(lora=True, temperature=0.7))
@@ -47,8 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from opencomposer.models.moe_replay import pad_routes, replay_routes
-from opencomposer.rl.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
-from opencomposer.rl.samples import Sample
+from opencomposer.train.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
+from opencomposer.train.samples import Sample
 from opencomposer.train import distributed
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.distributed import Dist

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import ConfigError, load_config
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task
 from opencomposer.tasks.sources.humaneval import import_humaneval
 

@@ -18,8 +18,8 @@ from opencomposer.eval.gate import compare
 from opencomposer.eval.results import load_results
 from opencomposer.eval.run import run_suite
 from opencomposer.eval.suite import SUITES_DIR, Suite, load_suite
-from opencomposer.models.policy import ModelPolicy
-from opencomposer.rl.batching import BatchedPolicy
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.policies.batched import BatchedPolicy
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_bad_policy_and_k(suite):
 def test_a_flagged_episode_is_voided_and_shown(suite, tmp_path):
     """The monitors run where the harness grades: an episode that solves its task but also signals
     the sandbox's PID 1 is graded 1, voided to 0, and its record and the summary say so."""
-    from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+    from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 
     def policy(task):
         fix = f"patch -p1 -s <<'EOF'\n{task.gold_patch}\nEOF"

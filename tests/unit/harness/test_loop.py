@@ -7,7 +7,7 @@ import time
 
 from opencomposer.harness.loop import Agent, run_episode
 from opencomposer.harness.prompt import SYSTEM_PROMPT
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.harness.tools import TOOLS, tool_schemas
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.protocols import PolicyOutput, ToolCall

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from opencomposer.harness.loop import run_episode
-from opencomposer.harness.openai_policy import OpenAIPolicy, to_openai_messages
+from opencomposer.policies.openai import OpenAIPolicy, to_openai_messages
 from opencomposer.harness.tools import tool_schemas
 from opencomposer.protocols import Message, ToolCall
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from opencomposer.harness.loop import run_episode
-from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.harness.patch import split_lines
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import make_sandbox

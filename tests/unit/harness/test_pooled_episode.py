@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.episode.run import run_task
 from opencomposer.sandbox.pool import BlockingSandboxPool, SandboxPool
 from opencomposer.tasks.deletion import make_patch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import AgentConfig
-from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.harness.prompt import agent_tools
 from opencomposer.harness.summarize import (
     SUMMARY_HEADER, is_summary_request, next_segment, recent_turns, summary_of, summary_request,
@@ -17,7 +17,7 @@ from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
 from opencomposer.models.registry import load_model
 from opencomposer.protocols import Message, PolicyOutput, ToolCall
-from opencomposer.rl.samples import trajectory_samples, turn_contexts
+from opencomposer.train.samples import trajectory_samples, turn_contexts
 from opencomposer.tasks.deletion import make_patch
 from .test_oracle import STATS, STATS_DELETED, make_task, solve
 

@@ -37,13 +37,11 @@ _interp._patch_lang_tensor = _patched
 
 @pytest.fixture
 def interpreted():
-    from opencomposer.inference import (
-        triton_gemv,
-        triton_kernels,
-        triton_moe,
-        triton_prefill,
-        triton_sample,
-    )
+    from opencomposer.inference.kernels import fused as triton_kernels
+    from opencomposer.inference.kernels import gemv as triton_gemv
+    from opencomposer.inference.kernels import moe as triton_moe
+    from opencomposer.inference.kernels import prefill as triton_prefill
+    from opencomposer.inference.kernels import sample as triton_sample
 
     return {"triton_gemv": triton_gemv, "triton_kernels": triton_kernels, "triton_prefill": triton_prefill,
             "triton_sample": triton_sample, "triton_moe": triton_moe}
@@ -75,7 +73,7 @@ def test_gemv_prologues_match_torch(interpreted):
 
 def _decode_logits(model, prompt, fused: bool, plan: dict | None):
     """Prefill ``prompt`` with the torch path, then one decode step with the chosen path."""
-    from opencomposer.inference.attention import AttentionBatch
+    from opencomposer.inference.models.attention import AttentionBatch
 
     cfg = model.cfg
     bs, nblocks = 16, 8
@@ -120,7 +118,7 @@ def test_fused_gemv_decode_step_matches_torch_path(interpreted, tiny_hf):
 def test_moe_kernels_match_the_general_path(interpreted):
     """Routing (with the route buffer) and the experts for a few tokens against ``moe.SparseMoE``'s
     torch path; a non-power-of-two expert count and top-k, and a token with tied scores."""
-    from opencomposer.inference.moe import SparseMoE
+    from opencomposer.inference.models.moe import SparseMoE
 
     tm = interpreted["triton_moe"]
     torch.manual_seed(0)
@@ -186,7 +184,7 @@ def test_paged_prefill_matches_dense_causal_attention(interpreted):
 
 
 def test_paged_decode_matches_torch_path(interpreted):
-    from opencomposer.inference.attention import _decode, decode_mask
+    from opencomposer.inference.models.attention import _decode, decode_mask
 
     torch.manual_seed(2)
     h, kvh, d, bs, nblocks, width = 4, 2, 32, 16, 40, 9
@@ -237,7 +235,7 @@ def test_fused_sampling_matches_softmax(interpreted):
 
 def test_fused_mtp_head_matches_the_module(interpreted):
     """``speculate.fused_head`` (rmsnorm / silu_mul / add_rmsnorm kernels) against ``MTPHead.forward``."""
-    from opencomposer.inference.speculate import fused_head
+    from opencomposer.inference.engine.speculate import fused_head
     from opencomposer.models.mtp import MTPConfig, MTPHead
 
     torch.manual_seed(0)

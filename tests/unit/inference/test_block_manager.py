@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from opencomposer.inference.block_manager import BlockManager, NoFreeBlocks
-from opencomposer.inference.sequence import SamplingParams, Sequence
+from opencomposer.inference.engine.block_manager import BlockManager, NoFreeBlocks
+from opencomposer.inference.engine.sequence import SamplingParams, Sequence
 
 
 def _seq(tokens, rid="r"):

@@ -1,4 +1,4 @@
-"""The CPU decode mirror (``inference/decode_mirror.py``): the engine decodes the same tokens
+"""The CPU decode mirror (``inference/engine/decode_mirror.py``): the engine decodes the same tokens
 with the same logprobs through it as through the block gathers, in every way sequences come
 and go (joining mid-run, finishing out of order, preemption, growth past its capacity); and
 the mirror itself holds exactly each sequence's cached K/V, in its slot, after every move."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.decode_mirror import DecodeMirror
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.decode_mirror import DecodeMirror
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 @pytest.fixture

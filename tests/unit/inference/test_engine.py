@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 

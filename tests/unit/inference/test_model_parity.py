@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
@@ -17,7 +17,7 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
 def _trainer_logprobs(hf, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
     with torch.no_grad():
         logits = hf(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
-    lp = torch.log_softmax(logits.float() / temperature, dim=-1)  # as rl/loss.py computes it
+    lp = torch.log_softmax(logits.float() / temperature, dim=-1)  # as train/loss.py computes it
     return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 

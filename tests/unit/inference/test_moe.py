@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 def _moe(tiny_hf, seed: int = 0):

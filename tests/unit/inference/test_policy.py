@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from opencomposer.inference.engine import Engine
-from opencomposer.inference.policy import EnginePolicy
-from opencomposer.models.policy import ContextLengthError, ModelPolicy
+from opencomposer.inference.engine.core import Engine
+from opencomposer.policies.engine import EnginePolicy
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.protocols import ContextLengthError
 from opencomposer.models.registry import load_model
 from opencomposer.protocols import Message
 

@@ -10,14 +10,14 @@ import random
 import numpy as np
 import pytest
 
-from opencomposer.inference.block_manager import BlockManager
-from opencomposer.inference.engine import Engine
-from opencomposer.inference.prefill_layout import (
+from opencomposer.inference.engine.block_manager import BlockManager
+from opencomposer.inference.engine.core import Engine
+from opencomposer.inference.engine.prefill_layout import (
     PREFILL_GRAPH_SEQS,
     PREFILL_GRAPH_TOKENS,
 )
-from opencomposer.inference.scheduler import ScheduledBatch
-from opencomposer.inference.sequence import SamplingParams, Sequence
+from opencomposer.inference.engine.scheduler import ScheduledBatch
+from opencomposer.inference.engine.sequence import SamplingParams, Sequence
 
 BS = 4
 
@@ -86,8 +86,8 @@ def _reference_buffer(lay, w: int, scratch: int, inputs, seqs, tiles) -> list[in
 
 def test_layout_fill_matches_the_definition_and_leaves_nothing_of_the_step_before(runner):
     pytest.importorskip("triton")
-    from opencomposer.inference.prefill_layout import PrefillLayout
-    from opencomposer.inference.triton_prefill import tile_for
+    from opencomposer.inference.engine.prefill_layout import PrefillLayout
+    from opencomposer.inference.kernels.prefill import tile_for
 
     group, scratch, w = runner.group, runner.scratch_block, runner.max_blocks_per_seq
     lay = PrefillLayout(w, group, scratch, BS)
@@ -299,7 +299,7 @@ def test_key_splits_are_the_fastest_measured_on_an_h100():
     tokens (1.5B: 40 programs alone, 320 for 8 turns; 0.5B: 46) on short and long histories,
     and long fresh prompts (one split: thousands of programs)."""
     pytest.importorskip("triton")
-    from opencomposer.inference.triton_prefill import splits_for
+    from opencomposer.inference.kernels.prefill import splits_for
 
     fastest = {(40, 3000, 128): 4, (40, 8000, 128): 4, (40, 30000, 128): 16, (40, 60000, 128): 16,
                (320, 3000, 128): 2, (320, 16000, 128): 4, (320, 60000, 128): 4,
@@ -314,7 +314,7 @@ def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
     tiles for long histories where a bucket has 4,096 rows or more; one graph where the
     model's context is short; a step replays the captured variant the model prefers for it."""
     pytest.importorskip("triton")
-    from opencomposer.inference.triton_prefill import (
+    from opencomposer.inference.kernels.prefill import (
         WIDE,
         Tile,
         graph_variants,
@@ -332,7 +332,7 @@ def test_small_buckets_get_a_graph_for_short_and_one_for_long_histories():
     assert {t for t, _ in graph_variants(4096, 3840, 6, 2, 128, 4, 32768, 132)} == {narrow}
     assert {t for t, _ in graph_variants(4096, 3840, 7, 2, 64, 2, 32768, 132)} == {narrow}
     # every bucket's variants, as the runner captures them (each bucket above the one below it)
-    from opencomposer.inference.prefill_layout import (
+    from opencomposer.inference.engine.prefill_layout import (
         PREFILL_GRAPH_TOKENS,
         bucket_variants,
     )
@@ -369,7 +369,7 @@ def test_tile_for_takes_128_rows_for_long_histories_and_long_steps():
     with 64-key tiles and 4 warps for shorter steps of >= 4,096 (token, head) rows on >= 16,000
     keys; else by size (16, 32, 64); never for fp32 or head_dim 64."""
     pytest.importorskip("triton")
-    from opencomposer.inference.triton_prefill import WIDE, Tile, tile_for
+    from opencomposer.inference.kernels.prefill import WIDE, Tile, tile_for
 
     assert tile_for(208 * 8, 6, 128, 2, 30000) == WIDE[0]
     assert tile_for(208, 6, 128, 2, 60000) == Tile(64)  # one turn: 1,248 rows

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.remote_policy import ServerPolicy, ServerUnavailable
-from opencomposer.inference.server import ServeConfig, build_server, uvicorn_server
+from opencomposer.inference.engine.core import Engine, SamplingParams
+from opencomposer.policies.server import ServerPolicy, ServerUnavailable
+from opencomposer.inference.server.app import ServeConfig, build_server, uvicorn_server
 from opencomposer.models.registry import load_model
 from opencomposer.protocols import Message
 

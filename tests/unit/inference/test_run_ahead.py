@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_server_loop_streams_the_same_tokens(hf, prompts):
     arrive while others decode, and one aborted by its reader mid-stream."""
     import asyncio
 
-    from opencomposer.inference.engine_loop import EngineLoop
+    from opencomposer.inference.engine.loop import EngineLoop
 
     ps = prompts(4, seed=28)
     params = [SamplingParams(max_tokens=k, temperature=0) for k in (12, 30, 7, 20)]

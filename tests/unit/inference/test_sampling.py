@@ -1,4 +1,4 @@
-"""The engine's sampler (``inference/sampler.py``) draws from the distribution it reports:
+"""The engine's sampler (``inference/engine/sampler.py``) draws from the distribution it reports:
 token frequencies against softmax(logits / T), with top-k / top-p truncation, seeded rows
 reproducible whatever else is in the batch, zero-probability tokens never drawn, and a
 sliver of mass at the end of a large vocabulary still reachable (the fp64 cumulative sum)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from opencomposer.inference.sampler import draw, plain_inputs, race, sample, sample_plain
-from opencomposer.inference.sequence import SamplingParams, Sequence
+from opencomposer.inference.engine.sampler import draw, plain_inputs, race, sample, sample_plain
+from opencomposer.inference.engine.sequence import SamplingParams, Sequence
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0, 0.5])
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from opencomposer.inference.block_manager import BlockManager
-from opencomposer.inference.scheduler import Scheduler
-from opencomposer.inference.sequence import SamplingParams, Sequence, Status
+from opencomposer.inference.engine.block_manager import BlockManager
+from opencomposer.inference.engine.scheduler import Scheduler
+from opencomposer.inference.engine.sequence import SamplingParams, Sequence, Status
 
 
 def _scheduler(max_num_seqs: int, budget: int) -> Scheduler:

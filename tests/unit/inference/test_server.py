@@ -17,7 +17,7 @@ import openai
 import pytest
 import torch
 
-from opencomposer.inference.server import ServeConfig, build_server, uvicorn_server
+from opencomposer.inference.server.app import ServeConfig, build_server, uvicorn_server
 
 MODEL = "tiny-tool"
 READ_FILE = {"type": "function", "function": {
@@ -31,7 +31,7 @@ MAX_LEN = 1536
 def train_tool_caller(out_dir) -> None:
     """tiny-random, fitted (teacher forcing, ~100 Adam steps on one example) to answer ASK
     with CALL and then <|im_end|>; saved as an HF model directory the server loads."""
-    from opencomposer.inference.chat_format import render_chat
+    from opencomposer.inference.server.chat_format import render_chat
     from opencomposer.models import load_model
     from opencomposer.models.chat import encode_prompt
 
@@ -173,7 +173,7 @@ def test_raw_sse_ends_with_done(srv):
 
 def test_harness_conversation_prompt_is_the_training_prompt(srv, client):
     """The server counts exactly the tokens of ``render_prompt`` for the harness's own messages."""
-    from opencomposer.harness.openai_policy import to_openai_messages
+    from opencomposer.policies.openai import to_openai_messages
     from opencomposer.harness.tools import tool_schemas
     from opencomposer.models.chat import encode_prompt, render_prompt
     from opencomposer.protocols import Message, ToolCall
@@ -314,8 +314,8 @@ def test_an_engine_failure_fails_the_requests_but_not_the_loop():
     slots and KV blocks are freed, and the next request is served normally."""
     import asyncio
 
-    from opencomposer.inference.engine import Engine, SamplingParams
-    from opencomposer.inference.engine_loop import EngineFailed, EngineLoop
+    from opencomposer.inference.engine.core import Engine, SamplingParams
+    from opencomposer.inference.engine.loop import EngineFailed, EngineLoop
 
     engine = Engine.from_name("tiny-random", max_num_seqs=4, max_model_len=256)
     loop = EngineLoop(engine, max_pending=8).start()

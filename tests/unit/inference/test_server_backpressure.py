@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from opencomposer.inference.serve_process import serve_process
+from opencomposer.inference.server.process import serve_process
 
 N = 10_000
 MAX_PENDING = 64

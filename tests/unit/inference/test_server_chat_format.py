@@ -9,10 +9,10 @@ import itertools
 
 import pytest
 
-from opencomposer.harness import codec
-from opencomposer.harness.openai_policy import from_openai_response, to_openai_messages
+from opencomposer.models import codec
+from opencomposer.policies.openai import from_openai_response, to_openai_messages
 from opencomposer.harness.tools import tool_schemas
-from opencomposer.inference.chat_format import (
+from opencomposer.inference.server.chat_format import (
     ChatFormatError,
     content_before_tool_call,
     from_openai_messages,
@@ -20,7 +20,7 @@ from opencomposer.inference.chat_format import (
     split_tool_calls,
     validate_tools,
 )
-from opencomposer.inference.text_stream import TextStream
+from opencomposer.inference.server.text_stream import TextStream
 from opencomposer.models.chat import render_prompt
 from opencomposer.protocols import Message, ToolCall
 

@@ -1,4 +1,4 @@
-"""Speculative decoding with an MTP head (``inference/speculate.py``) on tiny models (CPU, fp32):
+"""Speculative decoding with an MTP head (``inference/engine/speculate.py``) on tiny models (CPU, fp32):
 the same tokens as plain decoding when greedy, exactly the model's distribution when
 sampling, the model's logprobs, stops and limits inside kept drafts, no leaked KV blocks."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
-from opencomposer.inference.sequence import Sequence
-from opencomposer.inference.sampler import uniforms
-from opencomposer.inference.speculate import Speculator, accept
+from opencomposer.inference.engine.core import Engine, SamplingParams
+from opencomposer.inference.engine.sequence import Sequence
+from opencomposer.inference.engine.sampler import uniforms
+from opencomposer.inference.engine.speculate import Speculator, accept
 from opencomposer.models.mtp import MTPError, MTPHead
 from opencomposer.train.mtp import head_for
 

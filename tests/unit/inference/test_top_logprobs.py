@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 def test_top_logprobs_match_full_softmax(tiny_hf, prompts):

@@ -10,7 +10,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from opencomposer.harness import codec
+from opencomposer.models import codec
 from opencomposer.models.chat import (
     CHATML_TEMPLATE,
     PromptError,

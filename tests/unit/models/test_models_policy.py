@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from opencomposer.models.chat import encode_prompt, render_prompt
-from opencomposer.models.policy import ContextLengthError, ModelPolicy
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.protocols import ContextLengthError
 from opencomposer.protocols import Message, Policy, PolicyOutput
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from opencomposer.models.policy import ModelPolicy
+from opencomposer.policies.model import ModelPolicy
 from opencomposer.models.registry import MARKER, load_model, model_cache_dir, smollm2_gguf_path
 from opencomposer.protocols import Message
 

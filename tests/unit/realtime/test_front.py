@@ -10,10 +10,10 @@ import httpx
 import pytest
 import torch
 
-from opencomposer.inference.auth import SIGNED_HEADER
-from opencomposer.inference.front import arm_for, build_front
-from opencomposer.inference.server import ServeConfig, uvicorn_server
-from opencomposer.inference.session_log import read_window
+from opencomposer.inference.server.auth import SIGNED_HEADER
+from opencomposer.inference.server.front import arm_for, build_front
+from opencomposer.inference.server.app import ServeConfig, uvicorn_server
+from opencomposer.inference.server.session_log import read_window
 from opencomposer.realtime.deploy import ServerClient, ServerRefused, ServerUnreachable
 
 MSG = [{"role": "user", "content": "Fix the bug in utils.py"}]
@@ -168,7 +168,7 @@ def test_an_unreachable_server_is_named():
 def test_serve_follows_a_trainers_weight_store(tmp_path):
     """``serve --weights-from``: a trainer publishes deltas; arm a applies them in flight and
     then samples what an engine built from the trainer's weights samples."""
-    from opencomposer.inference.engine import Engine, SamplingParams
+    from opencomposer.inference.engine.core import Engine, SamplingParams
     from opencomposer.models.registry import load_model
     from opencomposer.sync.publisher import WeightPublisher
     from opencomposer.sync.store import FileStore
@@ -210,7 +210,7 @@ def test_serve_follows_a_trainers_weight_store(tmp_path):
         # the answering version reaches a client (system_fingerprint) and the harness's policy output
         from openai import OpenAI
 
-        from opencomposer.harness.openai_policy import from_openai_response
+        from opencomposer.policies.openai import from_openai_response
         resp = OpenAI(base_url=s.base + "/v1", api_key="none").chat.completions.create(
             model="tiny-random", messages=MSG, max_tokens=4, temperature=0)
         assert resp.system_fingerprint == "opencomposer-policy-1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opencomposer.inference.session_log import LogWindow
+from opencomposer.inference.server.session_log import LogWindow
 from opencomposer.realtime.ab_report import ab_report, percentile
 from opencomposer.realtime.classifier import default_classifier
 from opencomposer.realtime.config import RewardSection

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from opencomposer.inference.session_log import SessionLog, log_files, read_window
+from opencomposer.inference.server.session_log import SessionLog, log_files, read_window
 
 T0 = 1_800_000_000.0  # a window boundary for window_s = 100 (1.8e9 is divisible by 100)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.harness.codec import format_assistant
+from opencomposer.models.codec import format_assistant
 from opencomposer.harness.prompt import agent_tools, system_prompt
 from opencomposer.harness.tools import TOOLS
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory

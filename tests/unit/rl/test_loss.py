@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from opencomposer.rl.loss import LossConfig, grpo_loss, kl_per_token, token_logprobs
+from opencomposer.train.loss import LossConfig, grpo_loss, kl_per_token, token_logprobs
 
 
 def _grad(logprobs, old, adv, mask, **kw):

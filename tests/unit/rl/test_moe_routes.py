@@ -11,11 +11,11 @@ from opencomposer.config import AgentConfig
 from opencomposer.harness.loop import Agent
 from opencomposer.harness.prompt import agent_tools
 from opencomposer.harness.trajectory import Trajectory
-from opencomposer.inference.engine import Engine
-from opencomposer.inference.policy import EnginePolicy
+from opencomposer.inference.engine.core import Engine
+from opencomposer.policies.engine import EnginePolicy
 from opencomposer.models import load_model
 from opencomposer.models.moe_replay import decode_routes, encode_routes, routers
-from opencomposer.rl.samples import SampleError, trajectory_samples
+from opencomposer.train.samples import SampleError, trajectory_samples
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.trainer import Trainer
 
@@ -93,8 +93,8 @@ class RoutedScript:
     function of each token and its position, so joined routes can be checked exactly."""
 
     def __init__(self, tok, broken_turn: int | None = None):
-        from opencomposer.harness.codec import format_assistant
-        from opencomposer.harness.scripted import tool_call
+        from opencomposer.models.codec import format_assistant
+        from opencomposer.policies.scripted import tool_call
 
         self.tok, self.broken, self.seen = tok, broken_turn, []
         self.turns = [format_assistant("Let me look.", [tool_call("list_dir")]),
@@ -102,7 +102,7 @@ class RoutedScript:
                       format_assistant("Fixed.", [tool_call("submit", message="done")])]
 
     def act(self, messages, tools):
-        from opencomposer.harness.codec import parse_tool_calls
+        from opencomposer.models.codec import parse_tool_calls
         from opencomposer.models import encode_prompt, render_prompt
         from opencomposer.protocols import PolicyOutput
 

@@ -13,7 +13,7 @@ import pytest
 
 from opencomposer.config import ConfigError, load_config
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.rl.pipeline import run_pipeline
+from opencomposer.pipeline.run import run_pipeline
 from opencomposer.train.config import PretrainRunConfig
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -16,10 +16,11 @@ import pytest
 
 from opencomposer.config import AgentConfig
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory
-from opencomposer.models.policy import ContextLengthError, ModelPolicy
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.protocols import ContextLengthError
 from opencomposer.protocols import Message, Policy
-from opencomposer.rl.batching import BatchedPolicy, BatchGenerationError
-from opencomposer.rl.rollout import collect_rollouts, token_counts
+from opencomposer.policies.batched import BatchedPolicy, BatchGenerationError
+from opencomposer.episode.rollout import collect_rollouts, token_counts
 from opencomposer.tasks.envs import adopt_env
 from opencomposer.tasks.format import Task, TaskMeta, write_task_toml
 

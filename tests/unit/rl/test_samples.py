@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 
 from opencomposer.config import AgentConfig
-from opencomposer.harness.codec import format_assistant
+from opencomposer.models.codec import format_assistant
 from opencomposer.harness.loop import Agent
 from opencomposer.harness.prompt import agent_tools
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.harness.trajectory import Trajectory
-from opencomposer.models import ModelPolicy, encode_prompt, load_model, render_prompt
+from opencomposer.models import encode_prompt, load_model, render_prompt
+from opencomposer.policies.model import ModelPolicy
 from opencomposer.protocols import PolicyOutput
-from opencomposer.rl.samples import (
+from opencomposer.train.samples import (
     Sample,
     SampleError,
     assert_prompt_matches,

@@ -2,9 +2,9 @@
 
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.protocols import RewardResult
-from opencomposer.rl.episode import EpisodeResult
-from opencomposer.rl.rollout import Rollout, versions_of
-from opencomposer.rl.samples import NOT_GENERATED, Sample, token_versions
+from opencomposer.episode.run import EpisodeResult
+from opencomposer.episode.rollout import Rollout, versions_of
+from opencomposer.train.samples import NOT_GENERATED, Sample
 from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
 
 
@@ -16,8 +16,8 @@ def rollout(*steps: Step) -> Rollout:
 def test_a_turn_updated_mid_way_keeps_each_tokens_version():
     one = Step(turn=0, text="", token_ids=[5, 6, 7], logprobs=[0.0] * 3, policy_version=4)
     mixed = Step(turn=1, text="", token_ids=[5, 6, 7], logprobs=[0.0] * 3, policy_version=4, policy_versions=[4, 4, 5])
-    assert token_versions(one) == [4, 4, 4] and token_versions(mixed) == [4, 4, 5]
-    assert token_versions(Step(turn=0, text="no ids (an API policy)")) == []
+    assert one.token_versions() == [4, 4, 4] and mixed.token_versions() == [4, 4, 5]
+    assert Step(turn=0, text="no ids (an API policy)").token_versions() == []
     rollouts = [rollout(one), rollout(one, mixed), rollout(), Rollout("t", 0, 1, None)]  # + empty and failed
     assert oldest_version(rollouts) == 4 and oldest_version(rollouts[2:]) is None
     assert versions_per_rollout(rollouts) == {"versions_per_rollout": 1.5, "versions_per_rollout_max": 2.0}

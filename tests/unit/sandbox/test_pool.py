@@ -209,9 +209,9 @@ def test_rl_config_switch_gives_episodes_pooled_sandboxes(tmp_path):
     import tomllib
 
     from opencomposer.config import AgentConfig, validate
-    from opencomposer.harness.oracle import OraclePolicy
+    from opencomposer.policies.oracle import OraclePolicy
     from opencomposer.rl.config import RLRunConfig
-    from opencomposer.rl.episode import run_task
+    from opencomposer.episode.run import run_task
     from opencomposer.rl.run import sandbox_pool
     from opencomposer.tasks.envs import adopt_env
     from opencomposer.tasks.format import Task, TaskMeta, write_task_toml

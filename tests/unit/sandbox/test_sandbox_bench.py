@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sandbox_testutil import NS_REASON
 from opencomposer.cli import app
-from opencomposer.sandbox.bench import EXECS, GOALS, STEPS, percentile, run_bench
+from opencomposer.bench.sandbox import EXECS, GOALS, STEPS, percentile, run_bench
 
 
 def test_percentile_is_nearest_rank():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.inference.engine import Engine
+from opencomposer.inference.engine.core import Engine
 from opencomposer.models.registry import load_model
 from opencomposer.sync.store import FileStore
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from opencomposer.inference.engine import SamplingParams
+from opencomposer.inference.engine.core import SamplingParams
 from opencomposer.sync import codec
 from opencomposer.sync.layout import scan
 from opencomposer.sync.publisher import WeightPublisher

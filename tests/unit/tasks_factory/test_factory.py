@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import validate
-from opencomposer.harness.oracle import OraclePolicy
-from opencomposer.rl.episode import run_task
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.episode.run import run_task
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 from opencomposer.tasks.format import Task, find_tasks

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.tasks.install import (
     VERIFY_FILE,
     InstallError,

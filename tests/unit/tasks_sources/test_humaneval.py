@@ -9,10 +9,10 @@ import json
 
 from source_fixtures import ENV
 
-from opencomposer.harness.oracle import OraclePolicy
+from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.grading import Carry
 from opencomposer.grading.grade import grade, opener
-from opencomposer.rl.episode import run_task
+from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task
 from opencomposer.tasks.sources.humaneval import import_humaneval, read_problems
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opencomposer.harness.loop import Agent
-from opencomposer.harness.scripted import ScriptedPolicy, tool_call
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import make_sandbox
 

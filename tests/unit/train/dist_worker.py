@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from opencomposer.models import load_model
-from opencomposer.rl.loss import LossConfig
+from opencomposer.train.loss import LossConfig
 from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
 from opencomposer.train.distributed import init_from_env, on_main, rank_device, shard_model
 
@@ -27,7 +27,7 @@ def test_model(device: str):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from opencomposer.inference.bench import random_model
+    from opencomposer.bench.engine import random_model
 
     vocab = {"<pad>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, 512)}}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from opencomposer.models import load_model
-from opencomposer.rl.loss import LossConfig
+from opencomposer.train.loss import LossConfig
 from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, load_checkpoint, save_checkpoint
 
 from .trainutil import params, rollout_samples

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from opencomposer.models import load_model
-from opencomposer.rl.samples import Sample
+from opencomposer.train.samples import Sample
 from opencomposer.train import TrainConfig, Trainer, frozen_copy, load_checkpoint, save_checkpoint
 from opencomposer.train.distributed import SINGLE, split
 

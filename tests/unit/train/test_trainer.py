@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from opencomposer.models import ModelPolicy
-from opencomposer.rl.loss import LossConfig
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.train.loss import LossConfig
 from opencomposer.train import TrainConfig, Trainer, frozen_copy
 
 from .trainutil import grads, params, rollout_samples

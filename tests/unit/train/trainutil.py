@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from opencomposer.harness.trajectory import Step, Trajectory
-from opencomposer.models import ModelPolicy
+from opencomposer.policies.model import ModelPolicy
 from opencomposer.protocols import Message
-from opencomposer.rl.samples import Sample, trajectory_samples
+from opencomposer.train.samples import Sample, trajectory_samples
 
 
 def rollout_samples(model: Any, tok: Any, n: int = 4, seed: int = 0, temperature: float = 1.0,

@@ -1,7 +1,7 @@
 """A compact decoder-only transformer for the Llama, Qwen2, Qwen3 and Qwen3-MoE families, with paged attention.
 
 The engine runs this module instead of the Hugging Face one: its attention reads and
-writes the engine's paged KV cache (``inference/attention.py``), and it takes a flat
+writes the engine's paged KV cache (``inference/models/attention.py``), and it takes a flat
 batch of tokens from many sequences at once. It loads Hugging Face state dicts by their
 names (``model.layers.3.self_attn.q_proj.weight``; ``hf_views`` maps each to its
 parameter, or to its slice of a fused q/k/v or gate/up projection), so
@@ -10,7 +10,7 @@ parameter, or to its slice of a fused q/k/v or gate/up projection), so
 What differs between the families is read from the config and the state dict:
 Qwen2 has q/k/v biases (found as ``*.q_proj.bias`` keys), Qwen3 has per-head RMSNorm
 on q and k (``*.q_norm.weight``), and any of them may tie ``lm_head`` to the embedding.
-Qwen3-MoE layers replace the MLP by a sparse mixture of experts (``inference/moe.py``),
+Qwen3-MoE layers replace the MLP by a sparse mixture of experts (``inference/models/moe.py``),
 whose routes the engine records for the trainer.
 
     cfg = DecoderConfig.from_hf(hf_model.config, hf_model.state_dict())
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opencomposer.inference.attention import AttentionBatch, paged_attention
-from opencomposer.inference.moe import Experts, SparseMoE, hf_expert_views, route_buffer
+from opencomposer.inference.models.attention import AttentionBatch, paged_attention
+from opencomposer.inference.models.moe import Experts, SparseMoE, hf_expert_views, route_buffer
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
@@ -214,7 +214,7 @@ class Attention(nn.Module):
             else:
                 qk = normed
         if self.fused:  # rotate q, k in place and write k, v to the cache: one kernel
-            from opencomposer.inference.triton_kernels import rope_and_cache
+            from opencomposer.inference.kernels.fused import rope_and_cache
 
             rope_and_cache(flat, rope.cos_half, rope.sin_half, batch.slot_mapping, k_cache, v_cache, nh, nkv)
         else:
@@ -235,7 +235,7 @@ class MLP(nn.Module):
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
         if self.fused:
-            from opencomposer.inference.triton_kernels import silu_mul
+            from opencomposer.inference.kernels.fused import silu_mul
 
             return self.down_proj(silu_mul(gate_up))
         return self.down_proj(F.silu(gate_up[:, :self.inter]) * gate_up[:, self.inter:])
@@ -259,7 +259,7 @@ def add_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, fuse
     if residual is None:
         return norm(x), x
     if fused:
-        from opencomposer.inference.triton_kernels import add_rmsnorm
+        from opencomposer.inference.kernels.fused import add_rmsnorm
 
         return add_rmsnorm(x, residual, norm.weight, norm.eps), residual  # residual updated in place
     residual = x + residual
@@ -269,7 +269,7 @@ def add_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, fuse
 def _norm_proj(x, residual, norm: RMSNorm, proj: nn.Linear, config):
     """(proj(norm(x + residual)), x + residual): one GEMV with ``config``, else two kernels."""
     if config:
-        from opencomposer.inference.triton_gemv import gemv
+        from opencomposer.inference.kernels.gemv import gemv
 
         return gemv(x, proj.weight, proj.bias, norm_weight=norm.weight, residual=residual, eps=norm.eps, config=config)
     h, residual = add_norm(x, residual, norm, True)
@@ -335,8 +335,8 @@ class DecoderLM(nn.Module):
         """The same layers for a few rows, each projection per ``gemv_plan``: a config ->
         ``triton_gemv`` with the RMSNorm (+ residual add) or SiLU * up before it fused in;
         None -> cuBLAS after the separate fused kernel."""
-        from opencomposer.inference.triton_gemv import gemv
-        from opencomposer.inference.triton_kernels import silu_mul
+        from opencomposer.inference.kernels.gemv import gemv
+        from opencomposer.inference.kernels.fused import silu_mul
 
         plan = self.gemv_plan
         residual = None
@@ -379,7 +379,7 @@ class DecoderLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.fused and hidden.shape[0] <= self.gemv_rows and self.gemv_plan and self.gemv_plan["lm_head"]:
-            from opencomposer.inference.triton_gemv import gemv
+            from opencomposer.inference.kernels.gemv import gemv
 
             return gemv(hidden, self.lm_head.weight, config=self.gemv_plan["lm_head"])
         return self.lm_head(hidden)

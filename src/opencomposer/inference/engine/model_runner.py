@@ -1,0 +1,576 @@
+"""``ModelRunner``: owns the model and the KV cache tensors; turns a scheduled batch into
+one forward pass and returns the logits of the rows that sample.
+
+On CUDA, decode steps replay CUDA graphs captured once per batch-size bucket
+(1, 2, 4, 8, 16, then multiples of 16 up to ``max_num_seqs``): a decode step of a small
+model is dozens of tiny kernels, and launching them one by one from Python costs more
+than running them. The graphs read fixed input buffers (token ids, positions, slots,
+block tables padded to ``max_model_len``, context lengths); padding rows write to a
+scratch block that no sequence owns. With ``triton`` (the CUDA default) decode attention
+is one Triton kernel per layer instead of a gather of the padded block table plus SDPA,
+and rotary + cache write, residual + RMSNorm and SiLU * up are fused kernels too
+(``triton_kernels.py``), in prefill and decode; on compute capability 9.0+ they are
+launched with programmatic dependent launch (``pdl``, see ``triton_kernels.py``).
+
+The graphs also sample (``sampler.sample_plain``: temperature and greedy flags are graph
+inputs), so a step of plain rows (no top-k/top-p/seed/top_logprobs) is one replay and
+one device->host copy of [token, logprob] pairs; other rows are sampled from the graph's
+logits by ``sampler.sample``. At batch 1 the graph is captured several times -- cuBLAS
+projections; ``triton_gemv`` projections (norms and activation fused in) in the configs
+tuned per projection; that plan with each GEMV role moved back to cuBLAS in turn -- each
+timed over a few replays, and the fastest is kept (``gemv=None``; True/False forces
+one, see ``batch1_plan.py``); ``capture_ms`` holds every time.
+
+Prefill steps of up to 4,096 tokens (an agent turn's new tokens on top of a cached prefix,
+a group of turns, a prompt) are graphs too on the Triton path: one per token bucket in
+``prefill_layout.PREFILL_GRAPH_TOKENS`` (up to the step budget), for up to ``PREFILL_GRAPH_SEQS``
+sequences, padded (padding tokens write the scratch block; the paged-prefill kernel gives
+padding rows no work). All host inputs travel in one copy, laid out by ``PrefillLayout``.
+Longer prefill steps run eagerly.
+
+Run-ahead decode (``run_ahead.py``, used by ``Engine``): ``launch_decode`` replays a decode graph of plain
+rows and queues an asynchronous copy of its ``sampled`` buffer into one of two host
+buffers (pinned on CUDA), with a CUDA event after it; ``launch_next`` then queues the next
+step for the same sequences without the host knowing its tokens: a device-side copy of
+the sampled token ids into the graph's token-id input, positions / slots / context
+lengths incremented in place, a block-table entry and slot set for rows that start a new
+block, and the replay. ``Launch.wait`` blocks on the event and reads the tokens. Stream
+order makes it safe: the next step's input updates run after the previous replay has
+read them, and the previous step's results were copied out before the next replay
+overwrites ``sampled``. ``cuda_graphs="eager"`` puts an object in place of each captured
+graph whose ``replay()`` runs the graph's body eagerly on the same static buffers, so
+the graph and run-ahead paths run (and are tested) on CPU; the CPU default stays eager
+decode without static buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import torch
+
+from opencomposer.inference.models.attention import (
+    AttentionBatch,
+    PrefillSeq,
+    attention_backends,
+)
+from opencomposer.inference.engine.batch1_plan import capture_batch1, recapture_few_rows
+from opencomposer.inference.engine.block_manager import kv_slots
+from opencomposer.inference.engine.decode_mirror import DecodeMirror, MirrorView
+from opencomposer.inference.models.transformer import DecoderLM
+from opencomposer.inference.engine.prefill_layout import (
+    PREFILL_GRAPH_SEQS,
+    PrefillLayout,
+    bucket_of,
+    bucket_variants,
+    prefill_buckets,
+    prefill_inputs,
+    tiles_in_bucket,
+)
+from opencomposer.inference.engine.run_ahead import RunAhead
+from opencomposer.inference.engine.sampler import is_plain, plain_inputs, sample_plain
+from opencomposer.inference.engine.scheduler import ScheduledBatch
+
+
+class ModelRunner(RunAhead):
+    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
+                 max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
+                 pdl: bool | None = None, max_num_batched_tokens: int | None = None):
+        self.model = model
+        cfg = model.cfg
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        model.inv_freq = model.inv_freq.to(self.device)
+        self.triton = triton and self.device.type == "cuda"
+        model.use_triton(self.triton)
+        if self.triton:
+            from opencomposer.inference.kernels.fused import pdl_supported
+
+            # programmatic dependent launch between the Triton kernels (Hopper+; see triton_kernels.py)
+            self.pdl = pdl_supported(self.device) if pdl is None else bool(pdl)
+        else:
+            self.pdl = False
+        self.block_size = block_size
+        self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
+        # multiprocessors, for the prefill kernel's key splits (an H100's where there is no GPU:
+        # the host-side planning then still runs, in tests and host benchmarks)
+        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                    if self.device.type == "cuda" else 132)
+        self.max_num_seqs = max_num_seqs
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.prefill_buckets = prefill_buckets(max_num_batched_tokens)
+        self.prefill_seqs = min(PREFILL_GRAPH_SEQS, max_num_seqs)
+        # one extra block at the end: the scratch block that graph padding rows write to
+        self.scratch_block = num_blocks
+        shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # a MoE model's routes, indexed like the cache (``moe.py``); None for a dense model
+        self.routes = model.route_buffer((num_blocks + 1) * block_size)
+        # CPU decode reads each sequence's K/V from a contiguous copy (at most the paged cache's
+        # size again), not from blocks gathered every layer
+        self.mirror = DecodeMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, max_model_len,
+                                   self.kv_bytes) if self.device.type == "cpu" else None
+        self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
+        # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to four a bucket)
+        self.prefill_graphs: dict[int, dict[tuple, torch.cuda.CUDAGraph]] = {}
+        self.gemv = gemv if self.triton else False
+        self.capture_ms: dict[str, float] = {}
+        # start-up cost of the graphs: wall seconds by part (decode graphs with the batch-1 plan,
+        # prefill graphs, the eager kernels' warm-up), and the device memory held after capture
+        # beyond what was allocated before it (the graphs' pool, static buffers, allocator cache)
+        self.capture_s: dict[str, float] = {}
+        self.graph_memory_bytes = 0
+        self.gemv_timings: dict[str, dict[str, float]] = {}
+        # graphs sample in two fused Triton kernels (one read of the logits) on the Triton path;
+        # the device-side seed advances on every replay, so each replay draws new numbers
+        # (drawn only there: on other paths it would shift the global RNG stream for nothing)
+        self._seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.long).to(self.device) if self.triton else None
+        # the Triton decode kernel's split-arrival counters, one per (sequence, KV head): zero
+        # between kernels (its merging program resets them), shared by every layer and graph
+        self._split_counters = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32,
+                                           device=self.device) if self.triton else None
+        if cuda_graphs not in (True, False, "eager"):
+            raise ValueError(f"cuda_graphs={cuda_graphs!r}: expected True, False or 'eager'")
+        eager = cuda_graphs == "eager"
+        if self.gemv and (not cuda_graphs or eager):
+            from opencomposer.inference.kernels.gemv import default_plan
+
+            model.gemv_rows, model.gemv_plan = 1, default_plan(model.cfg)
+        # run-ahead decode (``launch_decode`` / ``launch_next``): two host buffers its sampled
+        # tokens are copied into (pinned on CUDA, so the copy is asynchronous), used in turn
+        self._results: list[torch.Tensor] = []
+        self._rows_host: tuple[torch.Tensor, torch.Tensor] | None = None  # ``decode_rows``' host buffers
+        self._events: list = []
+        self._turn = 0
+        if eager:
+            self._eager_graphs()
+        elif cuda_graphs and self.device.type == "cuda":
+            self._capture()
+
+    @property
+    def kv_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward ``batch``; returns (logits [n_sampling_rows, V] in the model dtype, and
+        [2, n] sampled token ids and logprobs when a graph already sampled every row, else None)."""
+        if not batch.decode and self.triton:
+            # Triton attention only: no SDPA backend to pick (entering that context costs ~12 us
+            # of host time on an H100 box; a prefill graph step's host work is ~0.2 ms)
+            return self._prefill_triton(batch)
+        with attention_backends(), _pdl(self.pdl):
+            if batch.decode:
+                return self._decode(batch)
+            self.release(batch.seqs)  # a (re)computed prompt: a held copy may be stale
+            return self._prefill(batch), None
+
+    def release(self, seqs) -> None:
+        """These sequences left decoding (finished, aborted, recomputed): their mirror slots are free."""
+        if self.mirror is not None:  # (no mirror, as on a GPU: nothing to do, not even the mode switch)
+            with torch.inference_mode():  # the mirror's tensors are inference tensors: moved only in this mode
+                self.mirror.forget(seqs)
+
+    # ------------------------------------------------------------------ prefill
+
+    def _prefill_inputs(self, batch: ScheduledBatch) -> tuple:
+        return prefill_inputs(batch, self.block_size)
+
+    def _prefill(self, batch: ScheduledBatch) -> torch.Tensor:
+        inputs = self._prefill_inputs(batch)
+        return self.model.logits(self._torch_hidden(inputs)[_to(inputs[3], self.device)])
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: ScheduledBatch) -> torch.Tensor:
+        """The final hidden state of every new token of a prefill-shaped ``batch`` (cached
+        prefixes allowed): speculative decoding's verification step (``speculate.py``), which
+        reads logits at every row, not only the last. A prefill graph's replay where one holds
+        the step (its ``hidden`` buffer: valid until the next prefill step), else eager."""
+        self.release(batch.seqs)
+        inputs = self._prefill_inputs(batch)
+        if self.triton:
+            bucket = self.prefill_bucket(len(inputs[0]), len(batch.seqs))
+            if bucket in self.prefill_graphs:  # the step's graph also keeps every row's hidden state
+                self._prefill_replay(bucket, batch, inputs)
+                return self._pstatic["hidden"][:len(inputs[0])]
+            with _pdl(self.pdl):
+                return self._triton_hidden(inputs)
+        with attention_backends():
+            return self._torch_hidden(inputs)
+
+    def _torch_hidden(self, inputs: tuple) -> torch.Tensor:
+        ids, pos, slots, _, spans = inputs
+        dev = self.device
+        fresh = [(start, n) for start, n, c, _ in spans if c == 0]
+        cached = [PrefillSeq(q_start=start, q_len=n, ctx_len=c + n, block_table=_to(table, dev))
+                  for start, n, c, table in spans if c > 0]
+        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, prefill=cached, num_tokens=len(ids),
+                              kv_written=self.triton)
+        if fresh:
+            width = max(n for _, n in fresh)
+            index = [[s + j if j < n else 0 for j in range(width)] for s, n in fresh]
+            valid = [[j < n for j in range(width)] for _, n in fresh]
+            attn.fresh_index = _to(index, dev)
+            attn.fresh_valid = torch.tensor(valid).to(dev, non_blocking=True)
+            attn.fresh_rows = _to([s + j for s, n in fresh for j in range(n)], dev)
+        return self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
+
+    def _prefill_triton(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One paged-prefill kernel per layer for every sequence of the step (cached prefix or
+        not); a step that a graph holds (at most the largest of ``prefill_buckets`` tokens and
+        ``prefill_seqs`` sequences) replays the graph of the next token bucket instead."""
+        inputs = self._prefill_inputs(batch)
+        bucket = self.prefill_bucket(len(inputs[0]), len(batch.seqs))
+        if bucket in self.prefill_graphs:
+            return self._prefill_replay(bucket, batch, inputs)
+        with _pdl(self.pdl):  # (a graph replay launches no kernel from here: its launches were captured)
+            return self.model.logits(self._triton_hidden(inputs)[_to(inputs[3], self.device)]), None
+
+    def _triton_hidden(self, inputs: tuple) -> torch.Tensor:
+        """The eager Triton prefill forward of ``_prefill_inputs``' ``inputs``: every row's hidden state."""
+        ids, pos, slots, _, spans = inputs
+        tables = [sp[3] for sp in spans]
+        padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
+        for row, table in zip(padded, tables):
+            row[:len(table)] = table
+        tile = self._tile(len(ids), max(c + n for _, n, c, _ in spans))
+        tiles, seqs = self._tiles(spans, tile.rows)
+        dev = self.device
+        attn = AttentionBatch(slot_mapping=_to(slots, dev), decode=False, num_tokens=len(ids), kv_written=True,
+                              prefill_tables=_to(padded, dev),
+                              prefill_seqs=_to(seqs, dev), prefill_tiles=_to(tiles, dev), prefill_tile=tile,
+                              prefill_splits=self._splits(len(tiles[0]), max(seqs[2])))
+        return self.model(_to(ids, dev), _to(pos, dev), attn, self.k_cache, self.v_cache)
+
+    def prefill_bucket(self, tokens: int, seqs: int = 1) -> int | None:
+        """The token bucket of the graph a prefill step of ``tokens`` tokens and ``seqs``
+        sequences fits (None: none does); graphs exist where they were captured (CUDA, Triton)."""
+        return bucket_of(tokens, seqs, self.prefill_buckets, self.prefill_seqs)
+
+    def _tile(self, tokens: int, keys: int):
+        """The paged-prefill kernel's tile for an eager step of ``tokens`` tokens on contexts of
+        up to ``keys`` keys (``triton_prefill.tile_for``)."""
+        from opencomposer.inference.kernels.prefill import tile_for
+
+        return tile_for(tokens, self.group, self.model.cfg.head_dim, self.dtype.itemsize, keys)
+
+    def _splits(self, tiles: int, keys: int) -> int:
+        """Key splits for an eager prefill step of ``tiles`` tiles over contexts of up to ``keys`` keys."""
+        from opencomposer.inference.kernels.prefill import splits_for
+
+        cfg = self.model.cfg
+        return splits_for(tiles * cfg.num_kv_heads, keys, cfg.head_dim, self.sms)
+
+    def _tiles(self, spans: list[tuple], rows: int) -> tuple[list[list[int]], list[list[int]]]:
+        """``triton_prefill.plan`` for the sequences of ``_prefill_inputs``' spans."""
+        from opencomposer.inference.kernels.prefill import plan
+
+        return plan([s for s, _, _, _ in spans], [n for _, n, _, _ in spans], [c + n for _, n, c, _ in spans], rows,
+                    self.group)
+
+    def _prefill_replay(self, t: int, batch: ScheduledBatch, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ids, pos, slots, last, spans = inputs
+        variant = self._graph_variant(t, spans)
+        tiles, seqs = self._tiles(spans, variant[0].rows)
+        lay, st = self._prefill_layout, self._pstatic
+        lay.fill(ids, pos, slots, last, [sp[3] for sp in spans], seqs, tiles)
+        st["flat"].copy_(lay.host_tensor, non_blocking=True)  # the graph's inputs, one copy
+        sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
+        plain = all(is_plain(s) for s in sampling)
+        if plain and sampling:
+            _set_sample_in(st, sampling)
+        self.prefill_graphs[t][variant].replay()
+        k = len(sampling)
+        return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
+
+    def _capture_prefill(self) -> None:
+        """Graphs of the prefill forward for the ``prefill_buckets`` (after decode's)."""
+        from opencomposer.inference.kernels.fused import parallel_compile
+
+        dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
+        lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
+                                                   self.prefill_buckets, s_max)
+        buckets = self.prefill_buckets
+        variants = self.graph_variants()
+        flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
+        self._pstatic = {"flat": flat, "views": lay.views(flat),
+                         "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
+                         # every row's hidden state, for speculative decoding's verify steps
+                         "hidden": torch.zeros(buckets[-1], self.model.cfg.hidden_size, dtype=self.dtype, device=dev),
+                         "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
+                         "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
+        # every graph's kernel variants compiled at once, nothing of them run (one layer: the
+        # others launch the same variants)
+        with parallel_compile(dev), self.model.first_layers(1):
+            for t in buckets:
+                for v in variants[t]:
+                    self._prefill_graph_forward(t, v)
+        for t in sorted(buckets, reverse=True):
+            st = self._pstatic
+            for variant in variants[t]:
+                for _ in range(2):
+                    self._prefill_graph_forward(t, variant)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self._pool):
+                    hidden = self._prefill_graph_forward(t, variant)
+                    st["hidden"][:t] = hidden
+                    st["logits"][:] = self.model.logits(hidden[st["views"]["last"]])
+                    st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
+                self._pool = g.pool()
+                self.prefill_graphs.setdefault(t, {})[variant] = g
+
+    def graph_variants(self, elem_bytes: int | None = None) -> dict:
+        """Bucket -> the (tile, splits) its prefill graphs are captured with (``prefill_layout.bucket_variants``
+        for this engine; ``elem_bytes``: another KV element size than the engine's, e.g. 2 to
+        plan a bf16 engine's graphs on a CPU one)."""
+        cfg = self.model.cfg
+        return bucket_variants(self.prefill_buckets, self.group, cfg.num_kv_heads, cfg.head_dim,
+                               elem_bytes or self.dtype.itemsize, self.max_blocks_per_seq * self.block_size, self.sms)
+
+    def _graph_variant(self, t: int, spans: list[tuple], variants: tuple | None = None,
+                       elem_bytes: int | None = None) -> tuple:
+        """The (tile, splits) graph of bucket ``t`` a step of ``spans`` replays (``triton_prefill.pick_variant``)
+        among ``variants`` (by default the captured graphs')."""
+        from opencomposer.inference.kernels.prefill import pick_variant
+
+        cfg, graphs = self.model.cfg, variants or tuple(self.prefill_graphs[t])
+        if len(graphs) == 1:
+            return graphs[0]
+        return pick_variant(graphs, t, [n for _, n, _, _ in spans], self.group, cfg.num_kv_heads, cfg.head_dim,
+                            elem_bytes or self.dtype.itemsize, max(c + n for _, n, c, _ in spans), self.sms)
+
+    def _prefill_graph_forward(self, t: int, variant: tuple) -> torch.Tensor:
+        tile, splits = variant
+        v = self._pstatic["views"]
+        tiles = v["tiles"][:, :tiles_in_bucket(t, self.group, self.prefill_seqs, tile.rows)]
+        attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
+                              prefill_tables=v["tables"], prefill_seqs=v["seqs"],
+                              prefill_tiles=tiles, prefill_tile=tile, prefill_splits=splits)
+        return self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
+
+    # ------------------------------------------------------------------ decode
+
+    def _decode_inputs(self, batch: ScheduledBatch, width: int, rows: int):
+        bs = self.block_size
+        n = len(batch.seqs)
+        ids = [s.token_ids[-1] for s in batch.seqs] + [0] * (rows - n)
+        pos = [len(s) - 1 for s in batch.seqs] + [0] * (rows - n)
+        slots = [kv_slots(s.block_table, len(s) - 1, bs) for s in batch.seqs]
+        slots += [self.scratch_block * bs] * (rows - n)
+        tables = [s.block_table + [self.scratch_block] * (width - len(s.block_table)) for s in batch.seqs]
+        tables += [[self.scratch_block] * width] * (rows - n)
+        lens = [len(s) for s in batch.seqs] + [1] * (rows - n)
+        return ids, pos, slots, tables, lens
+
+    def _bucket(self, n: int) -> int | None:
+        """The smallest decode graph that holds ``n`` rows (None: no graph does)."""
+        return next((b for b in sorted(self.graphs) if b >= n), None)
+
+    def _decode(self, batch: ScheduledBatch) -> torch.Tensor:
+        n = len(batch.seqs)
+        bucket = self._bucket(n)
+        if bucket is not None:
+            ids, pos, slots, tables, lens = self._decode_inputs(batch, self.max_blocks_per_seq, bucket)
+            st = self._static
+            # two host->device copies; the graph reads these addresses
+            vec = torch.tensor([ids, pos, slots, lens], dtype=torch.long)
+            st["vec"][:, :bucket].copy_(vec, non_blocking=True)
+            st["tables"][:bucket].copy_(torch.tensor(tables, dtype=torch.long), non_blocking=True)
+            plain = all(is_plain(s) for s in batch.seqs)
+            if plain:
+                _set_sample_in(st, batch.seqs)
+            self.graphs[bucket].replay()
+            return st["logits"][:n], (st["sampled"][:, :n] if plain else None)
+        width = max(len(s.block_table) for s in batch.seqs)
+        ids, pos, slots, tables, lens = self._decode_inputs(batch, width, n)
+        dev = self.device
+        vec = _to([ids, pos, slots, lens], dev)
+        mirror = self.mirror.step(batch.seqs, self.k_cache, self.v_cache) if self.mirror is not None else None
+        return self._decode_forward(vec, _to(tables, dev), mirror), None
+
+    def _replay_decode(self, bucket: int) -> None:
+        """Replay the decode graph of ``bucket`` (inputs already in its buffers)."""
+        with attention_backends(), _pdl(self.pdl):
+            self.graphs[bucket].replay()
+
+    def _decode_forward(self, vec: torch.Tensor, tables: torch.Tensor, mirror: MirrorView | None = None) -> torch.Tensor:
+        """vec [4, B] = token ids, positions, slots, context lengths; tables [B, W] -> logits."""
+        return self.model.logits(self._decode_hidden(vec, tables, mirror))
+
+    def _decode_hidden(self, vec: torch.Tensor, tables: torch.Tensor, mirror: MirrorView | None = None) -> torch.Tensor:
+        attn = AttentionBatch(slot_mapping=vec[2], decode=True, block_tables=tables, context_lens=vec[3],
+                              num_tokens=vec.shape[1], triton_decode=self.triton, kv_written=self.triton,
+                              decode_counters=self._split_counters, mirror=mirror)
+        return self.model(vec[0], vec[1], attn, self.k_cache, self.v_cache)
+
+    @torch.inference_mode()
+    def decode_rows(self, rows: list[tuple[int, int, int, int, list[int]] | None], bucket: int) -> None:
+        """Replay the decode graph of ``bucket`` on ``rows`` given directly, each (token id,
+        position, slot, context length, block table), or None for a padding row; the rest of
+        the bucket is padding too. Rows of one sequence at consecutive positions are its next
+        tokens verified in one step (speculative decoding, ``spec_graph.py``): every row
+        writes its K/V before any row attends, and a row sees the keys up to its own context
+        length. The results are in ``decode_outputs()`` until the next decode step."""
+        st, pad = self._static, self.scratch_block
+        if self._rows_host is None:  # pinned on CUDA: the copies below do not wait for the host
+            cuda = self.device.type == "cuda"
+            self._rows_host = (torch.empty(4, self.max_num_seqs, dtype=torch.long, pin_memory=cuda),
+                               torch.empty(self.max_num_seqs, self.max_blocks_per_seq, dtype=torch.long, pin_memory=cuda))
+        vec_t, tables_t = self._rows_host[0], self._rows_host[1][:bucket]  # (all of vec: one contiguous copy)
+        vec, tables = vec_t.numpy(), tables_t.numpy()
+        vec[:] = np.array([[0], [0], [pad * self.block_size], [1]])
+        tables.fill(pad)
+        for i, row in enumerate(rows):
+            if row is not None:
+                tok, pos, slot, ctx, table = row
+                vec[:, i] = (tok, pos, slot, ctx)
+                tables[i, :len(table)] = table
+        # (the host buffers are written again by the next call: the caller reads each step's
+        # results, which waits for these copies, before calling again)
+        st["vec"].copy_(vec_t, non_blocking=True)
+        st["tables"][:bucket].copy_(tables_t, non_blocking=True)
+        self._replay_decode(bucket)
+
+    def decode_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode graphs' output buffers: hidden states [max_num_seqs, H], logits [max_num_seqs, V]."""
+        return self._static["hidden"], self._static["logits"]
+
+    def decode_bucket(self, n: int) -> int | None:
+        """The decode graph ``decode_rows`` replays for ``n`` rows (None: no graph holds them)."""
+        return self._bucket(n)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        before = torch.cuda.memory_allocated(self.device)
+        with attention_backends(), _pdl(self.pdl):
+            self._capture_all()
+        self.graph_memory_bytes = torch.cuda.memory_reserved(self.device) - before
+
+    def _make_static(self) -> None:
+        """The decode graphs' fixed input and output buffers, and run-ahead's host buffers."""
+        m, dev = self.max_num_seqs, self.device
+        w = self.max_blocks_per_seq
+        self._static = {
+            # rows: token ids, positions, slots (padding: the scratch block), context lengths
+            "vec": torch.tensor([[0] * m, [0] * m, [self.scratch_block * self.block_size] * m, [1] * m],
+                                dtype=torch.long, device=dev),
+            "tables": torch.full((m, w), self.scratch_block, dtype=torch.long, device=dev),
+            "logits": torch.zeros(m, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
+            "hidden": torch.zeros(m, self.model.cfg.hidden_size, dtype=self.dtype, device=dev),  # for drafting
+            "sample_in": torch.ones(2, m, dtype=torch.float32, device=dev),  # temperatures, greedy flags
+            "sampled": torch.zeros(2, m, dtype=torch.float64, device=dev),   # token ids, logprobs
+        }
+        cuda = dev.type == "cuda"
+        self._results = [torch.zeros(2, m, dtype=torch.float64, pin_memory=cuda) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)] if cuda else [None, None]
+
+    def _bucket_sizes(self) -> list[int]:
+        m = self.max_num_seqs
+        return sorted(set([b for b in (1, 2, 4, 8) if b < m] + list(range(16, m, 16)) + [m]))
+
+    @torch.inference_mode()
+    def _eager_graphs(self) -> None:
+        """``cuda_graphs="eager"``: per bucket an object whose ``replay()`` runs what the
+        captured graph would, eagerly, on the same static buffers (tests the graph path on CPU)."""
+        self._make_static()
+        self.graphs = {b: _EagerReplay(self, b) for b in self._bucket_sizes()}
+
+    def _capture_all(self) -> None:
+        t = time.perf_counter()
+
+        def lap(part: str) -> None:
+            nonlocal t
+            torch.cuda.synchronize()
+            self.capture_s[part], t = round(time.perf_counter() - t, 3), time.perf_counter()
+
+        self._make_static()
+        self._pool = None
+        if self.triton:
+            from opencomposer.inference.kernels.fused import parallel_compile
+
+            # every bucket's kernel variants compiled at once, nothing of them run (one layer)
+            with parallel_compile(self.device), self.model.first_layers(1):
+                for b in self._bucket_sizes():
+                    self._graph_body(b)
+        for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
+            self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else capture_batch1(self)
+        if self.gemv is not False:
+            recapture_few_rows(self)  # 2-4 rows with the GEMVs where that is faster
+        lap("decode_graphs")
+        if self.triton:
+            from opencomposer.inference.kernels.prefill import warm_up
+
+            # every variant of the eager prefill kernel (compiled in parallel), before the graphs
+            warm_up(self.k_cache[0], self.model.cfg.num_heads)
+            lap("warm_up")
+            self._capture_prefill()
+            lap("prefill_graphs")
+
+    def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
+        for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
+            self._graph_body(b)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            self._graph_body(b)
+        self._pool = g.pool()
+        return g
+
+    def _graph_body(self, b: int) -> None:
+        """What a decode graph of bucket ``b`` runs: forward and sample, static buffers in and out."""
+        st = self._static
+        hidden = self._decode_hidden(st["vec"][:, :b], st["tables"][:b])
+        st["hidden"][:b] = hidden
+        st["logits"][:b] = self.model.logits(hidden)
+        st["sampled"][:, :b] = self._sample_in_graph(st["logits"][:b], st["sample_in"][:, :b])
+
+    def _sample_in_graph(self, logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """``sampler.sample_plain``'s contract; fused Triton kernels on the Triton path."""
+        if self.triton:
+            from opencomposer.inference.kernels.sample import sample_plain_fused
+
+            return sample_plain_fused(logits, inputs, self._seed)
+        return sample_plain(logits, inputs)
+
+
+class _EagerReplay:
+    """Stands in for a captured decode graph (``cuda_graphs="eager"``): ``replay()`` runs the
+    graph's body eagerly, on the same static buffers."""
+
+    def __init__(self, runner: ModelRunner, b: int):
+        self.runner, self.b = runner, b
+
+    @torch.inference_mode()
+    def replay(self) -> None:
+        with attention_backends():
+            self.runner._graph_body(self.b)
+
+
+def _pdl(on: bool):
+    """Programmatic dependent launch for the Triton kernels launched inside, iff ``on``."""
+    if not on:
+        return contextlib.nullcontext()
+    from opencomposer.inference.kernels.fused import pdl_launches
+
+    return pdl_launches()
+
+
+def _set_sample_in(static: dict, seqs: list) -> None:
+    """Copy plain rows' sampling inputs (``sampler.plain_inputs``) into a graph's
+    ``static["sample_in"]``, unless it already holds them: most steps sample like the one
+    before (the key of what it holds is kept beside it)."""
+    how = plain_inputs(seqs)
+    key = (len(seqs), *map(tuple, how))
+    if key != static.get("sample_key"):
+        static["sample_in"][:, :len(seqs)].copy_(torch.tensor(how, dtype=torch.float32), non_blocking=True)
+        static["sample_key"] = key
+
+
+def _to(values: list, device: torch.device) -> torch.Tensor:
+    """int64 tensor on ``device``, built on the host first: ``torch.tensor(..., device=cuda)``
+    would wait for the GPU queue to drain."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)

@@ -1,0 +1,207 @@
+"""The whole learning job of `opencomposer train`: tasks -> [CPT] -> SFT warm start -> RL -> evals -> report.
+
+    opencomposer train --config configs/demo.toml            # what `make demo` runs
+    opencomposer train --config configs/demo.toml --resume   # continue a stopped run
+
+Composer's order at small scale: optionally continued pretraining on raw code (``[pretrain]
+enabled = true``: ``train/pretrain.py``, whose export every later stage starts from), then
+the model learns the tool format from oracle traces (SFT on assistant tokens only), then RL
+improves it. Held-out pass@1 is measured on the base model (``[model] name``, before any
+stage), after SFT and after RL, through the deployment harness.
+The base model is measured last, on a fresh load of its weights (its score does not
+depend on when it is taken), so the first RL step comes minutes sooner.
+Every stage leaves its result in the run directory (``pretrain/``, ``evals.json``, ``sft.json``,
+``sft_model/``, ``checkpoints/``, ``metrics.jsonl``), and a resumed run skips the
+stages already done (and continues an interrupted continued pretraining from its checkpoint).
+
+Under torchrun, rank 0 makes the tasks, runs the oracle, the evaluations and the report;
+every rank takes part in the CPT, SFT and RL updates (sharded, ``train/pretrain.py``, ``rl/run.py``).
+
+Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_pipeline_pretrain.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from opencomposer.config import ConfigError
+from opencomposer.eval.heldout import evaluate
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.paths import atomic_write_text
+from opencomposer.rl.config import RLRunConfig
+from opencomposer.episode.run import run_task
+from opencomposer.pipeline.report import write_report
+from opencomposer.rl.run import RLRun, refuse_unsharded_engine
+from opencomposer.train.samples import sft_samples
+from opencomposer.rl.taskpool import ensure_tasks, split_tasks
+from opencomposer.tasks.format import Task
+from opencomposer.train import distributed
+from opencomposer.train.checkpoint import CheckpointError, export_model, save_checkpoint
+from opencomposer.train.pretrain import run_pretrain_config
+
+
+def _write_json(path: Path, data: dict) -> None:
+    atomic_write_text(path, json.dumps(data, indent=1))
+
+
+def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) -> list:
+    """Oracle episodes on training tasks, saved as transcripts (the SFT data).
+
+    The compact oracle batches independent calls into one turn, so its traces fit the
+    short turn budgets small models get; traces that do not solve the task are dropped.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    trajs = []
+    for p in tasks:
+        task = Task.load(p)
+        res = run_task(task, OraclePolicy(task, compact=True), backend, cfg.agent,
+                       transcript=out / f"{task.id}.json")
+        if res.reward.passed:  # only traces that solved the task teach the format
+            trajs.append(res.trajectory)
+    return trajs
+
+
+def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distributed.Dist,
+                          log: Callable[[str], None]) -> dict | None:
+    """The ``[pretrain]`` stage (``run_pretrain`` into ``out/pretrain``), or None when it is off.
+
+    Resumed and done (``pretrain/result.json`` at ``pretrain.steps``): skipped. Resumed and
+    interrupted: ``run_pretrain`` continues from ``pretrain/checkpoints``. Not resumed: it starts
+    over, as every stage does. Every rank runs it (sharded under torchrun); rank 0 decides."""
+    p = cfg.pretrain
+    if not p.enabled:
+        return None
+    stage = out / "pretrain"
+
+    def done() -> dict | None:
+        path = stage / "result.json"
+        if resume and path.exists() and (stage / "model").is_dir():
+            res = json.loads(path.read_text())
+            if res.get("steps") == p.steps:
+                return res
+        if not resume:  # a fresh run: an old stage's checkpoint is not continued
+            shutil.rmtree(stage / "checkpoints", ignore_errors=True)
+        return None
+
+    res = distributed.on_main(dist, done, "rank 0 could not read the pretrain stage")
+    if res is not None:
+        log(f"continued pretraining: done ({stage / 'result.json'}), skipped")
+        return res
+    log(f"continued pretraining of {cfg.model.name}: {p.steps} steps x {p.batch_size} x {p.seq_len} tokens on "
+        f"{', '.join(p.data)} ...")
+    try:
+        res = run_pretrain_config(p.run_config(cfg.model.name, str(stage)), device=cfg.model.device,
+                                  progress=dist.main and sys.stderr.isatty())
+    except (CheckpointError, ValueError, FileNotFoundError) as e:  # settings the data or the model refuse
+        raise ConfigError(f"[pretrain] stage: {e}") from None
+    for name, before in res["before"].items():
+        if name != "step":
+            log(f"  held-out loss ({name}): {before['loss']} -> {res['after'][name]['loss']}")
+    return res
+
+
+def pretrain_summary(res: dict) -> dict:
+    """What the pipeline's result says of the stage: the model it made and its held-out losses."""
+    sets = [k for k in res["before"] if k != "step"]
+    return {"model": res["model_dir"], "steps": res["steps"], "resumed_from": res["resumed_from"],
+            "loss_before": {k: res["before"][k]["loss"] for k in sets},
+            "loss_after": {k: res["after"][k]["loss"] for k in sets}}
+
+
+def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str], None]) -> dict:
+    tr = run.trainer
+    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, run.tools)]
+    if not samples:
+        raise RuntimeError(
+            f"SFT: none of the oracle traces solved its task within agent.max_turns="
+            f"{cfg.agent.max_turns} (the compact oracle needs 4 turns for a one-hunk task)")
+    tr.set_lr(cfg.sft.lr)
+    rng = random.Random(cfg.run.seed)
+    losses, t0, batch = [], time.perf_counter(), 4
+    for epoch in range(cfg.sft.epochs):
+        rng.shuffle(samples)
+        for i in range(0, len(samples), batch):
+            m = tr.sft_step(samples[i:i + batch])
+            losses.append(m["loss"])
+        log(f"  SFT epoch {epoch + 1}/{cfg.sft.epochs}: loss {losses[-1]:.3f}")
+    # RL starts with a fresh optimizer at its own learning rate
+    tr.optimizer.state.clear()
+    tr.set_lr(cfg.train.lr)
+    tokens = sum(len(s.input_ids) for s in samples) * cfg.sft.epochs
+    secs = time.perf_counter() - t0
+    return {"traces": len(trajs), "samples": len(samples), "steps": len(losses), "loss_first": losses[0],
+            "loss_last": losses[-1], "seconds": round(secs, 1), "tokens_per_second": round(tokens / max(secs, 1e-9), 1)}
+
+
+def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], None] = print,
+                 on_step: Callable[[dict], None] | None = None) -> dict:
+    out = Path(cfg.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = cfg.rollout.backend
+    dist = distributed.init_from_env(cfg.model.device)  # a plain process unless started by torchrun
+    if not dist.main:
+        log = _quiet
+    refuse_unsharded_engine(cfg, dist)  # what RLRun refuses, refused before any stage runs
+    if cfg.pretrain.enabled:
+        cfg.pretrain.check_paths()  # before the tasks are made: a typo should not wait for them
+    split = None
+    if dist.main:  # tasks are made and split once; the other ranks only train
+        tasks = ensure_tasks(cfg.tasks, backend, log)
+        split = split_tasks(tasks, cfg.tasks.heldout, cfg.tasks.seed, out)
+    train, held = distributed.broadcast(split, dist)
+    log(f"{len(train)} training tasks, {len(held)} held out; model {cfg.model.name}"
+        + (f"; trainer sharded over {dist.world} ranks" if dist.enabled else ""))
+    cpt = continued_pretraining(cfg, out, resume, dist, log)
+    start_model = cpt["model_dir"] if cpt else cfg.model.name  # SFT, RL and the KL reference start here
+    t0 = time.perf_counter()
+    run = RLRun(cfg, train, out, resume=resume, on_step=on_step, start_model=start_model)
+    log(f"model loaded in {time.perf_counter() - t0:.1f}s" + (f"; resuming at step {run.start_step}" if run.start_step else ""))
+    evals_path, sft_path = out / "evals.json", out / "sft.json"
+    evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
+    held_tasks = [Task.load(p) for p in held]
+
+    def measure(name: str) -> None:
+        if dist.main and held_tasks and name in cfg.eval.stages and name not in evals:
+            log(f"evaluating held-out pass@1 ({name}) ...")
+            with run.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
+                evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
+                                       save_dir=out / "evals" / name)
+            log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
+            _write_json(evals_path, evals)
+
+    if run.start_step == 0:
+        if cfg.sft.enabled and not (resume and sft_path.exists()):
+            log("SFT warm start on oracle traces" + (f", from {start_model}" if cpt else "") + " ...")
+            trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg) if dist.main else None
+            sft = sft_warm_start(run, distributed.broadcast(trajs, dist), cfg, log)
+            export_model(out / "sft_model", run.trainer)
+            # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
+            # RL checkpoint resumes from them instead of from the base model
+            save_checkpoint(run.ckpt_dir, run.trainer, {"sampler": run.sampler.state()}, 0,
+                            keep=cfg.run.keep_checkpoints)
+            run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
+            if dist.main:
+                _write_json(sft_path, sft)
+            measure("sft")
+    log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
+    rows = run.run()
+    if not dist.main:
+        return {"out": str(out), "rank": dist.rank, "steps": cfg.run.steps - run.start_step}
+    run.policy.close()
+    measure("rl")
+    measure("base")
+    report = write_report(out)
+    return {"out": str(out), "report": str(report), "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
+            "steps": len(rows), "last_step": rows[-1] if rows else None,
+            "checkpoint": str(run.latest_checkpoint() or ""),
+            **({"start_model": start_model, "pretrain": pretrain_summary(cpt)} if cpt else {})}
+
+
+def _quiet(_: str) -> None:
+    """The log of ranks other than 0: rank 0 speaks for the run."""

@@ -1,0 +1,204 @@
+"""``BatchedPolicy``: one local model serving many concurrent episodes, one batch at a time.
+
+Rollouts run one episode per thread, each with its own sandbox and its own ``Agent``
+(the deployed harness, unchanged). Every ``Agent`` calls ``policy.act`` as if it were
+alone; this class queues those calls and a single generation worker runs them through
+``ModelPolicy.sample_batch`` (one left-padded ``generate``), so the model does one big
+forward per token instead of one per episode::
+
+    with BatchedPolicy(ModelPolicy("smollm2-135m", max_new_tokens=256), max_batch=8) as policy:
+        def episode(task):
+            with policy.episode():          # counts as live while it runs
+                return run_task(task, policy, "local", cfg)
+        ...threads...
+    policy.batch_sizes                      # Counter {batch size: number of batches}
+    policy.stats                            # generate_seconds, batches, requests (resettable)
+
+When is a batch formed? When every live episode (``episode()`` / ``register()``) has a
+request pending, or ``max_batch`` requests are pending, or ``max_wait`` seconds have
+passed since the oldest pending request (or since the last batch ended, if later): episodes
+busy in a tool (running tests) must not stall the others for long. Prompts are rendered and tokenised in the calling thread, so a
+prompt that does not fit raises ``ContextLengthError`` there, for that request only.
+
+Everything the sampler means (GenerationConfig, stop tokens, logprobs, context rule) is
+``ModelPolicy``'s; ``policy_version`` is the wrapped policy's (a trainer bumps either) and is
+read when each batch starts generating. With a ``seed`` the wrapped policy seeds each
+``generate`` call, but which prompts share a batch depends on thread timing, so batched
+sampling is not reproducible run to run; greedy (``temperature=0``) output is.
+
+Test: ``pytest tests/unit/rl/test_rollout.py -k batch``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.protocols import Message, PolicyOutput
+
+
+class BatchGenerationError(RuntimeError):
+    """Generating the batch this request was in failed; ``__cause__`` is the original error."""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    arrived: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    output: PolicyOutput | None = None
+    error: BaseException | None = None
+
+
+class BatchedPolicy:
+    """Implements ``Policy`` for many threads at once over one ``ModelPolicy``.
+
+    ``max_batch`` caps the rows of one ``generate``; ``max_wait`` (seconds) is how long the
+    oldest request waits for the other live episodes to catch up. Close it (or use ``with``)
+    to stop the worker thread; requests still queued then fail instead of hanging.
+    """
+
+    def __init__(self, policy: ModelPolicy, max_batch: int = 8, max_wait: float = 0.05, name: str | None = None):
+        if max_batch < 1 or max_wait < 0:
+            raise ValueError(f"need max_batch >= 1 and max_wait >= 0; got max_batch={max_batch}, max_wait={max_wait}")
+        self.policy = policy
+        self.name = name or policy.name
+        self.max_batch, self.max_wait = max_batch, max_wait
+        self.batch_sizes: Counter[int] = Counter()  # histogram: batch size -> batches run
+        # Running totals for step reports; a caller may reset any of them to 0 between steps.
+        self.stats: dict[str, float] = {"generate_seconds": 0.0, "batches": 0, "requests": 0}
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._live = 0
+        self._closed = False
+        self._free_since = 0.0  # when the worker finished its last batch (monotonic)
+        self._worker = threading.Thread(target=self._work, name=f"batched-{self.name}", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ Policy
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    @property
+    def policy_version(self) -> int:
+        return self.policy.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.policy.policy_version = version
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
+        request = _Request(self.policy.encode(messages, tools))  # ContextLengthError: this caller only
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"BatchedPolicy {self.name!r} is closed; no worker will answer")
+            self._pending.append(request)
+            self._cond.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise BatchGenerationError(
+                f"generating a batch on {self.name} failed: {type(request.error).__name__}: {request.error}"
+            ) from request.error
+        assert request.output is not None  # the worker sets output or error before done
+        return request.output
+
+    # ------------------------------------------------------------------ live episodes
+
+    def register(self) -> None:
+        with self._cond:
+            self._live += 1
+
+    def unregister(self) -> None:
+        with self._cond:
+            if self._live < 1:
+                raise RuntimeError("unregister() without a matching register()")
+            self._live -= 1
+            self._cond.notify_all()  # the worker may be waiting for this episode's request
+
+    @contextmanager
+    def episode(self) -> Iterator[None]:
+        """Count the calling episode as live (the worker waits for its request) while inside."""
+        self.register()
+        try:
+            yield
+        finally:
+            self.unregister()
+
+    # ------------------------------------------------------------------ worker
+
+    def _next_batch(self) -> list[_Request]:
+        """Block until a batch is due; an empty list means closed and drained."""
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if not self._pending:
+                return []
+            # The grace period starts when the worker is free, not when the oldest request
+            # came: requests that queued up during the last batch would otherwise go at
+            # once, alone, while that batch's episodes are a few ms from asking again, and
+            # the episodes would settle into two half-size batches taking turns.
+            deadline = max(self._pending[0].arrived, self._free_since) + self.max_wait
+            while not self._closed and len(self._pending) < min(self.max_batch, max(self._live, 1)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            return batch
+
+    def _run(self, batch: list[_Request]) -> None:
+        started = time.monotonic()
+        try:
+            outputs = self.policy.sample_batch([r.prompt_ids for r in batch])
+            for request, output in zip(batch, outputs):
+                request.output = output
+        except BaseException as e:  # every waiting caller must hear of it, whatever it is
+            for request in batch:
+                request.error = e
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            with self._cond:
+                self.batch_sizes[len(batch)] += 1
+                self._free_since = time.monotonic()
+                self.stats["generate_seconds"] += self._free_since - started
+                self.stats["batches"] += 1
+                self.stats["requests"] += len(batch)
+            for request in batch:
+                request.done.set()
+
+    def _work(self) -> None:
+        try:
+            while batch := self._next_batch():
+                self._run(batch)
+        finally:
+            # Reached on close, or if the worker itself dies: nobody may wait forever.
+            with self._cond:
+                self._closed = True
+                stranded, self._pending = self._pending, []
+            for request in stranded:
+                request.error = RuntimeError("the batching worker stopped before this request ran")
+                request.done.set()
+
+    def close(self) -> None:
+        """Finish queued requests, then stop the worker (and the wrapped policy's connections,
+        if it has any: ``ServerPolicy``)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join()
+        if hasattr(self.policy, "close"):
+            self.policy.close()
+
+    def __enter__(self) -> "BatchedPolicy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""``OraclePolicy``: a scripted developer that solves a task from its gold patch, through the tools.
+
+It proves a task is solvable in the harness (every tool it needs works, the gold patch
+applies from what the agent can see) and yields demonstration trajectories. It only
+uses ordinary tool calls and decides from the observations it gets back:
+
+1. ``list_dir .``, then ``search`` for the feature's symbol, then ``read_file`` around
+   the first hunk of each file;
+2. per hunk, ``edit_file`` with the hunk's old side (context + removed lines) as ``old``
+   and its new side as ``new``;
+3. if an edit fails (text not unique, or empty), it reads ``WIDEN`` lines around the hunk
+   and retries with them as extra context; if that fails too, it reads the whole file
+   (page by page, as a model would), applies the remaining hunks to that text with
+   ``patch.apply_hunks`` and writes the result with ``write_file``;
+4. an import check (or a quick pytest) with ``run``, then ``submit``.
+
+The script is a generator that receives each turn's observations: that is its whole
+state, and it restarts when a conversation starts over. Asked for a summary
+(``harness/summarize.py``), it lists its calls so far and keeps the pending observation,
+so the script goes on in the next segment as if the context had never been cleared.
+
+Test: ``pytest tests/unit/harness/test_oracle.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Generator
+
+from opencomposer.models.codec import format_assistant
+from opencomposer.harness.fs_tools import LINE_CUT, numbered_lines
+from opencomposer.harness.patch import FilePatch, Hunk, PatchError, apply_hunks, parse_patch
+from opencomposer.harness.summarize import is_summary_request, summary_of
+from opencomposer.protocols import Message, PolicyOutput, ToolCall
+
+# A turn the script proposes: (prose, calls). It makes one call per turn and gets back its observation.
+Turn = tuple[str, list[ToolCall]]
+Script = Generator[Turn, str, None]
+_READ_FURTHER = re.compile(r"start_line=(\d+) to read further")
+WIDEN = 8  # lines of extra context on each side when a hunk's text is not unique
+
+
+class OraclePolicy:
+    """Solves ``task`` (a ``tasks.format.Task``) by replaying its gold patch as tool calls."""
+
+    def __init__(self, task: Any, check_timeout: float = 60.0, compact: bool = False):
+        self.task = task
+        # compact: independent calls share a turn (list_dir + search; run + submit), as a
+        # good agent batches them: 4 turns for a one-hunk task instead of 6
+        self.compact = compact
+        self.patches: list[FilePatch] = parse_patch(task.gold_patch)
+        self.check_timeout = check_timeout
+        self.name = f"oracle:{task.id}"
+        self._script: Script | None = None
+        self._n = 0
+        self._done: list[str] = []  # one line per call made, for summaries
+        self._pending = ""  # the observation the script was owed when the context was cleared
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
+        if messages and is_summary_request(messages[-1]):
+            self._pending = _last_observation(messages[:-1])
+            return PolicyOutput(text=self._summary(), tool_calls=[])
+        fresh = not any(m.role == "assistant" for m in messages)
+        if self._script is None or (fresh and summary_of(messages) is None):
+            self._script, self._n, self._done = self._plan(), 0, []
+            prose, calls = next(self._script)
+        else:
+            try:
+                observation = self._pending if fresh else _last_observation(messages)
+                prose, calls = self._script.send(observation)
+            except StopIteration:  # the script already submitted; say so again
+                prose, calls = "Done.", [self._call("submit", message="Done.")]
+        return PolicyOutput(text=format_assistant(prose, calls), tool_calls=calls)
+
+    # ------------------------------------------------------------------ the script
+
+    def _call(self, name: str, **args: Any) -> ToolCall:
+        self._n += 1
+        shown = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in args.items() if k not in ("content", "new"))
+        self._done.append(f"{name}({shown})")
+        return ToolCall(name, args, f"oracle_{self._n}")
+
+    def _summary(self) -> str:
+        f = self.task.meta.feature
+        done = "\n".join(f"- {d}" for d in self._done[-12:])
+        return (f"Task: implement `{f.symbol}` in {f.file}; the change follows the code around it.\n"
+                f"Calls so far ({len(self._done)}, latest last):\n{done}\n"
+                f"Next: finish the remaining edits, check the code loads, submit.")
+
+    def _plan(self) -> Script:
+        feature = self.task.meta.feature
+        symbol = feature.symbol.split(".")[-1]
+        suffix = feature.file.rsplit(".", 1)[-1] if "." in feature.file.rsplit("/", 1)[-1] else ""
+        search = {"pattern": rf"\b{re.escape(symbol)}\b", **({"glob": f"*.{suffix}"} if suffix else {})}
+        if self.compact:
+            yield f"Let me look at the layout and find `{symbol}`.", [
+                self._call("list_dir", path="."), self._call("search", **search)]
+        else:
+            yield "Let me look at the repository layout.", [self._call("list_dir", path=".")]
+            yield f"Where is `{symbol}` defined and used?", [self._call("search", **search)]
+        problems: list[str] = []
+        for fp in self.patches:
+            problem = yield from self._patch_file(fp)
+            if problem:
+                problems.append(problem)
+        if problems:
+            message = "I could not apply every change: " + "; ".join(problems)
+        else:
+            files = ", ".join(fp.path for fp in self.patches)
+            message = f"Implemented `{feature.symbol}` in {files}."
+        if self.compact:
+            yield "Check that the code loads, and finish.", [
+                self._call("run", **self._check()), self._call("submit", message=message)]
+        else:
+            yield "Quick check that the code still loads.", [self._call("run", **self._check())]
+            yield "Done.", [self._call("submit", message=message)]
+
+    def _patch_file(self, fp: FilePatch) -> Generator[Turn, str, str]:
+        """Apply one file's hunks; returns a problem description, or "" on success."""
+        if fp.is_new:
+            content = apply_hunks("", fp.hunks, fp.path)
+            yield f"Create {fp.path}.", [self._call("write_file", path=fp.path, content=content)]
+            return ""
+        if fp.is_delete:
+            yield f"Remove {fp.path}.", [self._call("run", command=f"rm -- {shlex.quote(fp.path)}")]
+            return ""
+        first = fp.hunks[0]
+        lo, hi = max(1, first.old_start - 5), first.old_start + first.old_len + 5
+        yield f"Read {fp.path} around line {first.old_start}.", [
+            self._call("read_file", path=fp.path, start_line=lo, end_line=hi)
+        ]
+        grown = 0  # lines earlier hunks of this file added (so later ones moved down)
+        for k, hunk in enumerate(fp.hunks):
+            done = False
+            if hunk.old_text:
+                obs = yield f"Edit {fp.path}.", [
+                    self._call("edit_file", path=fp.path, old=hunk.old_text, new=hunk.new_text)
+                ]
+                done = not obs.startswith("Error")
+            if not done:
+                done = yield from self._widened_edit(fp.path, hunk, hunk.old_start + grown)
+            if not done:  # still not unique (or not found): compute the whole file instead
+                content = yield from self._read_whole(fp.path)
+                if content is None:
+                    return f"could not read {fp.path} in full"
+                try:
+                    patched = apply_hunks(content, fp.hunks[k:], fp.path)
+                except PatchError as e:
+                    return str(e)
+                yield f"Rewrite {fp.path} with the change.", [
+                    self._call("write_file", path=fp.path, content=patched)
+                ]
+                return ""
+            grown += hunk.new_len - hunk.old_len
+        return ""
+
+    def _widened_edit(self, path: str, hunk: Hunk, line: int) -> Generator[Turn, str, bool]:
+        """Read the lines around ``line`` and retry the edit with them as extra context."""
+        lo, hi = max(1, line - WIDEN), line + hunk.old_len + WIDEN
+        obs = yield "Read more context around the change.", [
+            self._call("read_file", path=path, start_line=lo, end_line=hi)
+        ]
+        rows, no_newline = numbered_lines(obs)
+        if obs.startswith("Error") or not rows or LINE_CUT in obs:
+            return False
+        first = min(rows)
+        lines = [rows[i] + "\n" for i in range(first, first + len(rows))] if len(rows) == max(rows) - first + 1 else []
+        if no_newline and lines:
+            lines[-1] = lines[-1][:-1]
+        # Only where the patch says: the text occurs elsewhere too, so "nearest" could be wrong.
+        pos = line - first
+        if pos < 0 or lines[pos : pos + hunk.old_len] != hunk.old_lines:
+            return False
+        before, after = "".join(lines[:pos]), "".join(lines[pos + hunk.old_len :])
+        if not before and not after:
+            return False
+        obs = yield f"Edit {path} with more context.", [
+            self._call("edit_file", path=path, old=before + hunk.old_text + after, new=before + hunk.new_text + after)
+        ]
+        return not obs.startswith("Error")
+
+    def _read_whole(self, path: str) -> Generator[Turn, str, str | None]:
+        """Read ``path`` page by page through read_file; None if it cannot be read."""
+        rows: dict[int, str] = {}
+        start, no_newline = 1, False
+        while True:
+            obs = yield f"Read all of {path}.", [self._call("read_file", path=path, start_line=start)]
+            if obs.startswith("Error"):
+                return None
+            if obs.startswith("(") and obs.endswith("is empty)"):
+                return ""
+            if LINE_CUT in obs:
+                return None  # a line too long to show: the file cannot be rebuilt from what we saw
+            got, no_newline = numbered_lines(obs)
+            rows.update(got)
+            more = _READ_FURTHER.search(obs)
+            if not more:
+                break
+            start = int(more.group(1))
+        if sorted(rows) != list(range(1, len(rows) + 1)):
+            return None  # a gap means a line was cut; the text cannot be rebuilt
+        text = "\n".join(rows[i] for i in range(1, len(rows) + 1))
+        return text if no_newline else text + "\n"
+
+    def _check(self) -> dict[str, Any]:
+        package = self.task.meta.source.package
+        if package:
+            return {"command": f"python -c {shlex.quote('import ' + package)}", "timeout": self.check_timeout}
+        return {"command": "python -m pytest -x -q 2>&1 | tail -n 20", "timeout": self.check_timeout}
+
+
+def _last_observation(messages: list[Message]) -> str:
+    """The tool message that answers the last assistant turn ("" if there is none)."""
+    for m in reversed(messages):
+        if m.role == "assistant":
+            return ""
+        if m.role == "tool":
+            return m.content
+    return ""
