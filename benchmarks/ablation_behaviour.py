@@ -22,7 +22,7 @@ metrics, per-step RL rows, eval transcripts under ``eval/``), ``<out>/summary.md
 (paste-ready table) and a last stdout line of JSON. An arm whose ``result.json`` exists
 is skipped; an arm stopped mid-RL resumes from its last checkpoint.
 
-Test: ``pytest tests/unit/benchmarks/test_ablation.py``.
+Test: ``pytest tests/bench/test_ablation.py``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from opencomposer.rl.config import RLRunConfig
 from opencomposer.pipeline.run import oracle_traces, sft_warm_start
 from opencomposer.rl.run import RLRun
 from opencomposer.tasks.format import Task
-from opencomposer.train.checkpoint import export_model
+from opencomposer.train.export import export_model
 
 # arm -> (length penalty on, textual feedback on); everything else is shared
 ARMS: dict[str, tuple[bool, bool]] = {

@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous RL steps (``[rollout] max_staleness`` 0 and 1), same config.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_async_rl.py --config configs/rl-async.toml \
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_async_rl.py --config configs/train/rl-async.toml \
         --out runs/bench-async [--staleness 0 1] [--steps 4]
 
 Runs ``opencomposer train``'s pipeline once per staleness bound into ``OUT/s{N}`` (one task
@@ -28,7 +28,7 @@ KEYS = ("time_step", "time_wait_rollouts", "time_rollout_idle", "time_rollout", 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="configs/rl-async.toml")
+    ap.add_argument("--config", default="configs/train/rl-async.toml")
     ap.add_argument("--out", default="runs/bench-async")
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=None)

@@ -1,5 +1,5 @@
 """Host work of an agent turn's prefill step, on the CPU: what runs before the prefill
-graph's replay is called (``Engine._step_now`` -> ``ModelRunner._prefill_triton`` ->
+graph's replay is called (``Engine._plain_step`` -> ``ModelRunner._prefill_triton`` ->
 ``_prefill_replay``), timed function by function.
 
     PYTHONPATH=src python3 benchmarks/bench_prefill_host.py [--prefix 1200,3000] [--new 208] [--reps 400]

@@ -2,7 +2,7 @@
 train -> eval gate -> hot-swap, each a real process or step.
 
     nice -n 10 .venv/bin/python benchmarks/bench_realtime.py --model smollm2-135m --sessions 8 \\
-        --config configs/realtime.toml --out runs/bench-realtime
+        --config configs/realtime/realtime.toml --out runs/bench-realtime
 
 1. ``opencomposer serve --model M --log-dir OUT/logs`` starts on a free port;
 2. ``opencomposer realtime users`` runs ``--sessions`` simulated sessions against it (tasks
@@ -42,7 +42,7 @@ def cli(*args: str, timeout: float = 7200) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--config", default="configs/realtime.toml")
+    ap.add_argument("--config", default="configs/realtime/realtime.toml")
     ap.add_argument("--out", default="runs/bench-realtime")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--user-suite", default="smoke")

@@ -76,7 +76,7 @@ def bench_fork(spec: SandboxSpec, backend: str, root: Path) -> dict:
 def bench_remote(spec: SandboxSpec, backend: str, n: int, root: Path) -> dict:
     import ray
 
-    from opencomposer.sandbox.remote import SandboxCluster
+    from opencomposer.sandbox.cluster import SandboxCluster
 
     t = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)

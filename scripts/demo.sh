@@ -6,7 +6,7 @@
 # The run resumes if interrupted: run `make demo` again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONFIG=${DEMO_CONFIG:-configs/demo.toml}
+CONFIG=${DEMO_CONFIG:-configs/train/demo.toml}
 BACKEND=$(.venv/bin/python -c "from opencomposer.sandbox.namespace import unavailable_reason as u; r = u(); print('local' if r else 'namespace')")
 [ "$BACKEND" = local ] && echo "note: namespace sandboxes unavailable here; using the local backend"
 OUT=$(.venv/bin/python -c "import tomllib,sys; print(tomllib.load(open('$CONFIG','rb'))['run']['out_dir'])")

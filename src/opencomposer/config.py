@@ -1,10 +1,15 @@
 """Configs: pydantic models loaded from TOML, strict about keys and values.
 
-Every entry point has one root model. ``load_config(path, Model)`` reads a TOML file and
-turns any problem into a ``ConfigError`` that names the file, the key and what was
-expected, e.g.::
+Every entry point has one root model, and its shipped configs sit in a folder named for the
+command, ``configs/<command>/NAME.toml`` (``cli/configs.py`` maps the folders to the models).
+``load_config(path, Model)`` reads a TOML file and turns any problem into a ``ConfigError``
+that names the file, the key and what was expected, e.g.::
 
-    configs/demo.toml: key 'agent.max_turns': expected an integer >= 1, got 0
+    configs/train/demo.toml: key 'agent.max_turns': expected an integer >= 1, got 0
+
+The sections more than one root uses are defined here, once: ``ModelSection`` (``[model]``),
+``SamplingSection`` (the sampling keys of ``[rollout]`` and ``[gate]``), ``LossSection``
+(``[loss]``, the settings of ``train.loss.LossConfig``), ``AgentConfig`` and ``SandboxConfig``.
 
 Test: ``pytest tests/unit/test_config.py tests/unit/test_config_keys.py`` (every shipped key read or refused).
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -57,6 +62,50 @@ class SandboxConfig(Strict):
     backend: Backend = Field("auto", description="auto: namespace, else gvisor; local only when named (not isolated)")
 
 
+class ModelSection(Strict):
+    """``[model]``: the policy a run starts from."""
+
+    name: str = Field("smollm2-135m", description="smollm2-135m | tiny-random | a local HF dir | a hub id")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+
+
+# The sampling keys as types, so a section that needs other defaults (the gate samples greedily)
+# states only the default and keeps the bounds and the meaning.
+Temperature = Annotated[float, Field(ge=0, description="sampling temperature (0: greedy)")]
+MaxNewTokens = Annotated[int, Field(ge=1, description="per model turn")]
+MaxBatch = Annotated[int, Field(ge=1, description="sequences generated together")]
+Engine = Literal["hf", "builtin", "server"]
+
+
+class SamplingSection(Strict):
+    """How episodes sample from the policy: the keys ``[rollout]`` (rl) and ``[gate]`` (realtime) share."""
+
+    temperature: Temperature = 0.8
+    max_new_tokens: MaxNewTokens = 256
+    max_batch: MaxBatch = 16
+    backend: Backend = Field("auto", description="sandbox of the episodes (auto: namespace, else gvisor; "
+                                                 "local only when named, not isolated)")
+    engine: Engine = Field(
+        "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not "
+                          "re-prefilled); 'hf': transformers generate on the model; 'server': an "
+                          "`opencomposer serve --weights-from` process (rl only: rollout.base_url, fed through [sync])")
+
+
+class LossSection(Strict):
+    """``[loss]``: the clipped policy-gradient loss, ``train.loss.LossConfig`` less its per-batch ``normalizer``."""
+
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0, description="k1/k3 KL to the reference policy when > 0")
+    kl_estimator: Literal["k1", "k3"] = "k1"
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``train.loss.LossConfig`` (a subclass's own keys left out)."""
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "kl_coef": self.kl_coef,
+                "kl_estimator": self.kl_estimator}
+
+
 class AgentRunConfig(Strict):
     """Root config of ``opencomposer agent`` (and of ``opencomposer eval --config``)."""
 
@@ -94,7 +143,9 @@ def load_config(path: str | Path, model: type[M]) -> M:
     """Read TOML at ``path`` into ``model``. Missing file, bad TOML and bad keys all raise ConfigError."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        moved = " (shipped configs now sit in a folder per command: configs/<command>/NAME.toml, " \
+                "e.g. configs/train/demo.toml)" if path.parent.name == "configs" else ""
+        raise ConfigError(f"{path}: config file not found{moved}")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
@@ -102,27 +153,3 @@ def load_config(path: str | Path, model: type[M]) -> M:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
     return validate(data, model, str(path))
-
-
-# Root model of each shipped config, by file-name prefix (configs/<root>[-variant].toml),
-# as import paths so this bottom module never imports the components above it.
-ROOTS: dict[str, str] = {
-    "agent": "opencomposer.config:AgentRunConfig",
-    "demo": "opencomposer.rl.config:RLRunConfig",
-    "factory": "opencomposer.tasks.factory:FactoryConfig",
-    "learn": "opencomposer.rl.config:RLRunConfig",
-    "pretrain": "opencomposer.train.config:PretrainRunConfig",
-    "rl": "opencomposer.rl.config:RLRunConfig",
-    "realtime": "opencomposer.realtime.config:RealtimeConfig",
-}
-
-
-def root_model(config_path: str | Path) -> type[BaseModel]:
-    """The root model for a shipped config file, from its name."""
-    import importlib
-
-    key = Path(config_path).stem.split("-")[0]
-    if key not in ROOTS:
-        raise ConfigError(f"{config_path}: no root config for prefix '{key}' (known: {sorted(ROOTS)})")
-    module, _, name = ROOTS[key].partition(":")
-    return getattr(importlib.import_module(module), name)

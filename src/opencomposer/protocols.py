@@ -67,6 +67,11 @@ class PolicyOutput:
     # MoE models on the engine: the experts each token of prompt + completion went to
     # (``models.moe_replay.encode_routes``), replayed by the trainer; "" otherwise
     routes: str = ""
+    # The engine and the server: the policy version of each completion token, which differ when
+    # new weights arrived mid-turn (``policy_version`` is then the first, the oldest); [] otherwise
+    policy_versions: list[int] = field(default_factory=list)
+    # The engine: the prompt's token ids, so the harness stores a MoE turn's routes once; [] otherwise
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 class ContextLengthError(ValueError):
@@ -82,8 +87,8 @@ POLICY_FINGERPRINT = "opencomposer-policy-"
 class Policy(Protocol):
     """Anything that answers a conversation with text and tool calls.
 
-    Implementations: the scripted oracle (``policies/oracle.py``), a local model
-    (``models/``), any OpenAI-compatible endpoint (``policies/openai.py``).
+    Implementations live in ``policies/`` (the oracle, a scripted one, a local model, the
+    engine, a server, any OpenAI-compatible endpoint), each built by ``policies.make_policy``.
     """
 
     name: str

@@ -12,7 +12,7 @@ pieces:
 2. ``tiny_base``: a random 2-layer, hidden-64 Llama with SmolLM2's tokenizer (tiny-random's,
    but a 4096-token context: the harness prompt alone is ~1,300 tokens).
 3. ``train.sft.run_sft`` on those transcripts (assistant tokens only), exported as a plain
-   HF directory by ``train.checkpoint.export_model``: the directory ``--model`` loads.
+   HF directory by ``train.export.export_model``: the directory ``--model`` loads.
 4. ``damage``: the same weights with Gaussian noise added to every matrix, written through
    the same checkpoint writer; ``resave``: the weights loaded and written again unchanged.
 """
@@ -32,7 +32,7 @@ from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.models import load_model
 from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task
-from opencomposer.train.checkpoint import export_model
+from opencomposer.train.export import export_model
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.sft import build_sft_samples, load_transcripts, run_sft
 from opencomposer.train.trainer import Trainer

@@ -18,7 +18,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)"
 
 from opencomposer.sandbox import make_sandbox  # noqa: E402
 from opencomposer.sandbox.pool import SandboxPool  # noqa: E402
-from opencomposer.sandbox.remote import RemoteSandbox, SandboxCluster  # noqa: E402
+from opencomposer.sandbox.cluster import SandboxCluster  # noqa: E402
+from opencomposer.sandbox.remote import RemoteSandbox  # noqa: E402
 
 
 @pytest.fixture(scope="module")

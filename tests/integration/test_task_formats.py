@@ -18,6 +18,7 @@ import pytest
 import tomli_w
 from conftest import NS_REASON, run_cli
 
+from opencomposer.episode.oracle import run_oracle
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import Task, find_tasks
 from opencomposer.tasks.make import make_tasks
@@ -26,7 +27,7 @@ from opencomposer.tasks.sources.humaneval import import_humaneval
 from opencomposer.tasks.sources.swebench import import_swebench
 from opencomposer.tasks.stats import task_stats
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "tasks_sources"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "tasks" / "sources"))
 from source_fixtures import TEXTKIT, git, minicalc_repo, write  # noqa: F401  (small real git repos)
 
 SOME = [32, 53]  # 32 calls a helper defined in its prompt
@@ -86,7 +87,7 @@ def test_imported_tasks_check_and_solve(tasks):
     for p in find_tasks([tasks]):
         res = check_task(p, backend)
         assert res.ok, (p.name, res.problems)
-    s = task_stats([tasks], oracle=backend)
+    s = task_stats([tasks], oracle=backend, run_oracle=run_oracle)
     assert s["by_source"] == {"git": 1, "humaneval": len(SOME), "swebench": 1}
     assert s["oracle"]["solved"] == len(SOME) + 2, s["oracle"]
 
@@ -154,7 +155,7 @@ def test_all_humaneval_solved(tmp_path):
     """All 164 problems import, fail before and are solved by the oracle through the harness."""
     rep = import_humaneval(tmp_path)
     assert rep.summary()["ok"] == 164
-    s = task_stats([tmp_path], oracle="local")
+    s = task_stats([tmp_path], oracle="local", run_oracle=run_oracle)
     assert s["oracle"]["solved"] == 164, s["oracle"]["unsolved"]
 
 

@@ -42,10 +42,16 @@ def test_garbled_and_missing_files(tmp_path):
         load_config(tmp_path / "nope.toml", AgentRunConfig)
 
 
+def test_a_config_at_its_old_path_says_where_configs_went(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "configs" / "demo.toml", AgentRunConfig)
+    assert "config file not found" in str(e.value) and "configs/<command>/NAME.toml" in str(e.value)
+
+
 def test_every_shipped_config_loads():
-    from opencomposer.config import root_model
+    from opencomposer.cli.configs import ROOTS, root_model
     root = Path(__file__).resolve().parents[2] / "configs"
-    files = sorted(root.glob("*.toml"))
+    files = sorted(f for folder in ROOTS for f in (root / folder).glob("*.toml"))
     assert files, "configs/ ships at least one config"
     for f in files:
         load_config(f, root_model(f))
@@ -70,3 +76,66 @@ def test_checks_across_keys_name_both(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(p, AgentRunConfig)
     assert "summarize_at=4000 must be below max_tokens=4000" in str(e.value) and "table 'agent'" in str(e.value)
+
+
+def test_the_root_model_is_the_folders():
+    from opencomposer.cli.configs import root_model
+    from opencomposer.realtime.config import RealtimeConfig
+    from opencomposer.rl.config import RLRunConfig
+
+    assert root_model("configs/train/demo.toml") is RLRunConfig
+    assert root_model("configs/realtime/anything.toml") is RealtimeConfig
+    assert root_model("configs/agent/agent-demo.toml") is AgentRunConfig
+    with pytest.raises(ConfigError, match=r"demo.toml: no root config for folder 'configs'.*configs/<command>/"):
+        root_model("configs/demo.toml")
+
+
+def test_one_loss_section_maps_onto_the_loss():
+    """``[loss]`` of every root is ``config.LossSection``: its keys are ``LossConfig``'s (less the
+    per-batch normalizer), with the same defaults, and build it."""
+    import dataclasses
+
+    from opencomposer.config import LossSection
+    from opencomposer.realtime.config import RealtimeConfig
+    from opencomposer.rl.config import RLRunConfig
+    from opencomposer.train.loss import LossConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(LossConfig)}
+    assert set(LossSection.model_fields) == set(fields) - {"normalizer"}
+    assert all(LossSection.model_fields[k].default == fields[k] for k in LossSection.model_fields)
+    for root in (RLRunConfig, RealtimeConfig):
+        assert issubclass(root.model_fields["loss"].annotation, LossSection)
+    rl = RLRunConfig.model_validate({"tasks": {"dir": "t"}, "loss": {"clip_high": 0.3, "kl_coef": 0.1,
+                                                                     "std_normalize": True}})
+    assert LossConfig(**rl.loss.loss_kwargs()) == LossConfig(clip_high=0.3, kl_coef=0.1)
+
+
+def test_rollout_and_gate_share_one_sampling_section(tmp_path):
+    from opencomposer.config import ModelSection, SamplingSection
+    from opencomposer.realtime.config import GateSection, RealtimeConfig
+    from opencomposer.rl.config import RLRunConfig, RolloutSection
+
+    assert issubclass(RolloutSection, SamplingSection) and issubclass(GateSection, SamplingSection)
+    for root in (RLRunConfig, RealtimeConfig):
+        assert issubclass(root.model_fields["model"].annotation, ModelSection)
+    # each keeps its defaults: rollouts sample at 0.8 with the trainer's model, the gate greedily
+    ro, gate = RolloutSection(), GateSection(suite="smoke")
+    assert (ro.temperature, ro.max_batch, ro.engine) == (0.8, 16, "hf")
+    assert (gate.temperature, gate.max_batch, gate.engine, gate.max_new_tokens) == (0.0, 8, "builtin", 256)
+    base = '[logs]\ndir = "l"\n[model]\nname = "tiny-random"\n[gate]\nsuite = "smoke"\n'
+    for extra, key, says in (("temperature = -1", "gate.temperature", "greater than or equal to 0"),
+                             ('engine = "server"', "gate.engine", "'hf' or 'builtin'")):
+        with pytest.raises(ConfigError) as e:
+            load_config(write(tmp_path, base + extra + "\n"), RealtimeConfig)
+        assert key in str(e.value) and says in str(e.value)
+
+
+def test_realtime_refuses_what_it_cannot_do(tmp_path):
+    from opencomposer.realtime.config import RealtimeConfig
+
+    with pytest.raises(ConfigError, match=r"key 'model.name': required but missing"):
+        load_config(write(tmp_path, '[logs]\ndir = "l"\n[model]\ndevice = "cpu"\n[gate]\nsuite = "s"\n'),
+                    RealtimeConfig)
+    with pytest.raises(ConfigError, match=r"c.toml: .*loss.kl_coef = 0.1: the realtime loop trains without a KL"):
+        load_config(write(tmp_path, '[logs]\ndir = "l"\n[model]\nname = "m"\n[gate]\nsuite = "s"\n'
+                                    '[loss]\nkl_coef = 0.1\n'), RealtimeConfig)

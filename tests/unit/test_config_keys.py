@@ -3,7 +3,7 @@
 Refused: every model under each root config forbids unknown keys (``Strict``), so a key that
 no model declares is an error naming the file and key.
 
-Read: for each key a shipped config sets (``configs/*.toml``, ``configs/ablation/*.toml``,
+Read: for each key a shipped config sets (``configs/<command>/*.toml``, ``configs/ablation/*.toml``,
 ``configs/suites/*.toml``), and for every field of the sandbox sections whether set or not,
 an AST scan of ``src/`` and ``benchmarks/`` must find an attribute read of that field on
 that section: ``<...>.sandbox.backend``, or ``x.backend`` where ``x`` was assigned from
@@ -30,10 +30,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from opencomposer.config import Strict, load_config, root_model
+from opencomposer.cli.configs import root_model
+from opencomposer.config import Strict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted([*ROOT.glob("configs/*.toml"), *ROOT.glob("configs/ablation/*.toml"), *ROOT.glob("configs/suites/*.toml")])
+SHIPPED = sorted(ROOT.glob("configs/*/*.toml"))
 
 
 @cache
@@ -48,9 +49,6 @@ def _ablation_root() -> type[BaseModel]:
 def root_of(path: Path) -> type[BaseModel]:
     if path.parent.name == "ablation":
         return _ablation_root()
-    if path.parent.name == "suites":
-        from opencomposer.eval.suite import SuiteFile
-        return SuiteFile
     return root_model(path)
 
 

@@ -1,35 +1,26 @@
-"""Imports point one way, downwards: a ratchet on upward imports and package cycles (issue 29).
+"""Imports point one way, downwards, and nothing imports in a circle (issue 29).
 
-The layering of ARCHITECTURE.md, top first; a module may import its own layer or any layer below:
+The layering of docs/architecture.md, top first; a module may import its own layer or any below:
 
     cli, bench -> pipeline, realtime -> rl, eval -> train -> episode, policies, inference
-      -> tasks, rewards, grading -> harness, sandbox, models, sync -> protocols, config, paths
+      -> grading -> tasks, rewards -> harness, sandbox, models, sync -> protocols, config, paths
 
 A module's layer is its package's (``opencomposer/<package>/...``; the top-level modules and the
-package ``__init__`` are the bottom layer), except for the few modules in ``OVERRIDES`` that
-already are, today, a part of a package that does not exist yet (``pipeline/run.py`` is the
-pipeline, ``episode/run.py`` the episode, the policies of harness/, models/ and rl/ are policies, the
-``bench*`` modules are benchmarks). An override module counts as part of its target package
-everywhere, so ``episode/rollout.py`` (episode) importing ``train/samples.py`` (rl) is upward: it is
-what keeps it from moving to episode/.
+package ``__init__`` are the bottom layer). Three rules, each a test:
+- no upward import: the failure names file:line, both layers and the rule;
+- no cycle between packages (two packages of one layer importing each other, directly or round
+  a longer loop);
+- no cycle between modules (files), anywhere.
 
 What counts as an import of module M (read with ``ast``, every ``.py`` under src/opencomposer):
 ``import``/``from ... import`` anywhere in the file, relative ones resolved, including lazy ones
 inside functions (a lazy import defers loading, not the dependency); a literal
 ``importlib.import_module("opencomposer...")``; and a registry string ``"opencomposer.x.y:Name"``
 (a lazy registry is an import by name). Not counted: imports under ``if TYPE_CHECKING:`` (they
-never run; annotations only) and ``from __future__``. Imports within one package (as OVERRIDES
-assigns them) are always allowed, and so are imports within one layer.
-
-Two ratchets, each failing both ways so the lists only shrink as the redesign lands:
-- ``KNOWN_UPWARD``: (importer, imported) module pairs that import upward today. A new upward pair
-  fails, naming file:line, both layers and the rule; an entry that no longer exists fails too.
-- ``KNOWN_CYCLES``: strongly connected sets of packages in the graph of *module-level* imports.
-  Lazy (in-function) imports are left out of this graph on purpose: they exist to break
-  load-order cycles, and they are already caught as upward edges above.
+never run; annotations only) and ``from __future__``.
 
 Run: ``pytest -q tests/unit/test_layers.py``; ``python tests/unit/test_layers.py`` prints the
-counts as one JSON line (``--list`` first prints today's edges and cycles as Python literals).
+counts as one JSON line (``--list`` first prints any upward edges and cycles).
 """
 
 from __future__ import annotations
@@ -51,7 +42,8 @@ PKG = "opencomposer"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("protocols", "config", "paths", "__init__"),
     ("harness", "sandbox", "models", "sync"),
-    ("tasks", "rewards", "grading"),
+    ("tasks", "rewards"),
+    ("grading",),
     ("episode", "policies", "inference"),
     ("train",),
     ("rl", "eval"),
@@ -59,35 +51,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "bench"),
 )
 RULE = " -> ".join(", ".join(p for p in layer if p != "__init__") for layer in reversed(LAYERS))
-
-# Modules that already belong, today, to another layer's package than the folder they sit in.
-# Each says which package of the target layout it is part of; moving the file retires the entry.
-OVERRIDES: dict[str, str] = {
-}
-
-# Upward (importer, imported) pairs that exist today, grouped by package pair. Each group says
-# why it exists and which redesign step removes it. Remove entries as they go; never add one.
-# ``python tests/unit/test_layers.py --list`` prints today's list in this shape.
-KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
-    # config -> realtime, rl, tasks, train (lazy, registry strings): ROOTS/root_model map a config
-    # file's prefix to its root model, for tests/unit/test_config*.py only; goes when that map
-    # moves up (to cli/, or into those tests).
-    ("opencomposer.config", "opencomposer.realtime.config"),
-    ("opencomposer.config", "opencomposer.rl.config"),
-    ("opencomposer.config", "opencomposer.tasks.factory"),
-    ("opencomposer.config", "opencomposer.train.config"),
-    # tasks -> policies (lazy): the factory's install agent is an OpenAIPolicy, `tasks stats --oracle`
-    # runs OraclePolicy; goes when the caller (cli) passes the Policy in, built by make_policy.
-    ("opencomposer.tasks.factory", "opencomposer.policies.openai"),
-    ("opencomposer.tasks.stats", "opencomposer.policies.oracle"),
-    # tasks -> episode (lazy): `tasks stats --oracle` runs run_task itself; goes with the same step
-    # (the oracle run moves up to episode/ or cli, tasks/ keeps the counting).
-    ("opencomposer.tasks.stats", "opencomposer.episode.run"),
-})
-
-# Package cycles (strongly connected sets of packages under module-level imports) today.
-KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset({
-})
 
 
 @dataclass(frozen=True)
@@ -102,10 +65,8 @@ class Import:
 
 
 def package_of(module: str) -> str:
-    """``opencomposer.rl.run`` -> ``rl``, or its OVERRIDES target; top-level modules are their own
-    package; the root package is ``__init__``."""
-    if module in OVERRIDES:
-        return OVERRIDES[module]
+    """``opencomposer.rl.run`` -> ``rl``; top-level modules are their own package; the root package
+    is ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -220,17 +181,25 @@ def upward(imports: list[Import]) -> list[Import]:
 
 
 def package_graph(imports: list[Import]) -> dict[str, set[str]]:
-    """package -> packages it imports at module level (lazy imports left out: see the docstring)."""
+    """package -> the other packages it imports, lazily or not."""
     graph: dict[str, set[str]] = defaultdict(set)
     for i in imports:
         a, b = package_of(i.importer), package_of(i.imported)
-        if not i.lazy and a != b:
+        if a != b:
             graph[a].add(b)
     return graph
 
 
+def module_graph(imports: list[Import]) -> dict[str, set[str]]:
+    """module -> the other modules of the tree it imports, lazily or not."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for i in imports:
+        graph[i.importer].add(i.imported)
+    return graph
+
+
 def cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
-    """Strongly connected sets of two or more packages (Tarjan), each as a sorted tuple."""
+    """Strongly connected sets of two or more nodes (Tarjan), each as a sorted tuple."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -268,35 +237,27 @@ def _site(i: Import, src: Path) -> str:
     return f"{i.path.relative_to(src.parent)}:{i.line}"
 
 
-def upward_problems(imports: list[Import], known: frozenset[tuple[str, str]], src: Path = SRC) -> list[str]:
-    """One line per new upward import site, and one per KNOWN_UPWARD entry that no longer exists."""
-    ups = upward(imports)
-    problems = [
+def upward_problems(imports: list[Import], src: Path = SRC) -> list[str]:
+    """One line per upward import site."""
+    return [
         f"{_site(i, src)}: {i.importer} (layer {layer_name(layer_of(i.importer))}) imports {i.imported} "
         f"(layer {layer_name(layer_of(i.imported))}){' lazily' if i.lazy else ''}: an upward import. "
         f"Dependencies point one way, downwards: {RULE}. Move what is shared down, or pass it in."
-        for i in ups if (i.importer, i.imported) not in known]
-    seen = {(i.importer, i.imported) for i in ups}
-    problems += [f"KNOWN_UPWARD entry {pair} no longer imports upward: delete it (the list only shrinks)"
-                 for pair in sorted(known - seen)]
-    return problems
+        for i in upward(imports)]
 
 
-def cycle_problems(imports: list[Import], known: frozenset[tuple[str, ...]], src: Path = SRC) -> list[str]:
-    """One line per package cycle not in KNOWN_CYCLES (with its edges), one per stale entry."""
-    found = cycles(package_graph(imports))
+def cycle_problems(imports: list[Import], kind: str, src: Path = SRC) -> list[str]:
+    """One line per cycle between packages (``kind="package"``) or modules (``"module"``), with its edges."""
+    node = package_of if kind == "package" else (lambda m: m)
+    graph = package_graph(imports) if kind == "package" else module_graph(imports)
     problems = []
-    for cycle in sorted(found - known):
+    for cycle in sorted(cycles(graph)):
         members = set(cycle)
-        edges = sorted({f"{_site(i, src)}: {i.importer} -> {i.imported}" for i in imports
-                        if not i.lazy and package_of(i.importer) in members and package_of(i.imported) in members
-                        and package_of(i.importer) != package_of(i.imported)})
-        shrunk = [k for k in known if members < set(k)]
-        note = f" (smaller than known {shrunk[0]}: replace that entry)" if shrunk else ""
-        problems.append(f"import cycle between packages {cycle}{note}, through module-level imports:\n    "
-                        + "\n    ".join(edges))
-    problems += [f"KNOWN_CYCLES entry {cycle} is no longer a cycle: delete or shrink it (the list only shrinks)"
-                 for cycle in sorted(known - found)]
+        edges = sorted({f"{_site(i, src)}: {i.importer} -> {i.imported}{' (lazy)' if i.lazy else ''}"
+                        for i in imports if node(i.importer) in members and node(i.imported) in members
+                        and node(i.importer) != node(i.imported)})
+        problems.append(f"import cycle between {kind}s {cycle}: move what both need into one of them or "
+                        f"below both, or pass it in. Edges:\n    " + "\n    ".join(edges))
     return problems
 
 
@@ -312,30 +273,30 @@ def test_every_module_has_a_layer():
     assert not missing, "\n".join(missing)
 
 
-def test_overrides_name_modules_that_exist():
-    stale = sorted(set(OVERRIDES) - set(modules(SRC)))
-    assert not stale, f"OVERRIDES names modules that are gone (moved? then delete the entry): {stale}"
-
-
-def test_no_new_upward_import():
-    problems = upward_problems(scan(), KNOWN_UPWARD)
+def test_no_upward_import():
+    problems = upward_problems(scan())
     assert not problems, f"{len(problems)} layering problem(s):\n" + "\n".join(problems)
 
 
-def test_no_new_package_cycle():
-    problems = cycle_problems(scan(), KNOWN_CYCLES)
-    assert not problems, f"{len(problems)} cycle problem(s):\n" + "\n".join(problems)
+def test_no_cycle_between_packages():
+    problems = cycle_problems(scan(), "package")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_cycle_between_modules():
+    problems = cycle_problems(scan(), "module")
+    assert not problems, "\n".join(problems)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = root / PKG / name
+    for rel, text in files.items():
+        path = root / PKG / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
 
-def test_scanner_catches_an_upward_import_and_a_cycle(tmp_path):
-    """A synthetic tree with one of each kind of upward import, one exempt import and one cycle."""
+def test_scanner_catches_each_kind_of_upward_import_and_cycle(tmp_path):
+    """A synthetic tree with one of each kind of upward import, one exempt import and cycles."""
     src = tmp_path / "src"
     _write(src, {
         "__init__.py": "",
@@ -348,9 +309,11 @@ def test_scanner_catches_an_upward_import_and_a_cycle(tmp_path):
         "harness/tools.py": "",
         "rl/__init__.py": "",
         "rl/run.py": "import opencomposer.harness.loop\nfrom opencomposer import protocols\ndef step(): ...\n",
-        "episode/run.py": "from .run import step\n",  # one package, but OVERRIDES puts episode below rl
+        "episode/run.py": "from opencomposer.rl.run import step\n",  # episode -> rl
         "pipeline/run.py": "from opencomposer.cli import main\n",  # pipeline -> cli
         "cli/__init__.py": "ROOTS = {'rl': 'opencomposer.rl.run:step'}\ndef main(): ...\n",  # registry
+        "tasks/a.py": "def f():\n    from opencomposer.rewards import b\n",  # one layer, lazily...
+        "rewards/b.py": "from opencomposer.tasks import a\n",  # ...and back: a package cycle
     })
     imports = scan(src)
     assert {(i.importer, i.imported, i.line, i.lazy) for i in upward(imports)} == {
@@ -360,22 +323,19 @@ def test_scanner_catches_an_upward_import_and_a_cycle(tmp_path):
         ("opencomposer.pipeline.run", "opencomposer.cli", 1, False),
     }
     assert ("opencomposer.cli", "opencomposer.rl.run", True) in {(i.importer, i.imported, i.lazy) for i in imports}
-    problems = upward_problems(imports, frozenset(), src)
+    problems = upward_problems(imports, src)
     assert len(problems) == 4
     assert any(p.startswith("src/opencomposer/harness/loop.py:1: opencomposer.harness.loop (layer harness, ")
                and "(layer rl, eval)" in p and RULE in p for p in problems), problems
-    # the ratchet: known pairs pass; a known pair that is gone fails
-    known = frozenset((i.importer, i.imported) for i in upward(imports))
-    assert upward_problems(imports, known, src) == []
-    stale = upward_problems(imports, known | {("opencomposer.paths", "opencomposer.cli")}, src)
-    assert len(stale) == 1 and "no longer imports upward" in stale[0]
-    # harness <-> rl at module level is a cycle; the lazy protocols -> rl import makes none
-    assert cycles(package_graph(imports)) == {("harness", "rl")}
-    assert cycle_problems(imports, frozenset({("harness", "rl")}), src) == []
-    new = cycle_problems(imports, frozenset(), src)
-    assert len(new) == 1 and "src/opencomposer/rl/run.py:1: opencomposer.rl.run -> opencomposer.harness.loop" in new[0]
-    gone = cycle_problems(imports, frozenset({("harness", "rl"), ("rl", "train")}), src)
-    assert len(gone) == 1 and "no longer a cycle" in gone[0]
+    # harness <-> rl and rl <-> protocols (lazy) and tasks <-> rewards (lazy) are package cycles
+    assert cycles(package_graph(imports)) == {("harness", "protocols", "rl"), ("rewards", "tasks")}
+    packages = cycle_problems(imports, "package", src)
+    assert len(packages) == 2
+    assert any("('rewards', 'tasks')" in p and "src/opencomposer/tasks/a.py:2: opencomposer.tasks.a -> "
+               "opencomposer.rewards.b (lazy)" in p for p in packages), packages
+    modules_ = cycle_problems(imports, "module", src)
+    assert any("src/opencomposer/rl/run.py:1: opencomposer.rl.run -> opencomposer.harness.loop" in p
+               for p in modules_), modules_
 
 
 def test_real_tree_with_one_lazy_upward_import_added_fails_naming_it(tmp_path):
@@ -384,46 +344,22 @@ def test_real_tree_with_one_lazy_upward_import_added_fails_naming_it(tmp_path):
     shutil.copytree(SRC / PKG, src / PKG, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl"))
     loop = src / PKG / "harness" / "loop.py"
     loop.write_text(loop.read_text() + "\n\ndef _late():\n    from opencomposer.cli.common import main\n")
-    problems = upward_problems(scan(src), KNOWN_UPWARD, src)
+    problems = upward_problems(scan(src), src)
     assert len(problems) == 1 and problems[0].startswith("src/opencomposer/harness/loop.py:"), problems
     assert "imports opencomposer.cli.common (layer cli, bench) lazily" in problems[0]
 
 
-def _listing(imports: list[Import]) -> str:
-    """Today's upward pairs grouped by package pair, and cycles, as Python literals to paste."""
-    groups: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
-    for i in upward(imports):
-        groups[package_of(i.importer), package_of(i.imported)].add((i.importer, i.imported))
-    lines = ["KNOWN_UPWARD = frozenset({"]
-    for (a, b), pairs in sorted(groups.items()):
-        lines.append(f"    # {a} -> {b} ({len(pairs)})")
-        lines += [f"    ({x!r}, {y!r})," for x, y in sorted(pairs)]
-    lines += ["})", "KNOWN_CYCLES = frozenset({"]
-    lines += [f"    {c!r}," for c in sorted(cycles(package_graph(imports)))]
-    return "\n".join(lines + ["})"])
-
-
 def main(argv: list[str]) -> int:
     imports = scan()
-    if "--list" in argv:
-        print(_listing(imports))
-    ups = upward(imports)
-    found = cycles(package_graph(imports))
-    up_problems = upward_problems(imports, KNOWN_UPWARD)
-    cy_problems = cycle_problems(imports, KNOWN_CYCLES)
-    for p in up_problems + cy_problems:
-        print(p, file=sys.stderr)
-    pairs = {(i.importer, i.imported) for i in ups}
-    by_package = defaultdict(int)
-    for a, b in sorted(pairs):
-        by_package[f"{package_of(a)}->{package_of(b)}"] += 1
+    problems = upward_problems(imports) + cycle_problems(imports, "package") + cycle_problems(imports, "module")
+    for p in problems:
+        print(p, file=sys.stderr if "--list" not in argv else sys.stdout)
     print(json.dumps({
-        "check": "layers", "ok": not (up_problems or cy_problems),
-        "upward_pairs": len(pairs), "upward_sites": len(ups), "upward_by_package": by_package,
-        "known_upward": len(KNOWN_UPWARD), "cycles": len(found), "known_cycles": len(KNOWN_CYCLES),
-        "upward_problems": len(up_problems), "cycle_problems": len(cy_problems),
+        "check": "layers", "ok": not problems, "modules": len(modules(SRC)), "imports": len(imports),
+        "upward": len(upward(imports)), "package_cycles": len(cycles(package_graph(imports))),
+        "module_cycles": len(cycles(module_graph(imports))),
     }))
-    return 0 if not (up_problems or cy_problems) else 1
+    return 0 if not problems else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """``opencomposer bench engine``: engine throughput against HF ``generate`` and the roofline.
 
     opencomposer bench engine --shapes qwen2.5-0.5b,qwen2.5-1.5b --device cuda --dtype bfloat16
-    PYTHONPATH=src python benchmarks/bench_engine.py --shapes tiny --device cpu   # quick check
+    PYTHONPATH=src python -m opencomposer.bench.engine --shapes tiny --device cpu   # quick check
 
 For each shape (a randomly initialised Qwen2 of the given size; configs inline below):
 

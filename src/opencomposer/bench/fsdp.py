@@ -1,9 +1,9 @@
 """The sharded trainer on GPUs: tokens/s, MFU and memory per GPU at 1, 2, 4 ... ranks, and
 the same losses at every world size.
 
-    PYTHONPATH=src python benchmarks/bench_fsdp.py --shape qwen2.5-1.5b --worlds 1,2,4
-    PYTHONPATH=src python benchmarks/bench_fsdp.py --shape qwen2.5-7b --worlds 1,4 --checkpointing
-    PYTHONPATH=src python benchmarks/bench_fsdp.py --shape tiny --worlds 1,2 --device cpu   # a quick check
+    PYTHONPATH=src python -m opencomposer.bench.fsdp --shape qwen2.5-1.5b --worlds 1,2,4
+    PYTHONPATH=src python -m opencomposer.bench.fsdp --shape qwen2.5-7b --worlds 1,4 --checkpointing
+    PYTHONPATH=src python -m opencomposer.bench.fsdp --shape tiny --worlds 1,2 --device cpu   # a quick check
 
 The driver starts ``torchrun --nproc-per-node W`` once per world size W (each run a fresh
 set of processes), every rank builds the same randomly initialised model of a real shape

@@ -2,8 +2,8 @@
 Face ``generate`` on the same weights, and the memory-bandwidth roofline.
 
     opencomposer bench moe                                  # Qwen3-30B-A3B's shape, 8 of its 48 layers
-    PYTHONPATH=src python benchmarks/bench_moe.py --layers 8 --out moe.json
-    PYTHONPATH=src python benchmarks/bench_moe.py --full    # all 48 layers (30.5B), engine only
+    PYTHONPATH=src python -m opencomposer.bench.moe --layers 8 --out moe.json
+    PYTHONPATH=src python -m opencomposer.bench.moe --full    # all 48 layers (30.5B), engine only
 
 Decode tokens/s at each batch size (bf16, random weights of the real shape), for
 * ``engine``: as it runs by default -- steps of at most ``triton_moe.FUSED_MAX_TOKENS`` tokens

@@ -2,7 +2,7 @@
 
     opencomposer bench spec --head runs/mtp/head                     # the embedded model, CPU
     opencomposer bench spec --shape qwen2.5-1.5b --device cuda       # step costs, random weights
-    PYTHONPATH=src python benchmarks/bench_spec.py --head runs/mtp/head
+    PYTHONPATH=src python -m opencomposer.bench.spec --head runs/mtp/head
 
 With a model and its trained head (``--model``, ``--head``): prompts are the first
 ``prompt_len`` tokens of held-out source files (by default the Python standard library's,

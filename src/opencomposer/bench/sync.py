@@ -1,7 +1,7 @@
 """``opencomposer bench sync``: weight sync from a trainer to a decoding engine, by version.
 
     opencomposer bench sync --shape qwen2.5-1.5b --lrs 1e-6,1e-5 --steps 3
-    PYTHONPATH=src python benchmarks/bench_sync.py --shape tiny --device cpu    # quick check
+    PYTHONPATH=src python -m opencomposer.bench.sync --shape tiny --device cpu    # quick check
 
 A randomly initialised model of the shape trains in fp32 (AdamW on random tokens: real
 optimizer steps, so which bf16 values move is what a run moves), and after every step its

@@ -1,5 +1,9 @@
 """What every command module shares: the root Typer app, the two consoles, the JSON last
-line (``emit``), the known-error exit (``fail``) and the policy a command runs."""
+line (``emit``), the known-error exit (``fail``), the sandbox backend and the ``--policy`` flags
+as ``policies.make_policy`` options (``policy_options``).
+
+Test: ``pytest tests/unit/cli``.
+"""
 
 from __future__ import annotations
 
@@ -74,17 +78,19 @@ def sandbox_backend(given: str | None, flag: str | None, config=None, key: str |
         raise SandboxUnavailable(f"{where}: {e}") from None
 
 
-def make_policy(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
-                max_new_tokens: int = 256, temperature: float = 0.0):
+POLICY_KINDS = ("oracle", "model", "openai")  # what --policy takes
+
+
+def policy_options(kind: str, task, model: Optional[str], base_url: Optional[str], api_key: Optional[str],
+                   max_new_tokens: int = 256, temperature: float = 0.0) -> dict:
+    """The options of ``policies.make_policy(kind, **options)`` for ``--policy KIND`` and its flags
+    (a model's ``device=`` and ``batch=`` are the command's to add)."""
     if kind == "oracle":
-        from opencomposer.policies.oracle import OraclePolicy
-        return OraclePolicy(task)
+        return {"task": task}
     if kind == "model":
-        from opencomposer.policies.model import ModelPolicy
-        return ModelPolicy(model or "smollm2-135m", max_new_tokens=max_new_tokens, temperature=temperature)
+        return {"model": model or "smollm2-135m", "max_new_tokens": max_new_tokens, "temperature": temperature}
     if kind == "openai":
-        from opencomposer.policies.openai import OpenAIPolicy
         if not base_url:
             raise ConfigError("--policy openai needs --base-url (any OpenAI-compatible endpoint)")
-        return OpenAIPolicy(model=model or "default", base_url=base_url, api_key=api_key)
-    raise ConfigError(f"--policy {kind!r}: expected oracle, model or openai")
+        return {"model": model or "default", "base_url": base_url, "api_key": api_key}
+    raise ConfigError(f"--policy {kind!r}: expected {', '.join(POLICY_KINDS[:-1])} or {POLICY_KINDS[-1]}")

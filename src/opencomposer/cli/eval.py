@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
-from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, make_policy, sandbox_backend
+from opencomposer.cli.common import (
+    POLICY_KINDS, SANDBOX_HELP, emit, err, fail, known_errors, policy_options, sandbox_backend,
+)
 from opencomposer.config import AgentRunConfig, ConfigError, load_config
 
 eval_app = typer.Typer(help="CursorBench-style evaluation: run a suite, compare two runs (the gate), report.")
@@ -94,21 +96,21 @@ class _eval_policy:
         self.closer = None
 
     def __enter__(self):
+        from opencomposer.policies import make_policy
+
         kind, model, base_url, api_key, max_new_tokens, temperature, max_batch, device = self.args
+        if kind not in POLICY_KINDS:
+            raise ConfigError(f"--policy {kind!r}: expected model, openai or oracle")
         if kind == "model":
             import torch
 
-            from opencomposer.policies.model import ModelPolicy
-            from opencomposer.policies.batched import BatchedPolicy
             dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            self.closer = BatchedPolicy(ModelPolicy(model, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                    device=dev), max_batch=max_batch)
+            options = policy_options(kind, None, model, base_url, api_key, max_new_tokens, temperature)
+            self.closer = make_policy(kind, **options, device=dev, batch=max_batch)
             return self.closer
-        if kind in ("openai", "oracle"):
-            if kind == "openai":
-                make_policy(kind, None, model, base_url, api_key)  # checks the arguments once, up front
-            return lambda task: make_policy(kind, task, model, base_url, api_key)
-        raise ConfigError(f"--policy {kind!r}: expected model, openai or oracle")
+        if kind == "openai":  # checks the arguments once, up front
+            make_policy(kind, **policy_options(kind, None, model, base_url, api_key))
+        return lambda task: make_policy(kind, **policy_options(kind, task, model, base_url, api_key))
 
     def __exit__(self, *exc):
         if self.closer is not None:

@@ -25,7 +25,7 @@ def _realtime_errors() -> tuple[type[BaseException], ...]:
 @realtime_app.callback(invoke_without_command=True)
 def realtime(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, help="configs/realtime.toml"),
+    config: Optional[Path] = typer.Option(None, help="configs/realtime/realtime.toml"),
     every: Optional[str] = typer.Option(None, help="time between cycles, e.g. 5h (default: run.every)"),
     once: bool = typer.Option(False, help="one cycle now, then exit"),
     max_cycles: Optional[int] = typer.Option(None, min=1, help="stop after this many cycles"),
@@ -39,7 +39,7 @@ def realtime(
 
     try:
         if config is None:
-            raise ConfigError("realtime: give --config FILE (e.g. configs/realtime.toml), or a subcommand: report, users")
+            raise ConfigError("realtime: give --config FILE (e.g. configs/realtime/realtime.toml), or a subcommand: report, users")
         cfg = load_config(config, RealtimeConfig)
         cfg.gate.backend = sandbox_backend(None, None, config, "gate.backend", cfg.gate.backend)  # candidates' episodes
         every_s = parse_duration(every or cfg.run.every, "--every")

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from opencomposer.cli.common import SANDBOX_HELP, app, emit, err, fail, known_errors, make_policy, sandbox_backend
+from opencomposer.cli.common import SANDBOX_HELP, app, emit, err, fail, known_errors, policy_options, sandbox_backend
 from opencomposer.config import AgentRunConfig, ConfigError, load_config, validate
 
 
@@ -34,13 +34,14 @@ def agent(
     from rich.markup import escape
 
     from opencomposer.episode.run import run_task
+    from opencomposer.policies import make_policy
     from opencomposer.tasks.format import Task
 
     try:
         cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
         task = Task.load(task_dir)
         sandbox = sandbox_backend(sandbox, "--sandbox", config, "sandbox.backend", cfg.sandbox.backend)
-        pol = make_policy(policy, task, model, base_url, api_key, max_new_tokens, temperature)
+        pol = make_policy(policy, **policy_options(policy, task, model, base_url, api_key, max_new_tokens, temperature))
         transcript = transcript or Path("runs") / "transcripts" / f"{task.id}-{policy}-{int(time.time())}.json"
         transcript.parent.mkdir(parents=True, exist_ok=True)
 
@@ -64,7 +65,7 @@ def agent(
 
 @app.command()
 def train(
-    config: Path = typer.Option(..., help="run config (TOML), e.g. configs/demo.toml"),
+    config: Path = typer.Option(..., help="run config (TOML), e.g. configs/train/demo.toml"),
     resume: bool = typer.Option(False, help="continue from the run directory's latest checkpoint"),
     steps: Optional[int] = typer.Option(None, help="override run.steps"),
     out_dir: Optional[str] = typer.Option(None, "--out", help="override run.out_dir"),
@@ -169,7 +170,7 @@ def train_mtp(
 def pretrain(
     data: Optional[list[str]] = typer.Argument(None, help="source files or directories, .jsonl of {\"text\"}; "
                                                "PATH or PATH:WEIGHT (2 = its windows twice a pass)"),
-    config: Optional[Path] = typer.Option(None, help="TOML with a pretrain table and a train table (configs/pretrain.toml)"),
+    config: Optional[Path] = typer.Option(None, help="TOML with a pretrain table and a train table (configs/pretrain/pretrain.toml)"),
     model: Optional[str] = typer.Option(None, help="model to continue pretraining (default smollm2-135m)"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="writes OUT/model, OUT/checkpoints (resumed), "
                                            "OUT/result.json (default runs/pretrain)"),
@@ -184,7 +185,7 @@ def pretrain(
                                                   "(repeatable)"),
 ) -> None:
     """Continued pretraining: next-token loss on raw code, held-out loss before/after; writes a loadable model dir."""
-    from opencomposer.train.checkpoint import CheckpointError
+    from opencomposer.train.checkpoint_files import CheckpointError
     from opencomposer.train.config import PretrainRunConfig
     from opencomposer.train.pretrain import run_pretrain_config
 
@@ -217,7 +218,8 @@ def export(
                                         "checkpoint names)"),
 ) -> None:
     """A training checkpoint (full or sharded layout; LoRA merged in) as a loadable model directory."""
-    from opencomposer.train.checkpoint import CheckpointError, export_checkpoint
+    from opencomposer.train.checkpoint_files import CheckpointError
+    from opencomposer.train.export import export_checkpoint
 
     try:
         res = export_checkpoint(checkpoint, out_dir, model)
@@ -262,7 +264,7 @@ def serve(
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;
     /v1/feedback and /admin/weights for the real-time loop)."""
     from opencomposer.inference.server.app import ServeConfig
-    from opencomposer.inference.server.app import serve as run_server
+    from opencomposer.inference.server.front import serve as run_server
     from opencomposer.realtime.config import parse_duration
 
     try:

@@ -32,14 +32,14 @@ def tasks_make(
                                            "--config: overrides factory.backend"),
     levels: str = typer.Option("body,function", help="comma-separated deletion levels: block,body,function,class,feature"),
     workers: int = typer.Option(2, min=1, help="candidates validated in parallel"),
-    config: Optional[Path] = typer.Option(None, help="factory config (configs/factory.toml): many libraries"),
+    config: Optional[Path] = typer.Option(None, help="factory config (configs/tasks/factory.toml): many libraries"),
 ) -> None:
     """Turn a real library (or every library of a factory config) into validated feature-deletion tasks."""
     from opencomposer.tasks.deletion import LEVELS
     from opencomposer.tasks.make import make_tasks
 
     # auto, not local: a source's test suite is third-party code (dir: and git: sources can hold anything);
-    # a config may name local where it only runs pinned releases' own suites (configs/factory.toml)
+    # a config may name local where it only runs pinned releases' own suites (configs/tasks/factory.toml)
     if config is not None:
         return _tasks_make_factory(config, out_dir, max_tasks, sandbox)
     if source is None or out_dir is None:
@@ -75,7 +75,11 @@ def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Option
     try:
         cfg = load_config(config, FactoryConfig)
         cfg.factory.backend = sandbox_backend(sandbox, "--sandbox", config, "factory.backend", cfg.factory.backend)
-        factory = TaskFactory(cfg, out_dir)
+        agent = None
+        if cfg.install_agent is not None:  # an agent installs what the discovered recipe cannot
+            from opencomposer.policies import make_policy
+            agent = make_policy("openai", **cfg.install_agent.model_dump())
+        factory = TaskFactory(cfg, out_dir, agent)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as prog:
             bars: dict[str, int] = {}
@@ -179,8 +183,11 @@ def tasks_import(
     from opencomposer.tasks.pypi import SourceError
 
     try:
+        checker = None
         if check is not None:  # solution scripts and tests of imported tasks are not our code
-            check = sandbox_backend(check, "--check")
+            from opencomposer.grading.check import check_task
+            backend = sandbox_backend(check, "--check")
+            checker = lambda task_dir: check_task(task_dir, backend)  # noqa: E731
         if fmt == "humaneval":
             from opencomposer.tasks.sources.humaneval import import_humaneval
             try:
@@ -195,10 +202,10 @@ def tasks_import(
                 from opencomposer.tasks.sources.swebench import import_swebench
                 if repos is None:
                     raise ConfigError("tasks import swebench: --repos DIR is required (local clones of the repos)")
-                rep = import_swebench(path, repos, out_dir, env, check)
+                rep = import_swebench(path, repos, out_dir, env, checker)
             else:
                 from opencomposer.tasks.sources.harbor import import_harbor
-                rep = import_harbor(path, out_dir, env, check)
+                rep = import_harbor(path, out_dir, env, checker)
         else:
             raise ConfigError(f"tasks import {fmt!r}: expected humaneval, swebench or harbor")
     except known_errors() + (SourceError,) as e:
@@ -241,7 +248,10 @@ def tasks_stats(
     from opencomposer.tasks.stats import task_stats
 
     try:
-        res = task_stats(paths, sandbox_backend(sandbox, "--sandbox") if oracle else None, workers)
+        runner = None
+        if oracle:  # the episode stack only when it runs
+            from opencomposer.episode.oracle import run_oracle as runner
+        res = task_stats(paths, sandbox_backend(sandbox, "--sandbox") if oracle else None, workers, runner)
     except known_errors() as e:
         fail(e)
     table = Table("what", "value")

@@ -1,17 +1,17 @@
 """Run a suite: K episodes per task through the deployment harness, one results file.
 
     from opencomposer.eval.run import run_suite
-    with BatchedPolicy(ModelPolicy("smollm2-135m", temperature=0.7), max_batch=8) as pol:
+    with make_policy("model", model="smollm2-135m", temperature=0.7, batch=8) as pol:   # policies/
         res = run_suite(load_suite("smoke"), pol, k=4, backend="auto", agent_cfg=AgentConfig(),
                         label="smollm2-135m", out_dir=Path("runs/eval/smollm2"))
     res["summary"]["pass@1"], res["summary"]["pass@k"]
 
 ``policy`` is either one model behind a ``BatchedPolicy`` (or a plain ``ModelPolicy``, one
-episode at a time), whose episodes run concurrently through ``rl.rollout.collect_rollouts``
+episode at a time), whose episodes run concurrently through ``episode.run.collect_rollouts``
 exactly as RL rollouts do; or a factory ``task -> Policy`` for per-task policies
-(``OraclePolicy``, a scripted policy, a fresh ``OpenAIPolicy`` per episode). Either way
-each episode is ``rl.episode.run_task``: its own sandbox, the deployed ``Agent`` loop and
-the hidden-test reward. An episode that raises counts as a failure (reward 0,
+(``lambda task: make_policy("oracle", task=task)``, a scripted policy, a fresh ``OpenAIPolicy``
+per episode). Either way each episode is ``episode.run.run_task``: its own sandbox, the deployed
+``Agent`` loop and the hidden-test reward. An episode that raises counts as a failure (reward 0,
 ``stop_reason`` ``"error: ..."``, counted in ``summary.episode_errors``), never stops the
 suite; when every episode breaks (no sandbox, say) ``run_suite`` raises ``EvalError``.
 
@@ -41,7 +41,7 @@ from opencomposer.policies.model import ModelPolicy
 from opencomposer.paths import atomic_write_text
 from opencomposer.policies.batched import BatchedPolicy
 from opencomposer.episode.run import EpisodeResult, run_task
-from opencomposer.episode.rollout import collect_rollouts
+from opencomposer.episode.run import collect_rollouts
 from opencomposer.tasks.format import Task
 
 PolicyFactory = Callable[[Task], Any]

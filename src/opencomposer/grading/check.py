@@ -9,13 +9,13 @@ pass, and the leak probe (``tasks/leakage.leak_scan``) finds no distinctive line
 deleted code anywhere the sandbox can read (workspace incl. git objects, the task's
 environment, and the base interpreter's site-packages entries for the library).
 
-Test: ``pytest tests/unit/tasks_factory/test_factory.py tests/integration/test_tasks_pipeline.py``.
+Test: ``pytest tests/unit/tasks/test_factory.py tests/integration/test_tasks_pipeline.py``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opencomposer.grading.carry import Carry
@@ -34,9 +34,6 @@ class CheckResult:
     leak_channels: dict = field(default_factory=dict)
     leaks: int = 0
     seconds: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def check_task(path: Path, backend: str = "auto") -> CheckResult:

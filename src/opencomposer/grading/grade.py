@@ -33,6 +33,8 @@ from contextlib import AbstractContextManager
 
 from opencomposer.grading.carry import TEST_FILE, Carry, collect
 from opencomposer.grading.runner import GradedRun, PytestRun, Reach
+from opencomposer.harness.patch import PatchError, parse_patch
+from opencomposer.harness.patch import apply_patch as patch_files
 from opencomposer.protocols import RewardResult, Sandbox, SandboxSpec
 from opencomposer.rewards.changes import workspace_changes
 from opencomposer.sandbox import make_sandbox
@@ -48,10 +50,34 @@ def opener(backend: str) -> OpenSandbox:
 
 
 def apply_patch(sandbox: Sandbox, patch: str, shown: str) -> None:
-    """Apply a unified diff (paths relative to the workspace) in ``sandbox``; ``shown`` names it in errors."""
-    r = sandbox.exec(["patch", "-p1", "--forward", "--no-backup-if-mismatch", "-s"], stdin=patch.encode(), timeout=60)
-    if r.exit_code != 0:
-        raise RuntimeError(f"{shown}: does not apply: {r.output.strip()[:500]}")
+    """Apply a unified diff (paths relative to the workspace) in ``sandbox``; ``shown`` names it in errors.
+
+    The diff is applied by ``harness/patch.py`` (as the oracle applies it) through the sandbox's
+    file API, so an image without ``patch`` or ``git`` can be checked too.
+    """
+    try:
+        patches = parse_patch(patch)
+        changed = patch_files(_read_files(sandbox, {fp.path for fp in patches}), patches)
+    except PatchError as e:
+        raise RuntimeError(f"{shown}: does not apply: {e}") from None
+    for path, text in changed.items():
+        if text is None:
+            r = sandbox.exec(["rm", "-f", "--", path], timeout=60)
+            if r.exit_code != 0:
+                raise RuntimeError(f"{shown}: cannot remove {path}: {r.output.strip()[:500]}")
+        else:
+            sandbox.write_file(path, text.encode("utf-8", "surrogateescape"))
+
+
+def _read_files(sandbox: Sandbox, paths: set[str]) -> dict[str, str]:
+    """The text of those of ``paths`` that exist in ``sandbox``; bytes that are not UTF-8 round-trip."""
+    files = {}
+    for path in sorted(paths):
+        try:
+            files[path] = sandbox.read_file(path).decode("utf-8", "surrogateescape")
+        except OSError:
+            continue  # absent: a patch that changes it fails, one that creates it may
+    return files
 
 
 def patch_carry(task: Task, patch: str, open_sandbox: OpenSandbox, shown: str = "patch") -> Carry:

@@ -10,7 +10,7 @@ agent can do), ``prompt`` (what it is told), ``codec`` (tool calls inside local-
 text), ``trajectory`` (the JSON transcript), ``patch`` (unified diffs). The tool-call codec is
 ``models/codec.py``; the policies are in ``policies/``.
 
-Test: ``pytest tests/unit/harness tests/unit/test_codec.py -q``.
+Test: ``pytest tests/unit/harness tests/unit/models/test_codec.py -q``.
 """
 
 from opencomposer.harness.loop import Agent, LimitsExceeded, run_episode

@@ -80,8 +80,8 @@ def _is_context_overflow(e: Exception) -> bool:
 def _mixed_versions(out: PolicyOutput) -> list[int]:
     """The per-token versions of a turn that new weights reached mid-turn (``Step.policy_versions``);
     empty for a turn of one version (``EnginePolicy`` and ``ServerPolicy`` report them per token)."""
-    versions = list(getattr(out, "policy_versions", None) or [])
-    return versions if len(set(versions)) > 1 and len(versions) == len(out.token_ids) else []
+    versions = out.policy_versions
+    return list(versions) if len(set(versions)) > 1 and len(versions) == len(out.token_ids) else []
 
 
 def _prose(text: str) -> str:
@@ -120,6 +120,7 @@ class Agent:
         )
         self._started = time.monotonic()
         self._ids: set[str] = set()
+        self._routed_ids: list[int] | None = None  # the last routed turn's prompt + completion (_new_routes)
         try:
             while True:
                 self._check_limits(traj)
@@ -196,17 +197,16 @@ class Agent:
         traj.steps.append(step)
         return step, out
 
-    @staticmethod
-    def _new_routes(traj: Trajectory, out: PolicyOutput) -> tuple[str, int]:
+    def _new_routes(self, traj: Trajectory, out: PolicyOutput) -> tuple[str, int]:
         """(routes, first token they cover): a MoE turn whose prompt extends the previous turn's
-        prompt + completion token for token (``out.prompt_ids``, which ``EnginePolicy`` sets)
+        prompt + completion token for token (``out.prompt_ids``, which ``EnginePolicy`` fills)
         stores only its new tokens' routes; ``rl.samples`` joins them to the previous turn's.
         So a transcript holds each token's routes once instead of once per turn."""
-        prompt = getattr(out, "prompt_ids", None)
-        prev_ids = getattr(traj, "_routed_ids", None)  # the previous turn's prompt + completion
+        prompt = out.prompt_ids  # [] from policies that do not report it: routes stored whole
+        prev_ids = self._routed_ids  # the previous turn's prompt + completion
         same_segment = bool(traj.steps) and traj.steps[-1].segment == len(traj.segments)
-        traj._routed_ids = list(prompt) + list(out.token_ids) if out.routes and prompt is not None else None
-        if not (out.routes and prompt is not None and prev_ids and same_segment
+        self._routed_ids = list(prompt) + list(out.token_ids) if out.routes and prompt else None
+        if not (out.routes and prompt and prev_ids and same_segment
                 and len(prompt) > len(prev_ids) and prompt[:len(prev_ids)] == prev_ids):
             return out.routes, 0
         # imported here: torch is only needed for MoE policies

@@ -1,7 +1,9 @@
 """Unified diffs: parse them and apply them to file contents, with clear errors.
 
-The oracle policy uses this to turn a task's ``gold.patch`` into ordinary edits, and to
-compute a whole patched file when an edit cannot be made unique. It reads what
+The one patch applier: the oracle policy uses it to turn a task's ``gold.patch`` into ordinary
+edits (and to compute a whole patched file when an edit cannot be made unique), the grader to
+apply a patch in a sandbox (``grading/grade.apply_patch``), Harbor export to write ``solve.sh``,
+and the task sources to lay SWE-bench test patches. It reads what
 ``diff -u``, ``git diff`` and ``difflib.unified_diff`` write: several files, several hunks,
 new files (``--- /dev/null``), deleted files (``+++ /dev/null``) and the
 ``\\ No newline at end of file`` marker. Lines keep their ``\\n`` so that applying a patch

@@ -105,3 +105,23 @@ def speaks_hermes(tokenizer: Any) -> bool:
     if isinstance(template, dict):  # some tokenizers keep several named templates
         template = template.get("default") or next(iter(template.values()), "")
     return "<tool_response>" in template and _TOOL_ROLE.search(template) is not None
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a turn: the tokenizer's EOS, the model's EOS ids, and <|im_end|>.
+
+    ChatML models (SmolLM2, Qwen) end a turn with <|im_end|> even when their EOS is
+    <|endoftext|>, so it is added whenever the vocabulary has it.
+    """
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    if not ids:
+        raise ValueError("model and tokenizer define no EOS token; cannot tell when a turn ends")
+    return ids

@@ -12,7 +12,7 @@ Several calls per turn are allowed. ``parse_tool_calls`` never drops a call it c
 read: a broken one comes back as a ``ToolCall`` with ``error`` set, so the harness can
 answer with an error observation and count it as invalid.
 
-Test: ``pytest tests/unit/test_codec.py``.
+Test: ``pytest tests/unit/models/test_codec.py``.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def _checkpoint_model_dir(path: Path) -> Path:
     if (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
         raise ModelLoadError(
             f"{path}: a LoRA checkpoint holds only the adapter ({model / 'adapter_config.json'}); "
-            "load the merged export (train.checkpoint.export_model, e.g. the run's model/ dir) instead"
+            "load the merged export (train.export.export_model, e.g. the run's model/ dir) instead"
         )
     return model
 

@@ -1,7 +1,7 @@
 """The whole learning job of `opencomposer train`: tasks -> [CPT] -> SFT warm start -> RL -> evals -> report.
 
-    opencomposer train --config configs/demo.toml            # what `make demo` runs
-    opencomposer train --config configs/demo.toml --resume   # continue a stopped run
+    opencomposer train --config configs/train/demo.toml            # what `make demo` runs
+    opencomposer train --config configs/train/demo.toml --resume   # continue a stopped run
 
 Composer's order at small scale: optionally continued pretraining on raw code (``[pretrain]
 enabled = true``: ``train/pretrain.py``, whose export every later stage starts from), then
@@ -32,8 +32,8 @@ from typing import Callable
 
 from opencomposer.config import ConfigError
 from opencomposer.eval.heldout import evaluate
-from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.paths import atomic_write_text
+from opencomposer.policies import make_policy
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.episode.run import run_task
 from opencomposer.pipeline.report import write_report
@@ -42,7 +42,9 @@ from opencomposer.train.samples import sft_samples
 from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.tasks.format import Task
 from opencomposer.train import distributed
-from opencomposer.train.checkpoint import CheckpointError, export_model, save_checkpoint
+from opencomposer.train.checkpoint import save_checkpoint
+from opencomposer.train.checkpoint_files import CheckpointError
+from opencomposer.train.export import export_model
 from opencomposer.train.pretrain import run_pretrain_config
 
 
@@ -60,7 +62,7 @@ def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) 
     trajs = []
     for p in tasks:
         task = Task.load(p)
-        res = run_task(task, OraclePolicy(task, compact=True), backend, cfg.agent,
+        res = run_task(task, make_policy("oracle", task=task, compact=True), backend, cfg.agent,
                        transcript=out / f"{task.id}.json")
         if res.reward.passed:  # only traces that solved the task teach the format
             trajs.append(res.trajectory)

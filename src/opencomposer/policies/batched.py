@@ -26,7 +26,7 @@ read when each batch starts generating. With a ``seed`` the wrapped policy seeds
 ``generate`` call, but which prompts share a batch depends on thread timing, so batched
 sampling is not reproducible run to run; greedy (``temperature=0``) output is.
 
-Test: ``pytest tests/unit/rl/test_rollout.py -k batch``.
+Test: ``pytest tests/unit/episode/test_rollout.py -k batch``.
 """
 
 from __future__ import annotations

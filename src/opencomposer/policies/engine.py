@@ -1,7 +1,7 @@
-"""``EnginePolicy``: the engine behind the same interface as ``models.policy.ModelPolicy``.
+"""``EnginePolicy``: the engine behind the same interface as ``policies.model.ModelPolicy``.
 
 Rollouts call ``act`` / ``encode`` / ``sample_batch`` and read ``policy_version``; this class
-answers them from an ``Engine`` instead of HF ``generate``, so ``rl.batching.BatchedPolicy``
+answers them from an ``Engine`` instead of HF ``generate``, so ``policies.batched.BatchedPolicy``
 (or anything written against ``ModelPolicy``) can use continuous batching, the paged KV
 cache and the prefix cache unchanged::
 
@@ -12,11 +12,11 @@ cache and the prefix cache unchanged::
 
 Same prompt builder (``models.chat``), same context rule (``ContextLengthError`` when the
 prompt leaves no room; the budget shrinks to the room left otherwise), same stop tokens
-(``models.policy.stop_token_ids``), same token fields. Two differences, both documented
+(``models.chat.stop_token_ids``), same token fields. Two differences, both documented
 in ``engine.py``: ``logprobs`` are taken before top-k/top-p truncation (identical when
 those are off), and with in-flight weight updates one turn may span two policy versions:
 ``policy_version`` is then the version of the turn's first token (the oldest), and
-``policy_versions`` (an extra attribute set on the output) gives the version per token.
+``PolicyOutput.policy_versions`` gives the version per token.
 
 Hook for ``rl/``: ``BatchedPolicy(EnginePolicy(engine, ...))`` works as is (it uses
 ``tokenizer``, ``encode``, ``sample_batch``, ``policy_version``); where ``rl/run.py`` sets
@@ -25,7 +25,7 @@ shares the trainer's model), an engine needs ``policy.update_weights(model.state
 version)`` instead -- setting the version alone raises, so stale weights cannot be
 mislabelled as new.
 
-Test: ``pytest tests/unit/inference/test_policy.py``.
+Test: ``pytest tests/unit/policies/test_engine_policy.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 from opencomposer.models import codec
-from opencomposer.inference.engine.core import Completion, Engine, SamplingParams
+from opencomposer.inference.engine.core import Engine, SamplingParams
+from opencomposer.inference.engine.outputs import Completion
 from opencomposer.models.moe_replay import encode_routes
 from opencomposer.policies.model import PromptPolicy
 from opencomposer.protocols import PolicyOutput
@@ -82,12 +83,10 @@ class EnginePolicy(PromptPolicy):
 
     def _output(self, c: Completion) -> PolicyOutput:
         _, calls = codec.parse_tool_calls(c.text)
-        out = PolicyOutput(
+        return PolicyOutput(
             text=c.text, tool_calls=calls, prompt_tokens=len(c.prompt_token_ids), completion_tokens=len(c.token_ids),
             token_ids=c.token_ids, logprobs=c.logprobs,
             policy_version=c.policy_versions[0] if c.policy_versions else self.engine.policy_version,
             finish_reason="stop" if c.finish_reason == "stop" else "length",
-            routes=encode_routes(c.routes) if c.routes is not None else "")
-        out.policy_versions = c.policy_versions  # type: ignore[attr-defined]  # per token; see module doc
-        out.prompt_ids = c.prompt_token_ids  # type: ignore[attr-defined]  # lets the harness store routes once
-        return out
+            routes=encode_routes(c.routes) if c.routes is not None else "",
+            policy_versions=c.policy_versions, prompt_ids=c.prompt_token_ids)

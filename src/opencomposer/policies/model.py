@@ -10,7 +10,7 @@ stop token or the token budget, then parse ``<tool_call>`` blocks with the harne
 
 Batching: ``act`` is ``sample_batch([encode(messages, tools)])``. ``sample_batch`` runs
 several prompts through one left-padded ``generate`` and cuts each row at its own stop
-token; ``rl/batching.BatchedPolicy`` uses it to serve many concurrent episodes.
+token; ``policies.batched.BatchedPolicy`` uses it to serve many concurrent episodes.
 
 Token-level fields, for RL:
 
@@ -34,7 +34,7 @@ model saw differ from ``render_prompt(messages)``, which is what RL training rec
 When the prompt fits but ``max_new_tokens`` would overflow, the budget shrinks to the room
 left and a turn that fills it ends with ``finish_reason="length"``.
 
-Test: ``pytest tests/unit/models/test_models_policy.py``.
+Test: ``pytest tests/unit/policies/test_model_policy.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import torch
 from transformers import GenerationConfig
 
 from opencomposer.models import codec
-from opencomposer.models.chat import encode_prompt, ensure_chat_template, render_prompt
+from opencomposer.models.chat import encode_prompt, ensure_chat_template, render_prompt, stop_token_ids
 from opencomposer.models.registry import DEFAULT_MODEL, load_model
 from opencomposer.protocols import ContextLengthError, Message, PolicyOutput
 
@@ -150,7 +150,7 @@ class ModelPolicy(PromptPolicy):
     def sample_batch(self, prompts: list[list[int]]) -> list[PolicyOutput]:
         """One turn for each prompt (ids from ``encode``), generated as one left-padded batch.
 
-        ``act`` is this with a batch of one; ``rl.batching.BatchedPolicy`` gathers the
+        ``act`` is this with a batch of one; ``policies.batched.BatchedPolicy`` gathers the
         prompts of concurrent episodes. Each output is cut at its own first stop token.
         """
         version = self.policy_version  # read before generating: the weights that sample
@@ -222,26 +222,6 @@ class ModelPolicy(PromptPolicy):
             n = next((i + 1 for i, t in enumerate(ids) if t in self.stop_ids), len(ids))
             results.append((ids[:n], scores[row, :n].float().tolist()))
         return results
-
-
-def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
-    """Every id that ends a turn: the tokenizer's EOS, the model's EOS ids, and <|im_end|>.
-
-    ChatML models (SmolLM2, Qwen) end a turn with <|im_end|> even when their EOS is
-    <|endoftext|>, so it is added whenever the vocabulary has it.
-    """
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(i) for i in source)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    if not ids:
-        raise ValueError("model and tokenizer define no EOS token; cannot tell when a turn ends")
-    return ids
 
 
 def _pad_id(tokenizer: Any, stop_ids: set[int]) -> int:

@@ -10,7 +10,7 @@ call whose arguments are not a JSON object comes back as a ``ToolCall`` with ``e
 set, so the loop answers it and counts it as invalid. HTTP errors (after the client's
 retries) propagate; the loop ends the episode with ``policy_error``.
 
-Test: ``pytest tests/unit/harness/test_openai_policy.py`` (a real HTTP server in a thread).
+Test: ``pytest tests/unit/policies/test_openai.py`` (a real HTTP server in a thread).
 """
 
 from __future__ import annotations

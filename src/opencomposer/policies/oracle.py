@@ -19,7 +19,7 @@ state, and it restarts when a conversation starts over. Asked for a summary
 (``harness/summarize.py``), it lists its calls so far and keeps the pending observation,
 so the script goes on in the next segment as if the context had never been cleared.
 
-Test: ``pytest tests/unit/harness/test_oracle.py``.
+Test: ``pytest tests/unit/policies/test_oracle.py``.
 """
 
 from __future__ import annotations

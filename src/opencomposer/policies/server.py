@@ -89,8 +89,8 @@ class ServerPolicy(PromptPolicy):
         out = PolicyOutput(text=text, tool_calls=tool_calls, prompt_tokens=len(prompt),
                            completion_tokens=len(got["token_ids"]), token_ids=got["token_ids"],
                            logprobs=got["logprobs"], policy_version=versions[0] if versions else self.version,
-                           finish_reason="stop" if choice["finish_reason"] == "stop" else "length")
-        out.policy_versions = versions  # type: ignore[attr-defined]  # per token, as EnginePolicy's
+                           finish_reason="stop" if choice["finish_reason"] == "stop" else "length",
+                           policy_versions=versions)
         if versions:
             self.version = max(self.version, versions[-1])
         return out

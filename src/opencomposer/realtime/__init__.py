@@ -13,5 +13,5 @@ Server side (``inference/``, so the server needs nothing from here): ``session_l
     ab_report.py    per-arm edit persistence, dissatisfied follow-ups, latency
     users.py        simulated users driving the served agent through the harness
 
-    opencomposer realtime --config configs/realtime.toml [--once | --every 5h]
+    opencomposer realtime --config configs/realtime/realtime.toml [--once | --every 5h]
 """

@@ -14,7 +14,7 @@ arm that served its completions):
 
 Counts travel with every rate, so a reader sees how little a small test can show.
 
-Test: ``pytest tests/unit/realtime/test_ab_report.py``.
+Test: ``pytest tests/unit/realtime/test_rewards.py -k ab_report``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
-"""The root config of ``opencomposer realtime``, loaded from TOML (``configs/realtime.toml``).
+"""The root config of ``opencomposer realtime``, loaded from TOML (``configs/realtime/realtime.toml``).
 
-    cfg = load_config("configs/realtime.toml", RealtimeConfig)
+    cfg = load_config("configs/realtime/realtime.toml", RealtimeConfig)
 
 Tables: ``[server]`` (the running ``opencomposer serve`` to hot-swap into), ``[logs]``
 (its ``--log-dir``), ``[model]`` (the policy the server started from), ``[reward]``
 (the per-completion reward, ``realtime/rewards.py``), ``[train]`` (``TrainConfig``),
-``[learn]`` (batching of one cycle's single epoch), ``[loss]``, ``[gate]`` (the eval
-suite and the regression rule), ``[agent]`` (limits of the gate's episodes), ``[run]``.
+``[learn]`` (batching of one cycle's single epoch), ``[loss]`` (``config.LossSection``, as in
+``opencomposer train``), ``[gate]`` (the eval suite, the regression rule, and the sampling keys of
+``config.SamplingSection``), ``[agent]`` (limits of the gate's episodes), ``[run]``.
 Unknown keys and bad values are errors naming the file and key.
+
+Test: ``pytest tests/unit/realtime/test_config.py``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,18 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from opencomposer.config import AgentConfig, Backend, ConfigError, Strict
+from opencomposer.config import (
+    AgentConfig,
+    ConfigError,
+    LossSection,
+    MaxBatch,
+    ModelSection,
+    SamplingSection,
+    Strict,
+    Temperature,
+)
 from opencomposer.train.config import TrainConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -51,9 +63,10 @@ class LogsSection(Strict):
     since: float = Field(0.0, ge=0, description="unix time of the first record the first cycle takes")
 
 
-class ModelSection(Strict):
+class ServedModelSection(ModelSection):
+    """``[model]``, whose ``name`` must be given: the loop cannot guess what the server runs."""
+
     name: str = Field(..., description="what the server started from: smollm2-135m | tiny-random | HF dir")
-    device: str = "cpu"
 
 
 class RewardSection(Strict):
@@ -76,23 +89,20 @@ class LearnSection(Strict):
     only_own_arm: bool = Field(True, description="train only on completions of server.arm (on-policy tokens)")
 
 
-class LossSection(Strict):
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
+class GateSection(SamplingSection):
+    """``[gate]``: the suite a candidate must not regress on, sampled greedily by its own engine."""
 
-
-class GateSection(Strict):
     suite: str = Field(..., description="eval suite name (configs/suites/NAME.toml), suite TOML or task dir")
     k: int = Field(1, ge=1)
     metric: str = "pass@1"
     tolerance: float = Field(0.0, ge=0, description="candidate may be this much worse (eval.gate.compare)")
     strict: bool = Field(False, description="true: the candidate must show it is within the tolerance")
-    backend: Backend = Field("auto", description="sandbox of the gate's episodes (auto: the strongest here)")
-    temperature: float = Field(0.0, ge=0)
-    max_new_tokens: int = Field(256, ge=1, description="per model turn")
-    max_batch: int = Field(8, ge=1)
-    engine: Literal["hf", "builtin"] = "builtin"
     n_boot: int = Field(2000, ge=100)
+    # the shared sampling keys, with the gate's defaults; no 'server' engine: the gate loads each checkpoint
+    temperature: Temperature = 0.0
+    max_batch: MaxBatch = 8
+    engine: Literal["hf", "builtin"] = Field("builtin", description="'builtin': inference/ engine; 'hf': "
+                                                                    "transformers generate")
 
 
 class RunSection(Strict):
@@ -105,7 +115,7 @@ class RunSection(Strict):
 class RealtimeConfig(Strict):
     server: ServerSection = ServerSection()
     logs: LogsSection
-    model: ModelSection
+    model: ServedModelSection
     reward: RewardSection = RewardSection()
     train: TrainConfig = TrainConfig(lr=1e-5)
     learn: LearnSection = LearnSection()
@@ -113,3 +123,10 @@ class RealtimeConfig(Strict):
     gate: GateSection
     agent: AgentConfig = AgentConfig()
     run: RunSection = RunSection()
+
+    @model_validator(mode="after")
+    def _no_reference(self) -> RealtimeConfig:
+        if self.loss.kl_coef:
+            raise ValueError(f"loss.kl_coef = {self.loss.kl_coef}: the realtime loop trains without a KL term "
+                             "(it keeps no reference model); leave it 0")
+        return self

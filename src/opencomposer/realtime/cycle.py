@@ -1,7 +1,7 @@
 """The real-time loop: logs since the last cycle -> rewards -> train -> gate -> hot-swap.
 
-    opencomposer realtime --config configs/realtime.toml --once
-    opencomposer realtime --config configs/realtime.toml --every 5h
+    opencomposer realtime --config configs/realtime/realtime.toml --once
+    opencomposer realtime --config configs/realtime/realtime.toml --every 5h
 
 One cycle (``RealtimeLoop.cycle``), each step timed:
 

@@ -8,7 +8,7 @@ The swap is the engine's in-flight weight update (``Engine.update_weights``, bet
 engine steps): running sessions continue on the new weights, nothing restarts. Any
 connection failure is a ``ServerUnreachable`` naming the URL.
 
-Test: ``pytest tests/unit/realtime/test_front.py``.
+Test: ``pytest tests/unit/inference/test_front.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 The checkpoint is loaded fresh and run through the suite of ``[gate]`` with the same
 harness that serves and trains it: the built-in engine (``gate.engine = "builtin"``) or
-transformers ``generate`` (``"hf"``), behind ``rl.batching.BatchedPolicy`` so a suite's
+transformers ``generate`` (``"hf"``), behind ``policies.batched.BatchedPolicy`` so a suite's
 episodes share batches. ``gate_decision`` then applies ``eval.gate.compare``.
 
 Test: ``pytest tests/integration/test_realtime_cycle.py``.
@@ -19,23 +19,21 @@ from opencomposer.realtime.config import RealtimeConfig
 
 
 def checkpoint_policy(path: str, cfg: RealtimeConfig):
-    from opencomposer.policies.model import ModelPolicy
+    """The gate's sampler on a fresh load of ``path``: engine or HF ``generate``, batched."""
     from opencomposer.models.registry import load_model
-    from opencomposer.policies.batched import BatchedPolicy
+    from opencomposer.policies import make_policy
 
     g = cfg.gate
     model, tok = load_model(path, device=cfg.model.device)
+    sampling = {"temperature": g.temperature, "max_new_tokens": g.max_new_tokens, "seed": cfg.run.seed,
+                "batch": g.max_batch, "name": str(path)}
     if g.engine == "builtin":
         from opencomposer.inference.engine.core import Engine
-        from opencomposer.policies.engine import EnginePolicy
 
         engine = Engine(model, tok, max_num_seqs=g.max_batch, device=cfg.model.device,
                         max_model_len=min(int(model.config.max_position_embeddings), 8192))
-        base = EnginePolicy(engine, temperature=g.temperature, max_new_tokens=g.max_new_tokens, seed=cfg.run.seed)
-    else:
-        base = ModelPolicy((model, tok), temperature=g.temperature, max_new_tokens=g.max_new_tokens,
-                           seed=cfg.run.seed)
-    return BatchedPolicy(base, max_batch=g.max_batch, name=str(path))
+        return make_policy("engine", engine=engine, **sampling)
+    return make_policy("model", model=(model, tok), **sampling)
 
 
 def evaluate_checkpoint(path: str, label: str, cfg: RealtimeConfig, out_dir: Path) -> dict[str, Any]:

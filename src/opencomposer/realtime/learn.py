@@ -21,7 +21,7 @@ Skipped (counted by reason, never silently): completions another A/B arm served
 log-probs do not match their tokens, or sampled at another temperature than the one the
 trainer computes log-probs at (their ratios would compare different distributions).
 
-Test: ``pytest tests/unit/realtime/test_learn.py``.
+Test: ``pytest tests/unit/realtime/test_rewards.py`` (completion_samples); the training step in ``tests/integration/test_realtime_cycle.py``.
 """
 
 from __future__ import annotations
@@ -81,14 +81,14 @@ def completion_samples(completions: list[dict], rewards: dict[str, float], tempe
 def train_candidate(model_path: str, samples: list[Sample], cfg: RealtimeConfig, out: Path) -> dict[str, Any]:
     """Load ``model_path``, one epoch over ``samples``, export the result to ``out`` (atomic)."""
     from opencomposer.models.registry import load_model
-    from opencomposer.train.checkpoint import export_model
+    from opencomposer.train.export import export_model
     from opencomposer.train.trainer import Trainer
 
     t0 = time.perf_counter()
     model, tok = load_model(model_path, device=cfg.model.device)
     trainer = Trainer(model, tok, cfg.train, name=model_path)
     t1 = time.perf_counter()
-    loss_cfg = LossConfig(clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high)
+    loss_cfg = LossConfig(**cfg.loss.loss_kwargs())  # kl_coef is 0 here (RealtimeConfig refuses it)
     step_rows, bs = [], cfg.learn.batch_completions
     trainable = [s for s in samples if s.advantage != 0.0]  # zero advantage, no KL: zero gradient
     for i in range(0, len(trainable), bs):

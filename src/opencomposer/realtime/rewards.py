@@ -4,7 +4,7 @@
     scored.rewards            # {completion id: reward}
     scored.sessions           # per session: kept, reverted, follow-ups, dissatisfied, arm
 
-The formula (weights from ``[reward]`` of ``configs/realtime.toml``), for completion c of
+The formula (weights from ``[reward]`` of ``configs/realtime/realtime.toml``), for completion c of
 session s::
 
     r_c = kept * K_s - reverted * R_s - dissatisfied * D_s - latency * min(1, latency_c / latency_budget_s)

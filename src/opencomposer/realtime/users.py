@@ -138,8 +138,8 @@ class UserPopulation:
 
 def run_session(client: ServerClient, base_url: str, model: str, persona: Persona, task: Any, sid: str, seed: int,
                 *, backend: str, agent_cfg: AgentConfig, temperature: float, max_tokens: int | None) -> SessionOutcome:
-    from opencomposer.policies.openai import OpenAIPolicy
     from opencomposer.episode.run import run_task
+    from opencomposer.policies import make_policy
 
     rng = random.Random(seed)
     prompt = persona.prompt(task, rng)
@@ -155,8 +155,8 @@ def run_session(client: ServerClient, base_url: str, model: str, persona: Person
         return bool(signed)
 
     http = httpx.Client(event_hooks={"response": [keep_signed]})
-    policy = OpenAIPolicy(model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
-                          extra_body={"user": sid}, max_retries=1, http_client=http)
+    policy = make_policy("openai", model=model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
+                         extra_body={"user": sid}, max_retries=1, http_client=http)
     diffs: list[str] = []
     t0 = time.perf_counter()
     try:

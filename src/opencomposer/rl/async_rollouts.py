@@ -1,12 +1,12 @@
 """``RolloutsAhead``: rollout batches collected in a thread, a bounded number ahead of the trainer.
 
-    ahead = RolloutsAhead(produce=run.collect_batch, ahead=1, total=steps, interrupt=policy.close)
+    ahead = RolloutsAhead(produce=actor.collect_batch, ahead=1, total=steps, interrupt=policy.close)
     ahead.start()
     batch, waited_s = ahead.get()      # the next batch, in order; the thread's error re-raised here
     ahead.redo()                       # the trainer dropped it (too stale): one batch more is needed
     ahead.close()                      # always (finally): stops the thread, interrupting a collection
 
-The asynchronous half of ``[rollout] max_staleness = N`` (``rl/run.py`` holds the other): while
+The asynchronous half of ``[rollout] max_staleness = N`` (``rl/actor.py`` holds the other): while
 the trainer updates on batch s, this thread collects batches s+1 .. s+N with whatever weights
 the engine has, and every update reaches the engine in flight (between two decode steps), so
 one rollout's tokens may come from several versions. At most ``ahead`` batches are collected

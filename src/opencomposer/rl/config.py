@@ -1,6 +1,6 @@
 """The root config of `opencomposer train` (RL) and `opencomposer sft`, loaded from TOML.
 
-    cfg = load_config("configs/demo.toml", RLRunConfig)
+    cfg = load_config("configs/train/demo.toml", RLRunConfig)
 
 Every table maps to one model below; unknown keys and bad values are errors naming
 the file and the key (``config.load_config``).
@@ -12,15 +12,17 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from opencomposer.config import AgentConfig, Backend, ConfigError, Strict
+from opencomposer.config import (
+    AgentConfig,
+    ConfigError,
+    LossSection,
+    ModelSection,
+    SamplingSection,
+    Strict,
+    Temperature,
+)
 from opencomposer.rewards.config import RewardConfig
 from opencomposer.train.config import PretrainRunConfig, PretrainSection, TrainConfig
-
-
-class ModelSection(Strict):
-    name: str = Field("smollm2-135m", description="smollm2-135m | tiny-random | a local HF dir | a hub id")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
 
 
 class TasksSection(Strict):
@@ -30,7 +32,7 @@ class TasksSection(Strict):
     heldout: int = Field(8, ge=0, description="tasks kept out of training, for pass@1 before/after")
     seed: int = 0
     levels: list[Literal["block", "body", "function", "class", "feature"]] = ["body"]
-    factory: str | None = Field(None, description="factory config (configs/factory.toml): with harder_every, "
+    factory: str | None = Field(None, description="factory config (configs/tasks/factory.toml): with harder_every, "
                                 "the trainer asks it for harder tasks as its pass rate rises")
     harder_every: int = Field(0, ge=0, description="every N steps, report the rolling pass@1 to the factory "
                               "(TaskFactory.harder) and add the batch it makes if its levels moved; 0: never")
@@ -51,21 +53,15 @@ class SandboxPoolSection(Strict):
     health_check: bool = Field(True, description="exec 'true' before handing a sandbox out")
 
 
-class RolloutSection(Strict):
+class RolloutSection(SamplingSection):
+    """``[rollout]``: the GRPO groups and how they are sampled (``SamplingSection``'s keys, and these)."""
+
     k: int = Field(4, ge=1, description="rollouts per task (the GRPO group)")
     tasks_per_step: int = Field(2, ge=1)
-    temperature: float = Field(0.8, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(256, ge=1, description="per model turn")
-    backend: Backend = Field("auto", description="sandbox of the rollouts (auto: namespace, else gvisor)")
     sandbox_pool: SandboxPoolSection | None = Field(
         None, description="e.g. {size = 16, warm = 2}: reuse reset sandboxes of a warm pool; absent: a fresh "
                           "sandbox per episode")
-    max_batch: int = Field(16, ge=1, description="sequences generated together")
-    engine: Literal["hf", "builtin", "server"] = Field(
-        "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not "
-                          "re-prefilled); 'hf': transformers generate on the trainer's model; 'server': an "
-                          "`opencomposer serve --weights-from` process at base_url, fed through [sync]")
     base_url: str | None = Field(None, description="rollout.engine='server': the server, e.g. http://gpu-7:8000/v1")
     sync_timeout_s: float = Field(300.0, gt=0, description="rollout.engine='server': how long a step waits for "
                                                            "the server to run the trainer's version")
@@ -77,11 +73,9 @@ class RolloutSection(Strict):
                              "engine 'builtin' or 'server' (rl/async_rollouts.py)")
 
 
-class LossSection(Strict):
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k3"] = "k1"
+class RLLossSection(LossSection):
+    """``[loss]`` of a run: the shared loss keys, and how a group's advantages are scaled."""
+
     std_normalize: bool = Field(False, description="divide advantages by the group std (only when non-zero)")
 
 
@@ -168,7 +162,7 @@ class EvalSection(Strict):
     stages: list[Literal["base", "sft", "rl"]] = Field(
         ["base", "sft", "rl"], description="when to measure held-out pass@1: base model, after SFT, after RL")
     k: int = Field(1, ge=1, description="samples per held-out task for pass@1")
-    temperature: float = Field(0.0, ge=0)
+    temperature: Temperature = 0.0
 
 
 class SyncSection(Strict):
@@ -198,7 +192,7 @@ class RLRunConfig(Strict):
     tasks: TasksSection
     rollout: RolloutSection = RolloutSection()
     agent: AgentConfig = AgentConfig()
-    loss: LossSection = LossSection()
+    loss: RLLossSection = RLLossSection()
     reward: RewardConfig = RewardConfig()
     feedback: FeedbackConfig = FeedbackConfig()
     train: TrainConfig = TrainConfig()

@@ -8,18 +8,27 @@ equivalent product ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``.
 
     pass_at_k(n=8, c=2, k=4)                                  # 0.7857...
     summarize_groups({"t1": [1.0, 0.0, 0.0], "t2": [0.0] * 3}, k=2)
+    rollout_stats(rollouts, k=4)                 # + tokens, tool calls, turns per rollout
+    MetricsLog(out).write(row)                   # a step's row to metrics.jsonl (and TensorBoard)
 
 Test: ``pytest tests/unit/rl/test_metrics.py``.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from opencomposer.paths import atomic_write_text
 from opencomposer.rl.advantages import group_advantages
 
-__all__ = ["pass_at_k", "summarize_groups"]
+if TYPE_CHECKING:  # annotations only: eval/ imports pass_at_k without loading the episode code
+    from opencomposer.episode.run import Rollout
+
+__all__ = ["MetricsLog", "pass_at_k", "rollout_stats", "summarize_groups"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -79,3 +88,58 @@ def summarize_groups(
         f"pass@{k}": math.fsum(pk) / tasks,
         "uniform_groups": uniform / tasks,
     }
+
+
+def rollout_stats(rollouts: list[Rollout], k: int) -> dict[str, float]:
+    """``summarize_groups`` of the rollouts' rewards, plus their per-rollout means."""
+    groups: dict[str, list[float]] = {}
+    for r in rollouts:
+        groups.setdefault(r.task_id, []).append(r.reward)
+    n = max(len(rollouts), 1)
+    trajs = [r.result.trajectory for r in rollouts if r.result is not None]
+    return {
+        **summarize_groups(groups, k),
+        "mean_completion_tokens": sum(t.completion_tokens for t in trajs) / n,
+        "tool_calls": sum(t.tool_calls for t in trajs) / n,
+        "invalid_calls": sum(t.invalid_calls for t in trajs) / n,
+        "turns": sum(t.turns for t in trajs) / n,
+        "summaries": sum(t.summaries for t in trajs) / n,  # self-summaries per rollout
+        "submitted": sum(t.exit_reason == "submitted" for t in trajs) / n,
+        "failed_rollouts": sum(r.result is None for r in rollouts),
+    }
+
+
+class MetricsLog:
+    """Append-only JSONL of step metrics, plus TensorBoard scalars when available."""
+
+    def __init__(self, out: Path):
+        self.path = out / "metrics.jsonl"
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(str(out / "tb"))
+        except Exception:  # tensorboard not installed: JSONL only
+            self.tb = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, row["step"])
+            self.tb.flush()
+
+    def truncate(self, step: int, last_row: dict | None) -> None:
+        """On resume: keep rows up to the checkpointed ``step`` (a killed step's row, if
+        written, is dropped; the checkpointed step's row is restored from the checkpoint)."""
+        rows = [r for r in self.rows() if r["step"] <= step]
+        if last_row and not any(r["step"] == step for r in rows):
+            rows.append(last_row)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(l) for l in self.path.read_text().splitlines() if l.strip()]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from opencomposer.episode.rollout import Rollout
+from opencomposer.episode.run import Rollout
 from opencomposer.train.samples import Sample
 
 

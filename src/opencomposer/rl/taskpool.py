@@ -15,7 +15,7 @@ tasks join the training pool (never the held-out split, and never one that delet
 held-out task's symbol: those are left out). The factory runs in the training loop: keep
 its ``max_per_library`` small.
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_harder_rl.py tests/unit/rl/test_split.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_harder_rl.py tests/unit/rl/test_split.py``.
 """
 
 from __future__ import annotations

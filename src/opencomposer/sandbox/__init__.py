@@ -17,12 +17,11 @@ an unused backend costs nothing and may need things this machine lacks:
 - ``namespace``: bubblewrap namespaces over an overlay; Linux with user namespaces.
 - ``gvisor``: each command under gVisor's user-space kernel (``runsc``); Linux.
 - ``docker``: each command in a container of a reachable Docker engine (docker CLI).
-- ``remote``: a sandbox of any of these on a Ray actor (``sandbox/remote.py``).
+- ``remote``: a sandbox of any of these on a Ray actor (``sandbox/remote.py``; the hosts: ``cluster.py``).
 
 ``sandbox/pool.py`` keeps pre-warmed sandboxes per spec (asyncio, or threads via
 ``BlockingSandboxPool``); ``sandbox/branch.py`` forks N sandboxes from one state;
-``sandbox/checkpoint.py`` holds memory snapshots (gVisor's ``runsc checkpoint``, or CRIU
-where the kernel allows it).
+``sandbox/checkpoint.py`` holds memory snapshots (gVisor's ``runsc checkpoint``).
 
 Every backend implements ``protocols.Sandbox`` plus ``reset()``, ``fork()`` and ``with``.
 

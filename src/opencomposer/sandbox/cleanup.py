@@ -42,6 +42,45 @@ _live: dict[str, int] = {}  # "pid:state" -> records this process has not unregi
 _reaped_in: set[int] = set()
 
 
+MARKER = "OPENCOMPOSER_SANDBOX"
+
+
+def _marked_pids(marker: bytes) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (Linux /proc only)."""
+    pids = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in entries:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    pids.append(int(name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def kill_marked(sandbox_id: str) -> int:
+    """SIGKILL every process started by local sandbox ``sandbox_id`` (its marker in the
+    environment); returns how many."""
+    marker, killed = f"{MARKER}={sandbox_id}".encode(), set()
+    for _ in range(5):  # a dying shell may fork once more; sweep until quiet
+        pids = _marked_pids(marker)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return len(killed)
+
+
 def state_dir() -> Path:
     """``$OPENCOMPOSER_SANDBOX_STATE``, else ``<cache>/sandbox-state/<hostname>``."""
     env = os.environ.get(STATE_ENV)
@@ -234,8 +273,6 @@ def reap(state: Path | None = None) -> dict[str, int]:
             locks_in_use.add(lock)
             continue
         if body.get("backend") == "local":  # its processes carry its marker, not its dir, in argv
-            from opencomposer.sandbox.local import kill_marked
-
             counts["processes"] += kill_marked(str(body.get("id", "")))
         counts["processes"] += kill_sandbox_processes(root, cgroups)
         counts["cgroups"] += remove_cgroups(cgroups)

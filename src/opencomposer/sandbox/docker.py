@@ -38,7 +38,8 @@ from pathlib import Path
 from opencomposer.protocols import ExecResult, SandboxSpec
 from opencomposer.sandbox.base import SandboxUnavailable, check_resolved, confine, run_process, scrubbed_env, shell_argv
 from opencomposer.sandbox.hostfs import host_mounts
-from opencomposer.sandbox.local import MARKER, LocalSandbox
+from opencomposer.sandbox.cleanup import MARKER
+from opencomposer.sandbox.local import LocalSandbox
 
 WORKDIR = "/workspace"
 HOME = "/tmp"

@@ -43,7 +43,8 @@ from opencomposer.sandbox.base import SandboxUnavailable, check_resolved, confin
 from opencomposer.sandbox.checkpoint import MemorySnapshot
 from opencomposer.sandbox.hostfs import host_mounts
 from opencomposer.sandbox.limits import Counters, Limiter, tree_bytes
-from opencomposer.sandbox.local import MARKER, LocalSandbox
+from opencomposer.sandbox.cleanup import MARKER
+from opencomposer.sandbox.local import LocalSandbox
 
 WORKDIR = "/workspace"
 HOME = "/tmp"

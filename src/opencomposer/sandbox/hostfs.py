@@ -21,9 +21,9 @@ def host_mounts(spec: SandboxSpec) -> tuple[list[tuple[str, str]], list[dict]]:
     The list is ``namespace``'s bwrap arguments, translated, so the two backends cannot
     drift apart on what of the host a task may see.
     """
-    from opencomposer.sandbox.namespace import _env_binds, _system_args
+    from opencomposer.sandbox.bwrap import env_binds, system_args
 
-    args = _system_args(spec.network) + ["--tmpfs", "/tmp"] + _env_binds(spec.env_dir)
+    args = system_args(spec.network) + ["--tmpfs", "/tmp"] + env_binds(spec.env_dir)
     links: list[tuple[str, str]] = []
     mounts: list[dict] = []
     i = 0
@@ -44,5 +44,5 @@ def host_mounts(spec: SandboxSpec) -> tuple[list[tuple[str, str]], list[dict]]:
             mounts.append({"destination": args[i + 1], "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
             i += 2
         else:
-            raise ValueError(f"gvisor backend cannot translate bwrap argument {op!r} (from sandbox/namespace.py)")
+            raise ValueError(f"gvisor backend cannot translate bwrap argument {op!r} (from sandbox/bwrap.py)")
     return links, mounts

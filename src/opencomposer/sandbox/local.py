@@ -40,48 +40,9 @@ from opencomposer.sandbox.base import (
 )
 from opencomposer.sandbox.execserver import MAX_FILE_READ
 
-MARKER = "OPENCOMPOSER_SANDBOX"
-
-
-def _marked_pids(marker: bytes) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (Linux /proc only)."""
-    pids = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return pids
-    for name in entries:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    pids.append(int(name))
-        except OSError:  # gone, or not ours to read
-            continue
-    return pids
-
-
-def kill_marked(sandbox_id: str) -> int:
-    """SIGKILL every process started by local sandbox ``sandbox_id`` (its marker in the
-    environment); returns how many."""
-    marker, killed = f"{MARKER}={sandbox_id}".encode(), set()
-    for _ in range(5):  # a dying shell may fork once more; sweep until quiet
-        pids = _marked_pids(marker)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
-    return len(killed)
-
-
 def _cleanup(root: Path, sandbox_id: str, pgids: set[int], record: Path | None = None) -> None:
     """Kill what the sandbox started and delete its files; safe to call twice."""
-    kill_marked(sandbox_id)
+    cleanup.kill_marked(sandbox_id)
     if not os.path.isdir("/proc"):  # no /proc to scan: fall back to process groups
         for pgid in pgids:
             try:
@@ -145,7 +106,7 @@ class LocalSandbox(SandboxBase):
         if not os.path.isdir(run_cwd):
             return ExecResult(1, f"cwd {cwd!r} is not a directory in the workspace")
         full_env = scrubbed_env(self.spec, self.workdir, str(self._home), env)
-        full_env[MARKER] = self.id
+        full_env[cleanup.MARKER] = self.id
         return run_process(
             shell_argv(command), env=full_env, cwd=run_cwd, stdin=stdin, timeout=timeout,
             max_output=max_output, on_start=lambda p: self._pgids.add(p.pid),

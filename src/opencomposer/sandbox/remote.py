@@ -1,14 +1,14 @@
 """Remote sandboxes on Ray: sandbox hosts are Ray actors, ``RemoteSandbox`` forwards to one.
 
     import ray
-    from opencomposer.sandbox.remote import SandboxCluster
+    from opencomposer.sandbox.cluster import SandboxCluster
     ray.init(address="auto")                      # or ray.init(num_cpus=2) for a local one
     cluster = SandboxCluster.start(hosts=4, backend="namespace")   # one actor per node
     with cluster.sandbox(spec) as sb:             # a RemoteSandbox: the Sandbox protocol
         sb.exec("pytest -q")
     cluster.shutdown()
 
-A ``SandboxHost`` actor owns real sandboxes (any local backend: ``local``,
+A ``SandboxHost`` actor (``cluster.py``) owns real sandboxes (any local backend: ``local``,
 ``namespace``, ``gvisor``, ``docker``) on the node it runs on; a ``RemoteSandbox`` on
 the rollout machine holds the actor handle and a sandbox id and turns every protocol
 call into one actor call. Rollouts on one machine thereby use sandboxes on many.
@@ -29,10 +29,6 @@ Test: ``pytest tests/integration/test_ray_sandboxes.py -q`` (starts a 2-CPU loca
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-import uuid
 from typing import Any
 
 from opencomposer.protocols import ExecResult, SandboxSpec
@@ -45,62 +41,6 @@ def _ray():
     except ImportError as e:  # pragma: no cover - ray is a dependency of this module only
         raise ImportError("remote sandboxes need Ray: pip install ray") from e
     return ray
-
-
-class SandboxHost:
-    """Owns sandboxes on one node; run as a Ray actor (``SandboxCluster`` does that)."""
-
-    def __init__(self, backend: str = "local", **backend_kwargs: Any):
-        from opencomposer.sandbox import backend_class
-
-        self.backend = backend
-        self._cls = backend_class(backend)  # fails here, on the host, if the backend is unknown
-        self._kwargs = backend_kwargs
-        self._boxes: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def create(self, spec: SandboxSpec) -> tuple[str, str]:
-        """A new sandbox of ``spec``; returns (sandbox id, workdir as commands see it)."""
-        sb = self._cls(spec, **self._kwargs)
-        return self._add(sb), sb.workdir
-
-    def _add(self, sb) -> str:
-        sid = uuid.uuid4().hex[:12]
-        with self._lock:
-            self._boxes[sid] = sb
-        return sid
-
-    def _get(self, sid: str):
-        try:
-            return self._boxes[sid]
-        except KeyError:
-            raise KeyError(f"no sandbox {sid!r} on host {socket.gethostname()} (closed, or made on another host)") from None
-
-    def call(self, sid: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One protocol method of one sandbox (``exec``, ``read_file``, ``snapshot``...)."""
-        if method not in ("exec", "read_file", "write_file", "snapshot", "restore", "reset"):
-            raise ValueError(f"sandbox method {method!r} cannot be called remotely")
-        return getattr(self._get(sid), method)(*args, **kwargs)
-
-    def fork(self, sid: str) -> tuple[str, str]:
-        child = self._get(sid).fork()
-        return self._add(child), child.workdir
-
-    def close(self, sid: str) -> None:
-        with self._lock:
-            sb = self._boxes.pop(sid, None)
-        if sb is not None:
-            sb.close()
-
-    def close_all(self) -> int:
-        with self._lock:
-            boxes, self._boxes = list(self._boxes.values()), {}
-        for sb in boxes:
-            sb.close()
-        return len(boxes)
-
-    def info(self) -> dict[str, Any]:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "backend": self.backend, "sandboxes": len(self._boxes)}
 
 
 class RemoteSandbox(SandboxBase):
@@ -156,7 +96,7 @@ class RemoteSandbox(SandboxBase):
     def reset(self) -> None:
         self._call("reset")
 
-    def fork(self) -> "RemoteSandbox":
+    def fork(self) -> RemoteSandbox:
         """A new sandbox on the same host, from this one's current files."""
         if self._closed:
             raise RuntimeError(f"remote sandbox {self.id} is closed")
@@ -173,73 +113,3 @@ class RemoteSandbox(SandboxBase):
             self._ray.get(self.host.close.remote(self.id))
         except Exception:  # the host is gone: so is the sandbox
             pass
-
-
-class SandboxCluster:
-    """A set of ``SandboxHost`` actors and least-loaded placement of new sandboxes."""
-
-    def __init__(self, hosts: list[Any]):
-        if not hosts:
-            raise ValueError("SandboxCluster needs at least one host actor")
-        self.hosts = list(hosts)
-        self._load = [0] * len(self.hosts)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def start(
-        cls,
-        hosts: int = 1,
-        backend: str = "local",
-        *,
-        max_concurrency: int = 16,
-        num_cpus: float = 0,
-        spread: bool = True,
-        **backend_kwargs: Any,
-    ) -> "SandboxCluster":
-        """Start ``hosts`` actors (Ray must be initialised); each makes ``backend`` sandboxes.
-
-        ``num_cpus=0`` because a host mostly waits on subprocesses; give it CPUs to make
-        Ray place at most that many hosts per node.
-        """
-        from opencomposer.sandbox import backend_class
-
-        ray = _ray()
-        if hosts < 1:
-            raise ValueError(f"SandboxCluster.start hosts must be >= 1, got {hosts}")
-        backend_class(backend)  # an unknown name fails here with a plain ValueError
-        actor = ray.remote(SandboxHost).options(
-            num_cpus=num_cpus, max_concurrency=max_concurrency, scheduling_strategy="SPREAD" if spread else "DEFAULT",
-        )
-        handles = [actor.remote(backend, **backend_kwargs) for _ in range(hosts)]
-        ray.get([h.info.remote() for h in handles])  # surface a failed start now, with its cause
-        return cls(handles)
-
-    def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
-        """A new sandbox of ``spec`` on the host with the fewest sandboxes made through us."""
-        with self._lock:
-            i = min(range(len(self.hosts)), key=self._load.__getitem__)
-            self._load[i] += 1
-
-        def release() -> None:
-            with self._lock:
-                if i < len(self._load):  # not after shutdown()
-                    self._load[i] -= 1
-
-        try:
-            return RemoteSandbox(spec, host=self.hosts[i], _on_close=release)
-        except BaseException:
-            release()
-            raise
-
-    def info(self) -> list[dict[str, Any]]:
-        ray = _ray()
-        return ray.get([h.info.remote() for h in self.hosts])
-
-    def shutdown(self) -> int:
-        """Close every sandbox on every host and stop the actors; returns sandboxes closed."""
-        ray = _ray()
-        closed = sum(ray.get([h.close_all.remote() for h in self.hosts]))
-        for h in self.hosts:
-            ray.kill(h)
-        self.hosts, self._load = [], []
-        return closed

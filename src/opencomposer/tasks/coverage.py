@@ -8,14 +8,14 @@ over the whole run which library lines ran (line events only for each function's
 calls, so a suite that hammers a hot loop is not slowed tenfold). ``trace_tests`` returns a ``TestMap``::
 
     tm = trace_tests(sandbox, ["tests/test_core.py"], ["toolz"])
-    tm.tests_covering("toolz/itertoolz.py", 10, 40)   # top-level test items that ran those lines
-    tm.lines["toolz/itertoolz.py"]                     # lines executed by any test
+    tm.by_function()[("toolz/itertoolz.py", 10)]   # top-level test items that ran the def at line 10
+    tm.lines["toolz/itertoolz.py"]                  # lines executed by any test
 
 Coverage.py would give the same answer but must then be installed into every library's
 environment; tracing needs nothing but the interpreter. The trace run is also one of the
-three repeated baseline runs that expose flaky tests (``make.prepare_source``).
+three repeated baseline runs that expose flaky tests (``prepare.prepare_source``).
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_coverage.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_coverage.py``.
 """
 
 from __future__ import annotations
@@ -111,11 +111,6 @@ class TestMap:
     funcs: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # node id -> functions run
     lines: dict[str, set[int]] = field(default_factory=dict)  # library file -> lines run
     report: TestReport | None = None  # the outcomes of the traced run
-
-    def tests_covering(self, file: str, first: int, last: int) -> set[str]:
-        """Top-level test items that ran a library function defined within lines first..last."""
-        return {item_of(t) for t, fs in self.funcs.items()
-                if any(f == file and first <= ln <= last for f, ln in fs)}
 
     def by_function(self) -> dict[tuple[str, int], set[str]]:
         """(file, co_firstlineno) -> top-level test items that ran it."""

@@ -13,7 +13,7 @@ moves up by ``step``, below ``lower_at`` it moves down::
 
 ``TaskFactory.harder(pass_rate)`` (tasks/factory.py) wraps this for the trainer.
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_difficulty.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_difficulty.py``.
 """
 
 from __future__ import annotations

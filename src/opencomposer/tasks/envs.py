@@ -12,7 +12,7 @@ dir that its ``environment.env`` may point to. ``adopt_env(out, env)`` links an 
 elsewhere (``--env``, this interpreter's) into it, so tasks can name it.
 
 Test: ``pytest tests/integration/test_tasks_pipeline.py`` (builds a real env) and
-``tests/unit/tasks_sources/test_confine.py`` (adopt_env).
+``tests/unit/tasks/sources/test_confine.py`` (adopt_env).
 """
 
 from __future__ import annotations

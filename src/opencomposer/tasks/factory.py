@@ -1,10 +1,11 @@
 """The task factory: many libraries -> validated tasks, with per-library yield and time.
 
-    opencomposer tasks make --config configs/factory.toml [--max 20] [--out tasks/factory]
+    opencomposer tasks make --config configs/tasks/factory.toml [--max 20] [--out tasks/factory]
 
-``FactoryConfig`` (the root of ``configs/factory*.toml``) lists the libraries and how many
+``FactoryConfig`` (the root of ``configs/tasks/*.toml``) lists the libraries and how many
 tasks to make from each; an optional ``[install_agent]`` (model, base_url) lets an agent
-install repositories the discovered recipe cannot (``tasks/install.py``). Libraries are made one after another (each validates candidates in
+install repositories the discovered recipe cannot (``tasks/install.py``): the caller builds its
+policy, ``make_policy("openai", **cfg.install_agent.model_dump())``, and passes it in. Libraries are made one after another (each validates candidates in
 ``workers`` threads); one that will not install or whose tests cannot run is reported with
 its reason and the run goes on. The summary (``FactoryReport.summary()``, also written to
 ``OUT/factory_summary.json``) gives per-library yield, time and install method, the install
@@ -18,7 +19,7 @@ For RL, ``TaskFactory`` keeps a ``LevelSchedule``: the trainer calls
 ``factory.harder(pass_rate)`` with its recent pass rate and then ``factory.make(n)`` for the
 next batch, which is drawn at the (possibly) harder levels.
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_factory.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_factory.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from opencomposer.config import Backend, Strict
+from opencomposer.config import Backend, ConfigError, Strict
 from opencomposer.paths import atomic_write_text
 from opencomposer.protocols import Policy
 from opencomposer.tasks.difficulty import LevelSchedule, mean_level
@@ -56,7 +57,8 @@ class FactorySettings(Strict):
 
 class InstallAgentSettings(Strict):
     """The install agent for repositories the discovered recipe cannot install: any
-    OpenAI-compatible endpoint (the key comes from ``OPENAI_API_KEY``)."""
+    OpenAI-compatible endpoint (the key comes from ``OPENAI_API_KEY``). Its fields are the
+    options of ``policies.make_policy("openai", ...)``."""
 
     model: str = Field(..., min_length=1)
     base_url: str | None = None
@@ -120,11 +122,12 @@ class TaskFactory:
     """Makes tasks from every configured library at the schedule's current levels."""
 
     def __init__(self, cfg: FactoryConfig, out: Path | None = None, policy: Policy | None = None):
+        if policy is None and cfg.install_agent is not None:  # never drop a configured agent silently
+            raise ConfigError("the factory config has [install_agent] but no policy was passed: build it with "
+                              "make_policy(\"openai\", **cfg.install_agent.model_dump()) (opencomposer.policies) "
+                              "and pass it as TaskFactory(cfg, out, policy)")
         self.cfg = cfg
         self.out = Path(out or cfg.factory.out)
-        if policy is None and cfg.install_agent is not None:
-            from opencomposer.policies.openai import OpenAIPolicy
-            policy = OpenAIPolicy(cfg.install_agent.model, cfg.install_agent.base_url)
         self.policy = policy  # the install agent, for repositories the recipe cannot install
         self.schedule = cfg.difficulty.model_copy()
         self.rounds = 0

@@ -32,7 +32,7 @@ A directory of tasks is listed by ``task_dirs`` alone: names starting with ``.``
 staging dirs tasks are built in, ``paths.staged_dir``) or ``_`` (``_envs``, ``_journal``)
 are never tasks.
 
-Test: ``pytest tests/unit/test_task_format.py tests/unit/tasks_sources/test_confine.py``.
+Test: ``pytest tests/unit/tasks/test_task_format.py tests/unit/tasks/sources/test_confine.py``.
 """
 
 from __future__ import annotations

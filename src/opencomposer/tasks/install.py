@@ -25,7 +25,7 @@ The environment is one per repository release (``envs.build_env``), shared read-
 its tasks; ``env.json`` records the method, what was discovered and the verification result.
 Failure raises ``InstallError`` with the reason; the factory records it and goes on.
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_install.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_install.py``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Several phrasings, picked by ``rng``, so a policy cannot learn to key on one tem
     # "`chunked` in more_itertools/more.py raises NotImplementedError. Implement it so it
     #  behaves as its docstring and the rest of the library expect."
 
-Test: ``.venv/bin/python -m pytest tests/unit/test_instructions.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_instructions.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ test files, the ``PYTHONPATH`` entries that make the package importable from the
 source tree, and the requirements to install for running the tests (runtime deps from
 PKG-INFO/pyproject plus test extras and dependency groups, and pytest).
 
-Test: ``pytest tests/unit/test_layout.py``.
+Test: ``pytest tests/unit/tasks/test_layout.py``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Bytecode holds no source text, so for ``.pyc`` files of this interpreter's versi
 is compiled on its own and its names and constants, in order, are looked for among the
 instructions of each source line of the ``.pyc`` (the bytecode fingerprint).
 
-Test: ``.venv/bin/python -m pytest tests/unit/test_leakage.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_leakage.py``.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def _probe_roots(task: Task) -> list[Path]:
 def leak_scan(task: Task) -> tuple[dict, dict]:
     """(channels checked with their file counts, suspects: where -> deleted lines found there).
 
-    The factory runs this on every task before it is written (``tasks/make.py``), and
+    The factory runs this on every task before it is written (``tasks/emit.py``), and
     ``check_task`` again on the finished directory. In the workspace any deleted line is a
     leak (lines that remain elsewhere in it were dropped by ``distinctive_lines``). Outside it
     (the env, site-packages) a leak is a copy: a file holding >= 3 distinct deleted lines;

@@ -8,7 +8,7 @@ paths, no ``..``, no links out) and returns the project root.
 The index is ``$OPENCOMPOSER_PYPI_URL`` (default https://pypi.org/pypi); relative file
 URLs, as some mirrors return, are resolved against the JSON URL.
 
-Test: ``pytest tests/unit/test_pypi.py`` (uses a local sdist; ``-m slow`` hits PyPI).
+Test: ``pytest tests/unit/tasks/test_pypi.py`` (uses a local sdist; ``-m slow`` hits PyPI).
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 diff size, and the oracle solve rate.
 
     opencomposer tasks stats tasks/ [--oracle --sandbox namespace]
+    task_stats(["tasks/"], oracle="namespace", run_oracle=episode.oracle.run_oracle)
 
 The solve rate comes from ``--oracle`` (the scripted oracle run through the harness on
-every task now) or else from ``DIR/oracle.json`` rows written by an earlier ``--oracle``
-run. For scale: CursorBench's median task changes 181 lines from a 390-character prompt;
+every task now, by the ``run_oracle`` the caller hands in: running episodes is a layer above
+tasks/) or else from ``DIR/oracle.json`` rows written by an earlier ``--oracle`` run.
+For scale: CursorBench's median task changes 181 lines from a 390-character prompt;
 SWE-bench variants change 7-10 lines from 1,185-3,055 characters.
 
-Test: ``pytest tests/unit/tasks_sources/test_stats.py``.
+Test: ``pytest tests/unit/tasks/sources/test_stats.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 from opencomposer.harness.patch import PatchError, parse_patch
@@ -25,6 +27,8 @@ from opencomposer.paths import atomic_write_text
 from opencomposer.tasks.format import Task, TaskFormatError, find_tasks
 
 ORACLE_FILE = "oracle.json"
+# (tasks, sandbox backend, workers) -> one row per task: {"task", "reward", "seconds", "exit"}
+OracleRun = Callable[[list[Task], str, int], list[dict]]
 
 
 def diff_size(patch: str) -> tuple[int, int]:
@@ -37,25 +41,13 @@ def diff_size(patch: str) -> tuple[int, int]:
     return lines, len(files)
 
 
-def run_oracle(tasks: list[Task], backend: str, workers: int = 2) -> list[dict]:
-    """The oracle policy on each task through the harness + hidden-test reward."""
-    from opencomposer.policies.oracle import OraclePolicy
-    from opencomposer.episode.run import run_task
-
-    def one(task: Task) -> dict:
-        try:
-            r = run_task(task, OraclePolicy(task), backend)
-            return {"task": task.id, "reward": r.reward.reward, "seconds": r.seconds["total"],
-                    "exit": r.trajectory.exit_reason}
-        except Exception as e:  # noqa: BLE001 -- a crash is an unsolved task, reported with its reason
-            return {"task": task.id, "reward": 0.0, "seconds": 0.0, "exit": f"crash: {type(e).__name__}: {e}"}
-
-    with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(one, tasks))
-
-
-def task_stats(paths: list[Path], oracle: str | None = None, workers: int = 2) -> dict:
-    """Everything ``tasks stats`` prints; ``oracle`` is a sandbox backend to run the oracle on."""
+def task_stats(paths: list[Path], oracle: str | None = None, workers: int = 2,
+               run_oracle: OracleRun | None = None) -> dict:
+    """Everything ``tasks stats`` prints; ``oracle`` is a sandbox backend to run the oracle on
+    with ``run_oracle`` (``episode.oracle.run_oracle``)."""
+    if oracle and run_oracle is None:
+        raise ValueError(f"task_stats(oracle={oracle!r}) needs run_oracle: the function that runs the oracle "
+                         "(opencomposer.episode.oracle.run_oracle)")
     t0 = time.time()
     tasks, bad = [], {}
     for p in find_tasks([Path(x) for x in paths]):

@@ -6,7 +6,7 @@ provider (so no ``.pytest_cache`` is left to leak), the project's ``addopts`` cl
 short summary lists every test's node id with its outcome. ``parse_outcomes`` reads
 that summary.
 
-Test: ``pytest tests/unit/test_testrun.py``.
+Test: ``pytest tests/unit/tasks/test_testrun.py``.
 """
 
 from __future__ import annotations

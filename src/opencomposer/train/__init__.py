@@ -18,9 +18,9 @@ _EXPORTS = {
     "frozen_copy": "trainer",
     "save_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
-    "export_model": "checkpoint",
-    "export_checkpoint": "checkpoint",
-    "CheckpointError": "checkpoint",
+    "export_model": "export",
+    "export_checkpoint": "export",
+    "CheckpointError": "checkpoint_files",
     "run_sft": "sft",
     "run_pretrain": "pretrain",
 }

@@ -1,5 +1,5 @@
 """``TrainConfig``: optimiser, LoRA, precision and batching settings of a ``Trainer``; and
-``PretrainRunConfig``, the root of ``opencomposer pretrain --config`` (``configs/pretrain.toml``).
+``PretrainRunConfig``, the root of ``opencomposer pretrain --config`` (``configs/pretrain/pretrain.toml``).
 
 Loaded from a TOML table like every config (``config.load_config``)::
 
@@ -78,7 +78,7 @@ class PretrainSection(Strict):
 
 
 class PretrainRunConfig(Strict):
-    """Root config of ``opencomposer pretrain`` (``configs/pretrain*.toml``)."""
+    """Root config of ``opencomposer pretrain`` (``configs/pretrain/*.toml``)."""
 
     pretrain: PretrainSection = PretrainSection()
     train: TrainConfig = TrainConfig(weight_decay=0.1, betas=(0.9, 0.95))

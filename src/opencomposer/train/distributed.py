@@ -21,6 +21,11 @@ Two rules make N ranks compute exactly what one process would:
   each one, so a rank with fewer micro-batches would leave the others waiting forever.
   ``Trainer`` pads the shorter ranks with zero-weight passes (``equal_count``).
 
+Which rank does what is decided here and only here: ``on_main`` runs a function on rank 0
+and hands its result (or its error) to every rank; ``main_only`` builds an object on rank 0
+alone (the RL actor: engine, sandboxes, logs) and gives the other ranks an ``Absent``
+stand-in, so the code that drives both (``rl/run.py``) is one program without rank tests.
+
 Checkpoints are in the single-process format by default (``train/checkpoint.py`` gathers
 full tensors to rank 0, which writes), or with ``[train] checkpoint_format = "sharded"`` each
 rank writes its own shards (DCP); either way a run saved on 8 ranks resumes on 1 and vice versa.
@@ -37,11 +42,12 @@ import datetime
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+T = TypeVar("T")
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -231,6 +237,31 @@ def on_main(d: Dist, fn: Callable[[], Any], what: str, error: type[Exception] = 
     if isinstance(got, _Failed):
         raise error(f"{what}: {got.reason}")
     return got
+
+
+class Absent:
+    """What a rank other than 0 holds in place of an object that lives on rank 0 alone
+    (``main_only``): any attribute of it is itself and any call returns None, so a line
+    written for rank 0 (``actor.publish(weights)``, ``run.sampler.state()``) does nothing
+    on the others. Its methods are never run: pass them to ``on_main`` to share a result."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends look for dunders: there are none
+            raise AttributeError(name)
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "Absent()"
+
+
+def main_only(d: Dist, make: Callable[[], T]) -> T:
+    """``make()`` on rank 0 (or in a plain process); on every other rank an ``Absent``
+    stand-in, without calling ``make``. For what only rank 0 may hold: an engine, sandboxes,
+    the metrics log."""
+    return make() if d.main else Absent()  # type: ignore[return-value]
 
 
 def is_sharded(model: Any) -> bool:

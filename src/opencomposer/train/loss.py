@@ -26,7 +26,7 @@ Choices that follow the Composer 2 report (Cursor, 2026) rather than GRPO's pape
     loss.backward()
 
 ``token_logprobs(logits, target_ids)`` turns model logits into the ``logprobs`` input.
-Test: ``pytest tests/unit/rl/test_loss.py``.
+Test: ``pytest tests/unit/train/test_loss.py``.
 """
 
 from __future__ import annotations

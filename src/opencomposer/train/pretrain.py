@@ -46,8 +46,9 @@ import torch.nn.functional as F
 from opencomposer.models import load_model
 from opencomposer.paths import atomic_write_text
 from opencomposer.train.samples import Sample
-from opencomposer.train.checkpoint import (CheckpointError, export_model, load_checkpoint, resolve_checkpoint,
-                                           save_checkpoint)
+from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from opencomposer.train.checkpoint_files import CheckpointError
+from opencomposer.train.export import export_model
 from opencomposer.train.config import PretrainRunConfig, TrainConfig
 from opencomposer.train.corpus import Mix, PackedSource, cut, pack, pack_corpus, parse_source, read_documents
 from opencomposer.train.distributed import init_from_env, rank_device
@@ -219,7 +220,7 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
 
 
 def run_pretrain_config(cfg: PretrainRunConfig, *, device: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """``run_pretrain`` with the settings of a ``PretrainRunConfig`` (``configs/pretrain.toml``; the
+    """``run_pretrain`` with the settings of a ``PretrainRunConfig`` (``configs/pretrain/pretrain.toml``; the
     ``[pretrain]`` stage of ``opencomposer train``, ``pipeline/run.py``)."""
     p = cfg.pretrain
     return run_pretrain(p.data, p.model, p.out_dir, steps=p.steps, seq_len=p.seq_len, batch_size=p.batch_size,

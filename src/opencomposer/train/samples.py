@@ -27,8 +27,13 @@ from typing import Any
 
 import torch
 
-from opencomposer.harness.trajectory import Step, Trajectory
-from opencomposer.models.chat import speaks_hermes, encode_prompt, render_prompt, to_template_messages
+from opencomposer.harness.trajectory import Trajectory
+from opencomposer.models.chat import (
+    encode_prompt,
+    render_prompt,
+    speaks_hermes,
+    to_template_messages,
+)
 from opencomposer.models.moe_replay import decode_routes
 from opencomposer.protocols import Message
 
@@ -76,12 +81,6 @@ class Sample:
     def loss_tokens(self) -> int:
         return sum(self.loss_mask)
 
-    @property
-    def min_version(self) -> int | None:
-        """The oldest weights version that sampled a token of this sequence (for staleness)."""
-        versions = [v for v, m in zip(self.policy_version, self.loss_mask) if m]
-        return min(versions) if versions else None
-
 
 @dataclass
 class _Turn:
@@ -116,19 +115,13 @@ def turn_contexts(traj: Trajectory) -> list[tuple[list[Message], Message]]:
     return contexts
 
 
-def assert_prompt_matches(traj: Trajectory, tokenizer: Any, tools: list[dict[str, Any]]) -> None:
-    """Check every reconstructed prompt has the length the policy reported for it.
+def _check_prompt(traj: Trajectory, k: int, prompt: list[int]) -> None:
+    """The reconstructed prompt of turn k must have the length the policy reported for it.
 
     ``ModelPolicy`` reports ``prompt_tokens = len(prompt ids)``, so a wrong history (a
-    missing nudge, different tools, another template) shows up here. Steps without token
-    ids or with estimated counts (policies without a tokenizer) are skipped.
+    missing nudge, different tools, another template) shows up here. Steps with estimated
+    counts (policies without a tokenizer) are skipped.
     """
-    for k, (history, _) in enumerate(turn_contexts(traj)):
-        if traj.steps[k].token_ids:
-            _check_prompt(traj, k, encode_prompt(tokenizer, render_prompt(tokenizer, history, tools)))
-
-
-def _check_prompt(traj: Trajectory, k: int, prompt: list[int]) -> None:
     step = traj.steps[k]
     if not step.tokens_estimated and len(prompt) != step.prompt_tokens:
         raise SampleError(
@@ -153,7 +146,7 @@ def trajectory_samples(
 
     Steps without token ids (a turn from a policy that reports none) are skipped. With
     ``check``, each prompt's length must equal the ``prompt_tokens`` the policy reported
-    (see ``assert_prompt_matches``).
+    (see ``_check_prompt``).
     """
     turns = []
     routes = None  # the last turn's full routes, which the next turn's may continue

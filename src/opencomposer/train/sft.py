@@ -35,7 +35,8 @@ from opencomposer.harness.prompt import agent_tools
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models import load_model
 from opencomposer.train.samples import Sample, sft_samples
-from opencomposer.train.checkpoint import export_model, save_checkpoint
+from opencomposer.train.checkpoint import save_checkpoint
+from opencomposer.train.export import export_model
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.distributed import init_from_env, rank_device
 from opencomposer.train.trainer import Trainer

@@ -1,5 +1,5 @@
 """A real small task for the grader's tests: the SWE-bench fixture's minicalc fix (``clamp``), imported
-into a task that runs in this interpreter's env (it has pytest); see ``tasks_sources/source_fixtures.py``."""
+into a task that runs in this interpreter's env (it has pytest); see ``tasks/sources/source_fixtures.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tasks_sources"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tasks" / "sources"))
 from source_fixtures import ENV, minicalc_repo  # noqa: E402,F401
 
 from opencomposer.tasks.format import Task  # noqa: E402

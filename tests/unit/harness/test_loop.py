@@ -10,7 +10,7 @@ from opencomposer.harness.prompt import SYSTEM_PROMPT
 from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.harness.tools import TOOLS, tool_schemas
 from opencomposer.harness.trajectory import Trajectory
-from opencomposer.protocols import PolicyOutput, ToolCall
+from opencomposer.protocols import ContextLengthError, PolicyOutput, ToolCall
 
 SUBMIT = '<tool_call>\n{"name": "submit", "arguments": {"message": "done"}}\n</tool_call>'
 
@@ -138,15 +138,23 @@ def test_transcript_round_trips_through_json(sandbox, cfg, tmp_path):
     assert back == traj and back.counts == traj.counts
 
 
-class ContextLengthError(ValueError):
-    """Stands in for models.policy.ContextLengthError (matched by name, to keep torch out)."""
-
-
 class FullPolicy:
     name = "full"
 
     def act(self, messages, tools):
         raise ContextLengthError("prompt is 9000 tokens; the context holds 8192")
+
+
+def test_per_token_versions_are_kept_only_for_a_turn_that_spans_two(sandbox, cfg):
+    """``PolicyOutput.policy_versions`` (declared, as the engine and the server fill it) reaches the
+    step only when new weights arrived mid-turn; a one-version turn needs no per-token list."""
+    mixed = PolicyOutput(text="", tool_calls=[tool_call("list_dir")], token_ids=[5, 6, 7], logprobs=[-0.1] * 3,
+                         policy_version=3, policy_versions=[3, 3, 4])
+    uniform = PolicyOutput(text=SUBMIT, tool_calls=[ToolCall("submit", {"message": "ok"})], token_ids=[8, 9],
+                           logprobs=[-0.1] * 2, policy_version=4, policy_versions=[4, 4])
+    traj = run_episode("go", sandbox, ScriptedPolicy([mixed, uniform]), cfg)
+    assert [s.policy_versions for s in traj.steps] == [[3, 3, 4], []]
+    assert [s.policy_version for s in traj.steps] == [3, 4]
 
 
 def test_a_policy_out_of_context_ends_as_max_tokens(sandbox, cfg):

@@ -19,7 +19,7 @@ from opencomposer.models.registry import load_model
 from opencomposer.protocols import Message, PolicyOutput, ToolCall
 from opencomposer.train.samples import trajectory_samples, turn_contexts
 from opencomposer.tasks.deletion import make_patch
-from .test_oracle import STATS, STATS_DELETED, make_task, solve
+from testkit.oracle_tasks import STATS, STATS_DELETED, make_task, solve
 
 # The oracle's whole trajectory on the stats task is ~1,360 tokens (prompt ~1,014 with the
 # tool schemas); a 1,300-token window cannot hold it.

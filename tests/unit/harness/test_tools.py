@@ -9,7 +9,7 @@ import pytest
 from opencomposer.harness.tools import TOOLS, Submitted, execute, tool_schemas
 from opencomposer.protocols import ToolCall
 
-from .conftest import CALC, open_sandbox
+from testkit.agent_repo import CALC, open_sandbox
 
 
 @pytest.fixture(params=["local", pytest.param("namespace", marks=pytest.mark.namespace)])

@@ -10,7 +10,8 @@ import torch
 from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.inference.engine.sequence import Sequence
 from opencomposer.inference.engine.sampler import uniforms
-from opencomposer.inference.engine.speculate import Speculator, accept
+from opencomposer.inference.engine.acceptance import accept
+from opencomposer.inference.engine.speculate import Speculator
 from opencomposer.models.mtp import MTPError, MTPHead
 from opencomposer.train.mtp import head_for
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_config_loads():
-    cfg = load_config(ROOT / "configs" / "realtime.toml", RealtimeConfig)
+    cfg = load_config(ROOT / "configs" / "realtime" / "realtime.toml", RealtimeConfig)
     assert cfg.model.name == "smollm2-135m" and parse_duration(cfg.run.every) == 5 * 3600
     assert cfg.train.temperature > 0  # completions are trained at the users' sampling temperature
 

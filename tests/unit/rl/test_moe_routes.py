@@ -111,10 +111,9 @@ class RoutedScript:
         prompt = encode_prompt(self.tok, render_prompt(self.tok, messages, tools))
         text = f"  {self.turns[k]}" if k == self.broken else self.turns[k]  # stray spaces break the prefix
         ids = encode_prompt(self.tok, text) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
-        out = PolicyOutput(text, parse_tool_calls(text)[1], prompt_tokens=len(prompt), completion_tokens=len(ids),
-                           token_ids=ids, logprobs=[-0.5] * len(ids), routes=encode_routes(expected(prompt + ids)[:-1]))
-        out.prompt_ids = prompt
-        return out
+        return PolicyOutput(text, parse_tool_calls(text)[1], prompt_tokens=len(prompt), completion_tokens=len(ids),
+                            token_ids=ids, logprobs=[-0.5] * len(ids), routes=encode_routes(expected(prompt + ids)[:-1]),
+                            prompt_ids=prompt)
 
 
 def expected(ids: list[int]) -> torch.Tensor:

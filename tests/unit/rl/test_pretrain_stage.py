@@ -27,7 +27,7 @@ def _cfg(tmp: Path, pretrain: str) -> Path:
 
 @pytest.mark.parametrize("name", ["demo.toml", "learn.toml"])
 def test_the_shipped_run_configs_have_the_stage_off(name):
-    cfg = load_config(ROOT / "configs" / name, RLRunConfig)
+    cfg = load_config(ROOT / "configs" / "train" / name, RLRunConfig)
     assert not cfg.pretrain.enabled
     # a whole dump reads back (the ablation builds its arms so): the stage's defaults are no settings
     assert RLRunConfig.model_validate(cfg.model_dump()) == cfg

@@ -3,7 +3,7 @@
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.protocols import RewardResult
 from opencomposer.episode.run import EpisodeResult
-from opencomposer.episode.rollout import Rollout, versions_of
+from opencomposer.episode.run import Rollout, versions_of
 from opencomposer.train.samples import NOT_GENERATED, Sample
 from opencomposer.rl.staleness import oldest_version, staleness, versions_per_rollout
 

@@ -191,7 +191,7 @@ def test_a_checkpoint_of_either_layout_exports_as_the_trainers_model(tmp_path, l
 KILLED_SAVE = r"""
 import os, signal, sys
 from pathlib import Path
-from opencomposer.train.checkpoint import _new_temp
+from opencomposer.train.checkpoint_files import _new_temp
 tmp = _new_temp(Path(sys.argv[1]) / "step-0007")
 (tmp / "optimizer.pt").write_bytes(b"half")
 print(tmp, flush=True)

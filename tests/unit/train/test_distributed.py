@@ -251,3 +251,22 @@ def test_pretrain_command_on_two_ranks_makes_the_single_process_model(tmp_path):
     assert max(float((b[k] - start[k]).abs().max()) for k in b) > 1e-3
     worst = max(float((a[k] - b[k]).abs().max()) for k in b)
     assert worst < 1e-5, worst
+
+
+def test_what_lives_on_rank_0_alone_is_an_absent_stand_in_elsewhere():
+    """``main_only``: rank 0 builds the object; another rank never calls ``make`` and holds a
+    stand-in whose calls do nothing (so one program drives every rank, no rank tests)."""
+    from opencomposer.train.distributed import Absent, Dist, main_only
+
+    made = []
+
+    def make() -> list:
+        made.append(1)
+        return made
+
+    assert main_only(SINGLE, make) is made and main_only(Dist(0, 2), make) is made and made == [1, 1]
+    other = main_only(Dist(1, 2), make)
+    assert isinstance(other, Absent) and made == [1, 1]
+    assert other.publish({"w": 1}, version=3) is None and other.sampler.state() is None
+    assert other.next_batch is other  # a method to pass to on_main, which never runs it off rank 0
+    assert not hasattr(other, "__len__")  # no dunders faked: copy, pickle and len see a plain object

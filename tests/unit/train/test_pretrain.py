@@ -14,7 +14,7 @@ import torch
 
 from opencomposer.config import ConfigError, load_config
 from opencomposer.models import load_model
-from opencomposer.train.checkpoint import CheckpointError
+from opencomposer.train.checkpoint_files import CheckpointError
 from opencomposer.train.config import PretrainRunConfig
 from opencomposer.train.corpus import Document, Mix, pack_corpus, parse_source, read_documents, split_documents
 from opencomposer.train.pretrain import lr_at, run_pretrain

@@ -9,17 +9,14 @@ block tables padded to ``max_model_len``, context lengths); padding rows write t
 scratch block that no sequence owns. With ``triton`` (the CUDA default) decode attention
 is one Triton kernel per layer instead of a gather of the padded block table plus SDPA,
 and rotary + cache write, residual + RMSNorm and SiLU * up are fused kernels too
-(``triton_kernels.py``), in prefill and decode; on compute capability 9.0+ they are
-launched with programmatic dependent launch (``pdl``, see ``triton_kernels.py``).
+(``kernels/fused.py``), in prefill and decode; on compute capability 9.0+ they are
+launched with programmatic dependent launch (``pdl``, see ``kernels/fused.py``).
 
 The graphs also sample (``sampler.sample_plain``: temperature and greedy flags are graph
 inputs), so a step of plain rows (no top-k/top-p/seed/top_logprobs) is one replay and
 one device->host copy of [token, logprob] pairs; other rows are sampled from the graph's
-logits by ``sampler.sample``. At batch 1 the graph is captured several times -- cuBLAS
-projections; ``triton_gemv`` projections (norms and activation fused in) in the configs
-tuned per projection; that plan with each GEMV role moved back to cuBLAS in turn -- each
-timed over a few replays, and the fastest is kept (``gemv=None``; True/False forces
-one, see ``batch1_plan.py``); ``capture_ms`` holds every time.
+logits by ``sampler.sample``. How and when the graphs are captured (the batch-1 GEMV plan
+included): ``graph_capture.py``.
 
 Prefill steps of up to 4,096 tokens (an agent turn's new tokens on top of a cached prefix,
 a group of turns, a prompt) are graphs too on the Triton path: one per token bucket in
@@ -28,53 +25,45 @@ sequences, padded (padding tokens write the scratch block; the paged-prefill ker
 padding rows no work). All host inputs travel in one copy, laid out by ``PrefillLayout``.
 Longer prefill steps run eagerly.
 
-Run-ahead decode (``run_ahead.py``, used by ``Engine``): ``launch_decode`` replays a decode graph of plain
-rows and queues an asynchronous copy of its ``sampled`` buffer into one of two host
-buffers (pinned on CUDA), with a CUDA event after it; ``launch_next`` then queues the next
-step for the same sequences without the host knowing its tokens: a device-side copy of
-the sampled token ids into the graph's token-id input, positions / slots / context
-lengths incremented in place, a block-table entry and slot set for rows that start a new
-block, and the replay. ``Launch.wait`` blocks on the event and reads the tokens. Stream
-order makes it safe: the next step's input updates run after the previous replay has
-read them, and the previous step's results were copied out before the next replay
-overwrites ``sampled``. ``cuda_graphs="eager"`` puts an object in place of each captured
-graph whose ``replay()`` runs the graph's body eagerly on the same static buffers, so
-the graph and run-ahead paths run (and are tested) on CPU; the CPU default stays eager
-decode without static buffers.
+Run-ahead decode (``launch_decode`` / ``launch_next``, the ``RunAhead`` part, ``run_ahead.py``)
+queues decode steps before their inputs reach the host. ``cuda_graphs="eager"`` runs the
+graphs' bodies eagerly on the same static buffers (``graph_capture.EagerReplay``: CPU tests);
+the CPU default stays eager decode without static buffers.
+
+    runner = ModelRunner(model, num_blocks, block_size, max_num_seqs, max_model_len, triton=True)
+    logits, sampled = runner.run(batch)        # a ``Scheduler.schedule()`` batch
+
+Test: ``pytest tests/unit/inference/test_prefill_host.py``; GPU: ``pytest tests/gpu/test_engine_cuda.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 
 import numpy as np
 import torch
 
+from opencomposer.inference.engine.block_manager import kv_slots
+from opencomposer.inference.engine.decode_mirror import DecodeMirror, MirrorView
+from opencomposer.inference.engine.graph_capture import EagerReplay, GraphCapture
+from opencomposer.inference.engine.prefill_layout import (
+    PREFILL_GRAPH_SEQS,
+    bucket_of,
+    prefill_buckets,
+    prefill_inputs,
+)
+from opencomposer.inference.engine.run_ahead import RunAhead
+from opencomposer.inference.engine.sampler import is_plain, plain_inputs
+from opencomposer.inference.engine.scheduler import ScheduledBatch
 from opencomposer.inference.models.attention import (
     AttentionBatch,
     PrefillSeq,
     attention_backends,
 )
-from opencomposer.inference.engine.batch1_plan import capture_batch1, recapture_few_rows
-from opencomposer.inference.engine.block_manager import kv_slots
-from opencomposer.inference.engine.decode_mirror import DecodeMirror, MirrorView
 from opencomposer.inference.models.transformer import DecoderLM
-from opencomposer.inference.engine.prefill_layout import (
-    PREFILL_GRAPH_SEQS,
-    PrefillLayout,
-    bucket_of,
-    bucket_variants,
-    prefill_buckets,
-    prefill_inputs,
-    tiles_in_bucket,
-)
-from opencomposer.inference.engine.run_ahead import RunAhead
-from opencomposer.inference.engine.sampler import is_plain, plain_inputs, sample_plain
-from opencomposer.inference.engine.scheduler import ScheduledBatch
 
 
-class ModelRunner(RunAhead):
+class ModelRunner(GraphCapture, RunAhead):
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, cuda_graphs: bool | str = True, triton: bool = False, gemv: bool | None = None,
                  pdl: bool | None = None, max_num_batched_tokens: int | None = None):
@@ -113,7 +102,7 @@ class ModelRunner(RunAhead):
         # size again), not from blocks gathered every layer
         self.mirror = DecodeMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, max_model_len,
                                    self.kv_bytes) if self.device.type == "cpu" else None
-        self.graphs: dict[int, torch.cuda.CUDAGraph | _EagerReplay] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | EagerReplay] = {}
         # token bucket -> (tile, key splits) -> graph (``triton_prefill.graph_variants``: one to four a bucket)
         self.prefill_graphs: dict[int, dict[tuple, torch.cuda.CUDAGraph]] = {}
         self.gemv = gemv if self.triton else False
@@ -286,72 +275,6 @@ class ModelRunner(RunAhead):
         k = len(sampling)
         return st["logits"][:k], (st["sampled"][:, :k] if plain else None)
 
-    def _capture_prefill(self) -> None:
-        """Graphs of the prefill forward for the ``prefill_buckets`` (after decode's)."""
-        from opencomposer.inference.kernels.fused import parallel_compile
-
-        dev, s_max, w = self.device, self.prefill_seqs, self.max_blocks_per_seq
-        lay = self._prefill_layout = PrefillLayout(w, self.group, self.scratch_block, self.block_size,
-                                                   self.prefill_buckets, s_max)
-        buckets = self.prefill_buckets
-        variants = self.graph_variants()
-        flat = torch.tensor(lay.background, device=dev)  # the graphs' input buffer, starting as a no-work step
-        self._pstatic = {"flat": flat, "views": lay.views(flat),
-                         "logits": torch.zeros(s_max, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
-                         # every row's hidden state, for speculative decoding's verify steps
-                         "hidden": torch.zeros(buckets[-1], self.model.cfg.hidden_size, dtype=self.dtype, device=dev),
-                         "sample_in": torch.ones(2, s_max, dtype=torch.float32, device=dev),
-                         "sampled": torch.zeros(2, s_max, dtype=torch.float64, device=dev)}
-        # every graph's kernel variants compiled at once, nothing of them run (one layer: the
-        # others launch the same variants)
-        with parallel_compile(dev), self.model.first_layers(1):
-            for t in buckets:
-                for v in variants[t]:
-                    self._prefill_graph_forward(t, v)
-        for t in sorted(buckets, reverse=True):
-            st = self._pstatic
-            for variant in variants[t]:
-                for _ in range(2):
-                    self._prefill_graph_forward(t, variant)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self._pool):
-                    hidden = self._prefill_graph_forward(t, variant)
-                    st["hidden"][:t] = hidden
-                    st["logits"][:] = self.model.logits(hidden[st["views"]["last"]])
-                    st["sampled"][:] = self._sample_in_graph(st["logits"], st["sample_in"])
-                self._pool = g.pool()
-                self.prefill_graphs.setdefault(t, {})[variant] = g
-
-    def graph_variants(self, elem_bytes: int | None = None) -> dict:
-        """Bucket -> the (tile, splits) its prefill graphs are captured with (``prefill_layout.bucket_variants``
-        for this engine; ``elem_bytes``: another KV element size than the engine's, e.g. 2 to
-        plan a bf16 engine's graphs on a CPU one)."""
-        cfg = self.model.cfg
-        return bucket_variants(self.prefill_buckets, self.group, cfg.num_kv_heads, cfg.head_dim,
-                               elem_bytes or self.dtype.itemsize, self.max_blocks_per_seq * self.block_size, self.sms)
-
-    def _graph_variant(self, t: int, spans: list[tuple], variants: tuple | None = None,
-                       elem_bytes: int | None = None) -> tuple:
-        """The (tile, splits) graph of bucket ``t`` a step of ``spans`` replays (``triton_prefill.pick_variant``)
-        among ``variants`` (by default the captured graphs')."""
-        from opencomposer.inference.kernels.prefill import pick_variant
-
-        cfg, graphs = self.model.cfg, variants or tuple(self.prefill_graphs[t])
-        if len(graphs) == 1:
-            return graphs[0]
-        return pick_variant(graphs, t, [n for _, n, _, _ in spans], self.group, cfg.num_kv_heads, cfg.head_dim,
-                            elem_bytes or self.dtype.itemsize, max(c + n for _, n, c, _ in spans), self.sms)
-
-    def _prefill_graph_forward(self, t: int, variant: tuple) -> torch.Tensor:
-        tile, splits = variant
-        v = self._pstatic["views"]
-        tiles = v["tiles"][:, :tiles_in_bucket(t, self.group, self.prefill_seqs, tile.rows)]
-        attn = AttentionBatch(slot_mapping=v["slots"][:t], decode=False, num_tokens=t, kv_written=True,
-                              prefill_tables=v["tables"], prefill_seqs=v["seqs"],
-                              prefill_tiles=tiles, prefill_tile=tile, prefill_splits=splits)
-        return self.model(v["ids"][:t], v["pos"][:t], attn, self.k_cache, self.v_cache)
-
     # ------------------------------------------------------------------ decode
 
     def _decode_inputs(self, batch: ScheduledBatch, width: int, rows: int):
@@ -449,105 +372,6 @@ class ModelRunner(RunAhead):
         with attention_backends(), _pdl(self.pdl):
             self._capture_all()
         self.graph_memory_bytes = torch.cuda.memory_reserved(self.device) - before
-
-    def _make_static(self) -> None:
-        """The decode graphs' fixed input and output buffers, and run-ahead's host buffers."""
-        m, dev = self.max_num_seqs, self.device
-        w = self.max_blocks_per_seq
-        self._static = {
-            # rows: token ids, positions, slots (padding: the scratch block), context lengths
-            "vec": torch.tensor([[0] * m, [0] * m, [self.scratch_block * self.block_size] * m, [1] * m],
-                                dtype=torch.long, device=dev),
-            "tables": torch.full((m, w), self.scratch_block, dtype=torch.long, device=dev),
-            "logits": torch.zeros(m, self.model.cfg.vocab_size, dtype=self.dtype, device=dev),
-            "hidden": torch.zeros(m, self.model.cfg.hidden_size, dtype=self.dtype, device=dev),  # for drafting
-            "sample_in": torch.ones(2, m, dtype=torch.float32, device=dev),  # temperatures, greedy flags
-            "sampled": torch.zeros(2, m, dtype=torch.float64, device=dev),   # token ids, logprobs
-        }
-        cuda = dev.type == "cuda"
-        self._results = [torch.zeros(2, m, dtype=torch.float64, pin_memory=cuda) for _ in range(2)]
-        self._events = [torch.cuda.Event() for _ in range(2)] if cuda else [None, None]
-
-    def _bucket_sizes(self) -> list[int]:
-        m = self.max_num_seqs
-        return sorted(set([b for b in (1, 2, 4, 8) if b < m] + list(range(16, m, 16)) + [m]))
-
-    @torch.inference_mode()
-    def _eager_graphs(self) -> None:
-        """``cuda_graphs="eager"``: per bucket an object whose ``replay()`` runs what the
-        captured graph would, eagerly, on the same static buffers (tests the graph path on CPU)."""
-        self._make_static()
-        self.graphs = {b: _EagerReplay(self, b) for b in self._bucket_sizes()}
-
-    def _capture_all(self) -> None:
-        t = time.perf_counter()
-
-        def lap(part: str) -> None:
-            nonlocal t
-            torch.cuda.synchronize()
-            self.capture_s[part], t = round(time.perf_counter() - t, 3), time.perf_counter()
-
-        self._make_static()
-        self._pool = None
-        if self.triton:
-            from opencomposer.inference.kernels.fused import parallel_compile
-
-            # every bucket's kernel variants compiled at once, nothing of them run (one layer)
-            with parallel_compile(self.device), self.model.first_layers(1):
-                for b in self._bucket_sizes():
-                    self._graph_body(b)
-        for b in reversed(self._bucket_sizes()):  # largest first, so smaller ones fit in its pool
-            self.graphs[b] = self._capture_one(b) if b > 1 or self.gemv is False else capture_batch1(self)
-        if self.gemv is not False:
-            recapture_few_rows(self)  # 2-4 rows with the GEMVs where that is faster
-        lap("decode_graphs")
-        if self.triton:
-            from opencomposer.inference.kernels.prefill import warm_up
-
-            # every variant of the eager prefill kernel (compiled in parallel), before the graphs
-            warm_up(self.k_cache[0], self.model.cfg.num_heads)
-            lap("warm_up")
-            self._capture_prefill()
-            lap("prefill_graphs")
-
-    def _capture_one(self, b: int) -> torch.cuda.CUDAGraph:
-        for _ in range(2):  # warm up (Triton compilation, allocations, kernel selection) outside the graph
-            self._graph_body(b)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
-            self._graph_body(b)
-        self._pool = g.pool()
-        return g
-
-    def _graph_body(self, b: int) -> None:
-        """What a decode graph of bucket ``b`` runs: forward and sample, static buffers in and out."""
-        st = self._static
-        hidden = self._decode_hidden(st["vec"][:, :b], st["tables"][:b])
-        st["hidden"][:b] = hidden
-        st["logits"][:b] = self.model.logits(hidden)
-        st["sampled"][:, :b] = self._sample_in_graph(st["logits"][:b], st["sample_in"][:, :b])
-
-    def _sample_in_graph(self, logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """``sampler.sample_plain``'s contract; fused Triton kernels on the Triton path."""
-        if self.triton:
-            from opencomposer.inference.kernels.sample import sample_plain_fused
-
-            return sample_plain_fused(logits, inputs, self._seed)
-        return sample_plain(logits, inputs)
-
-
-class _EagerReplay:
-    """Stands in for a captured decode graph (``cuda_graphs="eager"``): ``replay()`` runs the
-    graph's body eagerly, on the same static buffers."""
-
-    def __init__(self, runner: ModelRunner, b: int):
-        self.runner, self.b = runner, b
-
-    @torch.inference_mode()
-    def replay(self) -> None:
-        with attention_backends():
-            self.runner._graph_body(self.b)
 
 
 def _pdl(on: bool):

@@ -1,11 +1,38 @@
-"""Run-ahead decode, the part of ``ModelRunner`` that queues decode steps before their
-inputs reach the host (``model_runner.py``'s docstring tells how and why it is safe).
+"""Run-ahead decode: queueing a decode step before its inputs reach the host. ``RunAhead`` is
+the part of ``ModelRunner`` that launches the steps; ``may_run_ahead`` and ``launch_ahead`` are
+the engine's rule for when (``core.py``).
 
 ``launch_decode`` replays a decode graph of plain rows and queues an asynchronous copy of its
-sampled tokens into one of two host buffers, with a CUDA event after it; ``launch_next``
-queues the next step for the same sequences on the device alone (the sampled ids copied into
-the graph's input, positions / slots / lengths advanced in place, new blocks set);
-``Launch.wait`` reads the tokens.
+``sampled`` buffer into one of two host buffers (pinned on CUDA), with a CUDA event after it;
+``launch_next`` then queues the next step for the same sequences without the host knowing its
+tokens: a device-side copy of the sampled token ids into the graph's token-id input, positions
+/ slots / context lengths incremented in place, a block-table entry and slot set for rows that
+start a new block, and the replay. ``Launch.wait`` blocks on the event and reads the tokens.
+Stream order makes it safe: the next step's input updates run after the previous replay has
+read them, and the previous step's results were copied out before the next replay overwrites
+``sampled``.
+
+    launched = InFlight(batch.seqs, runner.launch_decode(batch), version)
+    if may_run_ahead(scheduler, blocks, launched.seqs, max_model_len):
+        ahead = launch_ahead(runner, blocks, launched, version)
+    tokens, logprobs = launched.launch.wait()
+
+In the engine (``run_ahead``, on by default wherever decode graphs exist): a decode step whose
+rows are all sampled inside the graph is launched, its tokens are queued for an asynchronous
+copy to the host, and -- when the next step is bound to be the same batch one position
+further -- that next step is launched at once from the tokens still on the device, before
+``Engine.step()`` waits for and post-processes the first. The host's per-step work
+(scheduling, reading results, stop checks) then overlaps the GPU's next step instead of
+leaving it idle (as vLLM's async scheduling and SGLang's overlap scheduler do). The step left
+in flight is post-processed by the next ``step()``. It is launched only when it is safe: no
+request waiting that the scheduler could admit, every sequence of the batch still running,
+two tokens of ``max_tokens`` budget left, and a free block for any sequence whose next
+position starts one (run-ahead never preempts). A sequence that finishes meanwhile (stop
+token or string, abort) has its row of the step in flight dropped: that step wrote K/V only
+for the token the sequence really produced, into a block it still owned, and no block is
+published for the prefix cache before its K/V is computed. ``update_weights`` drops the step
+in flight (it ran with the old weights) and the next step recomputes it with the new ones, so
+outputs, logprobs and policy versions are exactly what they are without run-ahead.
 
 Test: ``pytest tests/unit/inference -k run_ahead``.
 """
@@ -17,8 +44,10 @@ from typing import Any
 
 import torch
 
+from opencomposer.inference.engine.block_manager import BlockManager
 from opencomposer.inference.engine.sampler import is_plain
-from opencomposer.inference.engine.scheduler import ScheduledBatch
+from opencomposer.inference.engine.scheduler import ScheduledBatch, Scheduler
+from opencomposer.inference.engine.sequence import Sequence, Status
 
 
 @dataclass
@@ -81,3 +110,43 @@ class RunAhead:
         if event is not None:
             event.record()
         return Launch(n, bucket, host, event)
+
+
+@dataclass
+class InFlight:
+    """A decode step launched on the device whose sampled tokens have not been read."""
+
+    seqs: list[Sequence]  # its rows
+    launch: Launch
+    version: int  # policy version of the weights it runs with
+
+
+def may_run_ahead(scheduler: Scheduler, blocks: BlockManager, seqs: list[Sequence], max_model_len: int) -> bool:
+    """Can the step after the one just launched for ``seqs`` start before its tokens are
+    known? Only if the next step would be the same decode batch anyway and nobody can
+    need preempting for it."""
+    sch = scheduler
+    if sch.waiting and len(sch.running) < sch.max_num_seqs:
+        return False  # the next schedule() may admit a waiting request
+    if len(sch.running) != len(seqs) or any(s.status is not Status.RUNNING for s in seqs):
+        return False
+    bs = blocks.block_size
+    new_blocks = 0
+    for s in seqs:
+        # the launched step makes token num_generated + 1; the next one, + 2, at position len(s)
+        if s.num_generated + 2 > s.params.max_tokens or len(s) + 2 > max_model_len:
+            return False
+        new_blocks += len(s) + 1 > len(s.block_table) * bs
+    return new_blocks <= blocks.num_free
+
+
+def launch_ahead(runner: RunAhead, blocks: BlockManager, launched: InFlight, version: int) -> InFlight:
+    """Launch the step after ``launched`` (``may_run_ahead`` said it may), taking a block for
+    each sequence whose next position starts one; it runs with the weights of ``version``."""
+    bs = blocks.block_size
+    new_blocks = []
+    for row, s in enumerate(launched.seqs):
+        if len(s) + 1 > len(s.block_table) * bs:  # position len(s) starts a block
+            blocks.append_slot(s, len(s) + 1)
+            new_blocks.append((row, len(s.block_table) - 1, s.block_table[-1]))
+    return InFlight(launched.seqs, runner.launch_next(launched.launch, new_blocks), version)

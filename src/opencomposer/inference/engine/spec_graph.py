@@ -13,7 +13,7 @@ dozens of eager kernels a drafted token: on an H100 it cost 2.5-7x a plain decod
    ``b x (k + 1)`` rows. Each sequence has ``k + 1`` rows whatever its drafts (rows past
    them are padding), so one graph serves every step of ``b`` sequences.
 2. **Accept and draft in a graph** captured per batch size ``b <= spec_max_batch``, one for
-   greedy-only steps and one with sampled rows: ``speculate.accept`` and
+   greedy-only steps and one with sampled rows: ``acceptance.accept`` and
    ``Speculator.draft`` on static buffers, the random numbers drawn inside (a graph's RNG
    advances on each replay); tokens are drawn by an exponential race (``sampler.race``:
    every token in parallel), not ``draw``'s cumulative sum (a 230 us scan a row on an H200).
@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import torch
 
+from opencomposer.inference.engine.acceptance import accept, row_index
 from opencomposer.inference.engine.block_manager import kv_slots
 from opencomposer.inference.engine.sampler import is_plain, race
 from opencomposer.inference.engine.sequence import Sequence
-from opencomposer.inference.engine.speculate import _row_index, accept
 
 
 class SpecGraphs:
@@ -111,7 +111,7 @@ class SpecGraphs:
         d, lens = packed[:, :k].long(), packed[:, k].long()
         temps, greedy = packed[:, k + 1].float(), packed[:, k + 2] > 0
         starts = torch.arange(b, device=dev) * (k + 1)
-        view = logits[_row_index(starts, lens, k)].float()  # [b, k + 1, V]
+        view = logits[row_index(starts, lens, k)].float()  # [b, k + 1, V]
         u = torch.rand(b, 3 * k + 1, dtype=torch.float64, device=dev) if sampled else None
         q = None
         if sampled:  # zero past each sequence's drafts (there the bonus row samples from p alone)

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from opencomposer.inference.engine.block_manager import BlockManager
+from opencomposer.inference.engine.acceptance import accept, row_index
 from opencomposer.inference.engine.sampler import draw, truncate, uniforms
 from opencomposer.inference.engine.scheduler import ScheduledBatch
 from opencomposer.inference.engine.sequence import Sequence
@@ -149,7 +150,7 @@ class Speculator:
         lens = torch.tensor([len(d) for d in drafts]).to(dev)
         temps, greedy = temperatures(seqs, dev)
         params = [s.params for s in seqs]
-        view = logits[_row_index(starts, lens, k)]  # [B, k + 1, V]
+        view = logits[row_index(starts, lens, k)]  # [B, k + 1, V]
         d = torch.tensor([x + [0] * (k - len(x)) for x in drafts], dtype=torch.long).to(dev).view(len(seqs), k)
         q = _draft_q(seqs, drafts, k, view.shape[-1], dev)
         u = uniforms(seqs, 2 * k + 1, dev) if q is not None else None
@@ -250,13 +251,6 @@ def temperatures(seqs: list[Sequence], device: torch.device) -> tuple[torch.Tens
             torch.tensor([s.params.temperature == 0 for s in seqs]).to(device))
 
 
-def _row_index(starts: torch.Tensor, lens: torch.Tensor, k: int) -> torch.Tensor:
-    """[B, k + 1] rows of each sequence's last sampled token and drafts (``starts[i]`` on;
-    ``lens[i]`` drafts): past a sequence's drafts its last row repeats."""
-    cols = torch.arange(k + 1, device=starts.device)
-    return starts[:, None] + torch.minimum(cols[None, :], lens[:, None])
-
-
 def _draft_q(seqs: list[Sequence], drafts: list[list[int]], k: int, vocab: int, device: torch.device):
     """[B, k, V] the distributions each sequence's drafts were drawn from (zero rows where there
     is none: a greedy request's, or past its drafts); None if every request is greedy."""
@@ -267,43 +261,6 @@ def _draft_q(seqs: list[Sequence], drafts: list[list[int]], k: int, vocab: int, 
         if s.draft_q is not None and drafts[i]:
             q[i, :len(drafts[i])] = s.draft_q[:len(drafts[i])]
     return q
-
-
-def accept(view: torch.Tensor, d: torch.Tensor, lens: torch.Tensor, temps: torch.Tensor, greedy: torch.Tensor,
-           params: list | None, q: torch.Tensor | None, u: torch.Tensor | None, pick=draw):
-    """Every sequence's accept / reject at once, on the device (a graph can hold it).
-    ``view`` [B, K + 1, V]: the model's logits at each sequence's last sampled token and its
-    drafts ``d`` [B, K] (``lens`` [B] of them; rows after repeat the last). ``q`` [B, K, V]:
-    the drafts' distributions and ``u`` [B, 2K + 1] uniforms (both None when every row is
-    greedy); ``params``: rows' top-k / top-p (None: all plain); ``pick``: how a row's token
-    is drawn from its weights (``sampler.draw`` with the row's uniform, or ``sampler.race``).
-    Returns kept drafts per sequence [B], its new tokens [B, K + 1] (kept drafts, then the
-    sampled one; padding after), their logprobs [B, K + 1] (``log_softmax(logits / T)``,
-    before top-k / top-p, as ``sampler.py`` reports), and every row's log normaliser
-    [B, K + 1, 1] (``logits / T - it`` are the row's logprobs)."""
-    b, k1, vocab = view.shape
-    k = k1 - 1
-    cols = torch.arange(k1, device=view.device)
-    scaled = view / temps[:, None, None]
-    lse = scaled.logsumexp(-1, keepdim=True)  # (a reduction over many blocks: no row-wide softmax kernel)
-    valid = cols[None, :k] < lens[:, None]
-    picks = view.argmax(-1)
-    keep = (picks[:, :k] == d) & valid
-    if q is not None:
-        logprobs = scaled - lse
-        lp = truncate(logprobs.reshape(-1, vocab), [x for x in params for _ in range(k1)]) if params else logprobs
-        p = lp.exp().view(b, k1, vocab)
-        at = (torch.arange(b, device=view.device)[:, None], cols[None, :k], d)
-        kept_s = (u[:, :k] * q[at] < p[at]) & valid  # keep with probability min(1, p / q)
-        residual = torch.cat([(p[:, :k] - q).clamp_(min=0), p[:, k:]], 1)  # a rejection's; the bonus row's p
-        empty = residual.sum(-1, keepdim=True) <= 0  # p == q there: no rejection can happen
-        drawn = pick(torch.where(empty, p, residual).view(-1, vocab), u[:, k:].reshape(-1)).view(b, k1)
-        picks = torch.where(greedy[:, None], picks, drawn)
-        keep = torch.where(greedy[:, None], keep, kept_s)
-    n_keep = keep.long().cumprod(1).sum(1)
-    padded = torch.cat([d, d.new_zeros(b, 1)], 1)
-    tokens = torch.where(cols[None, :] < n_keep[:, None], padded, picks)
-    return n_keep, tokens, scaled.gather(2, tokens[..., None])[..., 0] - lse[..., 0], lse
 
 
 def _unflat(row: list, at: int, width: int, n: int) -> tuple[list, list]:

@@ -23,7 +23,7 @@ What signing does not stop: session ids are chosen by clients, so whoever knows 
 guesses) another session's id can send a chat request in it and be given its signature.
 Clients should use random, unguessable session ids (e.g. 128 bits from ``secrets``).
 
-Test: ``pytest tests/integration/test_serve_auth.py tests/unit/realtime/test_front.py``.
+Test: ``pytest tests/integration/test_serve_auth.py tests/unit/inference/test_front.py``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ An ASGI app in front of one ``OpenAIServer`` per arm (each with its own engine t
 
 Everything else (``/v1/models``, ``/health``, ``/metrics``) is answered by arm a.
 
-Test: ``pytest tests/unit/realtime/test_front.py tests/integration/test_serve_auth.py``.
+Test: ``pytest tests/unit/inference/test_front.py tests/integration/test_serve_auth.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -51,13 +52,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from opencomposer.inference.server import schema as wire
+from opencomposer.inference.server.app import ServeConfig, build_server, uvicorn_server
 from opencomposer.inference.server.auth import (
     Refused,
     SessionSigner,
     changes_state,
     check_bearer,
+    open_warning,
 )
-from opencomposer.inference.server.app import OpenAIServer, ServeConfig, build_server
+from opencomposer.inference.server.handlers import OpenAIServer
 from opencomposer.inference.server.session_log import SessionLog
 
 ROUTED = ("/v1/chat/completions", "/v1/completions")
@@ -105,7 +108,7 @@ def load_weights_dir(path: str | Path) -> dict[str, Any]:
     files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
     if not files:
         raise ValueError(f"path: {root} holds no *.safetensors files (expected an HF model directory, "
-                         f"e.g. a realtime candidate or train.checkpoint.export_model output)")
+                         f"e.g. a realtime candidate or train.export.export_model output)")
     sd: dict[str, Any] = {}
     for f in files:
         sd.update(load_file(str(f)))
@@ -260,3 +263,29 @@ def build_front(cfg: ServeConfig) -> FrontDoor:
         arms["b"].checkpoint = cfg.ab_model
     log = SessionLog(cfg.log_dir, cfg.log_window_s) if cfg.log_dir else None
     return FrontDoor(arms, cfg.ab_fraction, log, cfg.api_token)
+
+
+def serve(cfg: ServeConfig, on_ready=None) -> None:
+    """Run until interrupted. ``on_ready(url)`` is called once the socket listens
+    (port 0 picks a free port; the url has the real one). Without ``cfg.api_token``, a
+    warning on stderr says who can reach the endpoints that change state."""
+    server = build_front(cfg)
+    uv = uvicorn_server(server, cfg.host, cfg.port)
+
+    async def main() -> None:
+        task = asyncio.create_task(uv.serve())
+        while not uv.started and not task.done():
+            await asyncio.sleep(0.05)
+        if uv.started:
+            port = uv.servers[0].sockets[0].getsockname()[1]  # the real one when cfg.port is 0
+            warning = open_warning(cfg.api_token, cfg.host, port)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+            if on_ready is not None:
+                on_ready(f"http://{cfg.host}:{port}/v1")
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.stop()

@@ -20,7 +20,7 @@ so a killed server leaves at most its last line torn; readers skip a torn or gar
 with a warning naming the file and line and go on (``fsync=True`` also survives power loss,
 at about a millisecond per record).
 
-Test: ``pytest tests/unit/realtime/test_session_log.py``.
+Test: ``pytest tests/unit/inference/test_session_log.py``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Edits are made on lines, never via ``ast.unparse``, so every untouched byte stay
     delete_in_repo(repo, c, "function")                 # the same, written to the file
 
 Only UTF-8 sources without a BOM are candidates, so str edits are byte-exact on disk.
-Test: ``.venv/bin/python -m pytest tests/unit/test_deletion.py tests/unit/tasks_factory``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_deletion.py tests/unit/tasks``.
 """
 
 from opencomposer.tasks.deletion.candidates import (

@@ -16,7 +16,7 @@ it calls (``calls``), from which ``feature.find_features`` builds multi-function
 
     cands = find_candidates(repo, ["more_itertools"], covered=lines_by_file)
 
-Test: ``.venv/bin/python -m pytest tests/unit/test_deletion.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_deletion.py``.
 """
 
 from __future__ import annotations

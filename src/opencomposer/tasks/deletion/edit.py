@@ -9,7 +9,7 @@
     d = delete(read_source(repo / c.file), c, "body")   # d.after, d.removed, d.patch
     delete_in_repo(repo, c, "function")                 # the same, written to the file
 
-Test: ``.venv/bin/python -m pytest tests/unit/test_deletion.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_deletion.py``.
 """
 
 from __future__ import annotations

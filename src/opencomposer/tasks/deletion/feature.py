@@ -10,7 +10,7 @@ returns one ``FeatureDeletion`` whose gold patch restores every file::
     feats = find_features(find_candidates(repo, ["toolz"]))
     d = delete_feature(repo, feats[0])          # d.files, d.patch, d.removed
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks_factory/test_levels.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_levels.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Deletions edit lines, never ``ast.unparse`` output, so every untouched byte stay
 These helpers answer "which lines can be cut out cleanly" for a node: None whenever the node
 shares a line with other code (``x = 1; def f(): ...``), so callers skip it.
 
-Test: ``.venv/bin/python -m pytest tests/unit/test_deletion.py``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_deletion.py``.
 """
 
 from __future__ import annotations

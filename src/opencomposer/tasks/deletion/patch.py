@@ -2,7 +2,7 @@
 
     make_patch(before, after, "pkg/mod.py")   # apply with `patch -p1` or `git apply`
 
-Test: ``.venv/bin/python -m pytest tests/unit/test_deletion.py -k patch``.
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_deletion.py -k patch``.
 """
 
 from __future__ import annotations

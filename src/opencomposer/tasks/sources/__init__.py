@@ -12,12 +12,18 @@ Importers go on past a bad item: each item ends ``ok``, ``skipped`` (the format 
 something this machine cannot give, e.g. Docker) or ``failed`` (bad input), with the
 reason naming the file, row and field. ``ImportReport.summary()`` is the CLI's JSON line.
 
-Test: ``pytest tests/unit/tasks_sources tests/integration/test_task_formats.py``.
+Test: ``pytest tests/unit/tasks/sources tests/integration/test_task_formats.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# validates one written task dir: returns an object with ``ok`` and ``problems`` (grading.check.check_task)
+Check = Callable[[Path], Any]
 
 
 class ItemError(ValueError):

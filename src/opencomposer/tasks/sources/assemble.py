@@ -9,7 +9,7 @@ an imported task whose id, files, targets, pythonpath or env lead outside it is 
 (``TaskFormatError`` naming the key and the path), and an env given from elsewhere is linked
 into ``OUT/_envs`` (``envs.adopt_env``), the one place outside a task its env may be.
 
-Test: ``pytest tests/unit/tasks_sources/test_assemble.py tests/unit/tasks_sources/test_confine.py``.
+Test: ``pytest tests/unit/tasks/sources/test_assemble.py tests/unit/tasks/sources/test_confine.py``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ Export writes a real Harbor task (``python:3.11-slim`` + the pinned test require
 the workspace under ``/app``, a verifier that grades FAIL_TO_PASS + PASS_TO_PASS) and
 keeps our metadata in ``[metadata.opencomposer]``, so export -> import is lossless.
 
-Test: ``pytest tests/integration/test_task_formats.py tests/unit/tasks_sources/test_confine.py``.
+Test: ``pytest tests/integration/test_task_formats.py tests/unit/tasks/sources/test_confine.py``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import tomli_w
 
-from opencomposer.harness.patch import apply_hunks, parse_patch
+from opencomposer.harness.patch import apply_patch, parse_patch
 from opencomposer.paths import remove_stale_temps, replace_dir, temp_dir
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import make_sandbox
@@ -66,7 +66,7 @@ from opencomposer.tasks.format import (
     env_outside,
 )
 from opencomposer.tasks.layout import inspect_project
-from opencomposer.tasks.sources import ImportReport, ItemError, ItemSkipped
+from opencomposer.tasks.sources import Check, ImportReport, ItemError, ItemSkipped
 from opencomposer.tasks.sources.assemble import tree_files, write_task_dir
 from opencomposer.tasks.testrun import DEFAULT_COMMAND, run_tests
 
@@ -343,9 +343,10 @@ def _first_file(patch: str) -> str:
     return m.group(1) if m else ""
 
 
-def import_harbor(root: Path, out: Path, env: Path | None = None, check: str | None = None) -> ImportReport:
-    """Import every Harbor task under ``root`` (a task dir or a dir of them)."""
-    from opencomposer.grading.check import check_task
+def import_harbor(root: Path, out: Path, env: Path | None = None, check: Check | None = None) -> ImportReport:
+    """Import every Harbor task under ``root`` (a task dir or a dir of them). ``check``: validates
+    each task written (the caller passes ``grading.check.check_task`` bound to a backend); a task
+    that fails it is removed and counted as failed."""
 
     t0 = time.time()
     root, out = Path(root), Path(out)
@@ -368,7 +369,7 @@ def import_harbor(root: Path, out: Path, env: Path | None = None, check: str | N
             report.failed[d.name] = f"{d}: {type(e).__name__}: {e}"
             continue
         if check:
-            res = check_task(path, check)
+            res = check(path)
             if not res.ok:
                 shutil.rmtree(path, ignore_errors=True)
                 report.failed[d.name] = f"{d}: task fails its check: {'; '.join(res.problems)[:400]}"
@@ -407,13 +408,10 @@ def _requirements(task: Task) -> list[str]:
 def solve_sh(task: Task) -> str:
     """A solve.sh that needs only python (slim images have neither git nor patch): it
     writes the files as the gold patch leaves them (base64), or removes deleted ones."""
-    files: dict[str, str | None] = {}
-    for fp in parse_patch(task.gold_patch):
-        if fp.is_delete:
-            files[fp.path] = None
-        else:
-            old = "" if fp.is_new else (task.workspace / fp.path).read_text()
-            files[fp.path] = base64.b64encode(apply_hunks(old, fp.hunks, fp.path).encode()).decode()
+    patches = parse_patch(task.gold_patch)
+    current = {fp.path: (task.workspace / fp.path).read_text() for fp in patches if not fp.is_new}
+    files = {path: None if text is None else base64.b64encode(text.encode()).decode()
+             for path, text in apply_patch(current, patches).items()}
     return ("#!/bin/bash\n# the reference solution: the files as the gold patch (solution/gold.patch) leaves them\n"
             f"cd {APP}\npython3 - <<'EOF'\nimport base64, json, pathlib\n"
             f"files = json.loads({json.dumps(json.dumps(files))})\n"

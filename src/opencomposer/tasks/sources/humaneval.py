@@ -15,7 +15,7 @@ Task ``HumanEval_<n>``:
 
 All tasks share one environment with pytest (``OUT/_envs/humaneval``).
 
-Test: ``pytest tests/unit/tasks_sources/test_humaneval.py``; all 164 through the oracle:
+Test: ``pytest tests/unit/tasks/sources/test_humaneval.py``; all 164 through the oracle:
 ``python benchmarks/humaneval_oracle.py``.
 """
 

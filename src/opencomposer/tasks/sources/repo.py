@@ -7,7 +7,7 @@
 ``materialize(source)`` gives ``(name, version, root)``: a private copy of the tree that
 the task maker may edit. ``export_commit`` is also how SWE-bench rows get their tree.
 
-Test: ``pytest tests/unit/tasks_sources/test_repo.py``.
+Test: ``pytest tests/unit/tasks/sources/test_repo.py``.
 """
 
 from __future__ import annotations

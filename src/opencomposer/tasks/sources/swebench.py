@@ -24,7 +24,7 @@ A row is untrusted: its ``instance_id`` must make one task directory name, the e
 and the task written passes ``format.check_paths`` (files, targets, pythonpath inside the
 workspace); otherwise the row fails with the field and the path.
 
-Test: ``pytest tests/integration/test_task_formats.py tests/unit/tasks_sources/test_confine.py``.
+Test: ``pytest tests/integration/test_task_formats.py tests/unit/tasks/sources/test_confine.py``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from opencomposer.tasks.format import (
 )
 from opencomposer.tasks.layout import inspect_project
 from opencomposer.tasks.pypi import SourceError
-from opencomposer.tasks.sources import ImportReport, ItemError
+from opencomposer.tasks.sources import Check, ImportReport, ItemError
 from opencomposer.tasks.sources.assemble import file_diff, source_env, write_task_dir
 from opencomposer.tasks.sources.repo import export_commit
 from opencomposer.tasks.testrun import DEFAULT_COMMAND
@@ -188,11 +188,11 @@ def row_task(row: dict, where: str, repos: Path, out: Path, env: Path | None) ->
 
 
 def import_swebench(jsonl: Path, repos: Path, out: Path, env: Path | None = None,
-                    check: str | None = None) -> ImportReport:
+                    check: Check | None = None) -> ImportReport:
     """One task per usable row; bad rows are reported (file, row, field) and skipped over.
-    ``check``: a sandbox backend to validate each task with (``tasks check``); a task that
-    fails it is removed and counted as failed."""
-    from opencomposer.grading.check import check_task
+    ``check``: validates each task written (``tasks check``: the caller passes
+    ``grading.check.check_task`` bound to a backend); a task that fails it is removed and
+    counted as failed."""
 
     t0 = time.time()
     jsonl, repos, out = Path(jsonl), Path(repos), Path(out)
@@ -220,7 +220,7 @@ def import_swebench(jsonl: Path, repos: Path, out: Path, env: Path | None = None
             report.failed[name] = f"{where}: {type(e).__name__}: {e}"
             continue
         if check:
-            res = check_task(path, check)
+            res = check(path)
             if not res.ok:
                 shutil.rmtree(path, ignore_errors=True)
                 report.failed[name] = f"{where}: task fails its check: {'; '.join(res.problems)[:400]}"

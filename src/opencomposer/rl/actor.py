@@ -1,0 +1,381 @@
+"""The actor of an RL run: tasks -> K rollouts per task -> scored token samples, and the
+learner's weights published to the rollout engine and the weight store.
+
+    actor = Actor(cfg, train_tasks, out, tokenizer, learner.weights(), device="cpu", start_model=m)
+    batch = actor.next_batch()                     # rollouts, rewards, advantages, samples
+    metrics = learner.update(batch.train)          # the learner's side (rl/learner.py)
+    published = actor.publish(learner.weights(), batch)
+    actor.log(actor.report(step, batch, metrics, published))
+
+``collect_batch`` takes the next unused tasks (single epoch, ``rl/sampler.py``), runs K
+rollouts of each through the deployment harness (``episode/run.py``: ``collect_rollouts`` -> ``run_task``)
+and ``score``s them: hidden-test rewards, shaping, group advantages with no std division for
+equal groups (``rl/advantages.py``), token-level samples rendered by the same prompt builder
+the policy used (``train/samples.py``), feedback distillation pairs (``rl/feedback.py``).
+
+``[rollout] max_staleness = 0``: synchronous; the engine takes the learner's weights before a
+batch is collected. ``N >= 1``: ``start`` runs ``collect_batch`` in a thread up to N batches
+ahead of the learner (``rl/async_rollouts.py``), each update reaches the engine in flight
+(``publish``: mid-rollout), and ``next_batch`` drops a batch whose oldest token is more than
+N versions older than the learner's weights. A task counts as used once trained on
+(``publish``), so tasks in flight at a stop are collected again after ``--resume``.
+
+Under torchrun the actor lives on rank 0 alone (``distributed.main_only``): its engine, its
+sandboxes, its rollout thread, the metrics log and the evaluations' policies (``make_policy``).
+
+Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opencomposer.episode.run import Rollout, collect_rollouts, shape_rollouts
+from opencomposer.harness.prompt import agent_tools
+from opencomposer.models.registry import load_model
+from opencomposer.policies.batched import BatchedPolicy
+from opencomposer.policies.model import ModelPolicy
+from opencomposer.rl.advantages import advantages_for_groups
+from opencomposer.rl.async_rollouts import RolloutsAhead
+from opencomposer.rl.config import RLRunConfig, RolloutSection
+from opencomposer.rl.feedback import detect, distill_pairs
+from opencomposer.rl.learner import TrainBatch, Weights
+from opencomposer.rl.metrics import MetricsLog, rollout_stats
+from opencomposer.rl.sampler import TaskSampler
+from opencomposer.rl.staleness import oldest_version, versions_per_rollout
+from opencomposer.rl.taskpool import HarderTasks
+from opencomposer.train.samples import Sample, trajectory_samples
+
+
+@dataclass
+class Batch:
+    """One step's rollouts, scored: the learner updates on ``train``, the rest is the step's row."""
+
+    paths: list[Path]  # the tasks (in flight in the sampler until trained)
+    task_ids: list[str]
+    rollouts: list[Rollout]  # K per task, group-major: groups stay whole
+    samples: list[Sample]
+    pairs: list  # feedback distillation (hinted, original) pairs
+    points: list  # feedback failure points
+    shaping: dict[str, float]
+    oldest: int | None  # the oldest policy version among its sampled tokens
+    times: dict[str, float] = field(default_factory=dict)  # of its collection (time_rollout, ...)
+    waited: float = 0.0  # seconds the learner waited for it (next_batch)
+    dropped: int = 0  # staler batches dropped before it
+    marks: dict[str, float] = field(default_factory=dict)  # perf_counter of its step: start, handed; idle
+
+    @property
+    def train(self) -> TrainBatch:
+        """All the learner gets of it."""
+        return TrainBatch(self.samples, self.pairs, len(self.rollouts))
+
+
+@dataclass(frozen=True)
+class Published:
+    """What ``Actor.publish`` measured of a step, for its row."""
+
+    train_s: float  # from handing the batch over to getting the new weights back (the learner's update)
+    step_s: float  # the whole step, from asking for the batch to the weights published
+    rollout_idle_s: float  # the engine without work: a synchronous step's update; ahead, the thread waiting
+    sync: dict[str, float]  # what the weight store cost (``publish_to_store``), {} without [sync]
+
+
+def sandbox_pool(rollout: RolloutSection):
+    """The pool ``[rollout] sandbox_pool`` asks for (a ``BlockingSandboxPool``: episodes
+    run in threads), or None for a fresh sandbox per episode. Close it when done."""
+    if rollout.sandbox_pool is None:
+        return None
+    from opencomposer.sandbox.pool import BlockingSandboxPool, SandboxPool
+
+    sp = rollout.sandbox_pool
+    return BlockingSandboxPool(SandboxPool(rollout.backend, warm=sp.warm, max_sandboxes=sp.size,
+                                           health_check=sp.health_check))
+
+
+def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperature: float, device: str,
+                   start_model: str, base_model: bool = False,
+                   publish: Callable[[], Any] = lambda: None) -> BatchedPolicy:
+    """A batched sampler on ``weights``, or (``base_model``) on a fresh load of the untrained
+    model, so the base can be measured at any point of the run.
+
+    ``rollout.engine = "builtin"`` samples with the inference engine, which holds its own
+    copy of the weights (``Actor.sync_weights`` sends new ones after each update); "hf" samples
+    with transformers ``generate`` on the trainer's model itself (one process); "server" with
+    an ``opencomposer serve`` that follows the weight store (``publish`` feeds it first).
+    """
+    r, m = cfg.rollout, cfg.model
+    if r.engine == "server" and not base_model:  # the base model is measured locally (the server trains on)
+        from opencomposer.policies.server import ServerPolicy
+
+        base = ServerPolicy(r.base_url, tokenizer, temperature=temperature, top_p=r.top_p,
+                            max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)
+        publish()  # the server samples the trainer's weights, not its own
+        base.wait_for_version(weights.version, r.sync_timeout_s)
+        return BatchedPolicy(base, max_batch=r.max_batch)
+    if base_model or weights.model is None:
+        model, tok = load_model(m.name if base_model else start_model, device=device)
+        if not base_model:  # the engine's own copy, of the weights gathered from the shards
+            model.load_state_dict(weights.state)
+    else:
+        model, tok = weights.model
+    version = 0 if base_model else weights.version
+    if r.engine == "builtin":
+        from opencomposer.inference.engine.core import Engine
+        from opencomposer.policies.engine import EnginePolicy
+
+        engine = Engine(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version,
+                        max_model_len=min(int(model.config.max_position_embeddings), 8192))
+        base = EnginePolicy(engine, temperature=temperature, top_p=r.top_p,
+                            max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)
+    else:
+        base = ModelPolicy((model, tok), temperature=temperature, top_p=r.top_p,
+                           max_new_tokens=r.max_new_tokens, seed=cfg.run.seed, policy_version=version)
+    return BatchedPolicy(base, max_batch=r.max_batch)
+
+
+class Actor:
+    """The rollout side of an RL run; see the module docstring. ``state`` is what a resumed
+    run's checkpoint saved of it (``Actor.state``), {} on a fresh run."""
+
+    def __init__(self, cfg: RLRunConfig, train_tasks: list[Path], out: Path, tokenizer: Any, weights: Weights,
+                 device: str, start_model: str, on_step: Callable[[dict], None] | None = None,
+                 start_step: int = 0, state: dict | None = None):
+        self.cfg, self.out, self.tokenizer, self.weights = cfg, out, tokenizer, weights
+        self.device, self.start_model, self.on_step = device, start_model, on_step
+        self.metrics = MetricsLog(out)
+        self.rows: list[dict] = []  # logged in this session (``logged``)
+        # difficulty on demand: harder tasks from the factory as the pass rate rises (rl/taskpool.py)
+        self.harder = HarderTasks(cfg.tasks, out) if cfg.tasks.harder_every else None
+        if self.harder is not None:  # what it made in earlier sessions of this run is in the pool
+            train_tasks = train_tasks + self.harder.made_tasks()
+        self.sampler = TaskSampler(train_tasks, cfg.rollout.tasks_per_step, cfg.run.seed)
+        if state:
+            self.sampler = TaskSampler.from_state(train_tasks, state["sampler"])
+            if self.harder is not None and "harder" in state:
+                self.harder.restore(state["harder"])
+            self.metrics.truncate(start_step, state.get("row"))
+        # [sync]: every version goes to a weight store for remote followers
+        self.publisher = self._publisher()
+        self.policy = self.make_policy(cfg.rollout.temperature)
+        self.tools = agent_tools()
+        self.pool = sandbox_pool(cfg.rollout)  # closed by close()
+        self.ahead: RolloutsAhead | None = None  # the rollout thread while the run runs, if max_staleness
+
+    def _publisher(self):
+        if self.cfg.sync is None:
+            return None
+        from opencomposer.config import ConfigError
+        from opencomposer.sync.publisher import WeightPublisher
+        from opencomposer.sync.store import StoreError, open_store
+        sc = self.cfg.sync
+        try:
+            return WeightPublisher(open_store(sc.store), dtype=sc.dtype, full_every=sc.full_every,
+                                   keep_full=sc.keep_full, keep_on=sc.keep_on)
+        except StoreError as e:
+            raise ConfigError(f"[sync] store: {e}") from None
+
+    def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
+        """A batched sampler on the latest weights (``rollout_policy``); the evaluations use it too."""
+        return rollout_policy(self.cfg, self.weights, self.tokenizer, temperature, self.device, self.start_model,
+                              base_model=base_model, publish=self.publish_to_store)
+
+    # ------------------------------------------------------------------ weights from the learner
+
+    def take(self, weights: Weights) -> None:
+        """The learner's latest weights: the next policy, sync and publication use them."""
+        self.weights = weights
+
+    def sync_weights(self, wait: bool = True) -> None:
+        """Make the rollout policy sample from the latest weights (and say so).
+
+        The built-in engine takes them between two decode steps, in flight if rollouts are
+        running (``max_staleness``); a server gets them through the store, and ``wait=False``
+        leaves it to apply them when its follower polls (its tokens then say which version ran).
+        """
+        w = self.weights
+        if self.policy.policy_version == w.version:
+            return
+        if self.cfg.rollout.engine == "server":  # through the weight store: publish, then wait for the server
+            self.publish_to_store()
+            if wait:
+                self.policy.policy.wait_for_version(w.version, self.cfg.rollout.sync_timeout_s)
+        elif self.cfg.rollout.engine == "builtin":
+            self.policy.policy.update_weights(w.state, w.version)
+        else:  # same model object: only the label moves
+            self.policy.policy_version = w.version
+
+    def publish_to_store(self) -> dict[str, float]:
+        """Send the latest version to the weight store (``[sync]``), once; the metrics row
+        gets what it cost."""
+        w = self.weights
+        if self.publisher is None or self.publisher.version == w.version:
+            return {}
+        s = self.publisher.publish(w.state, w.version)
+        return {"sync_kind_full": float(s["kind"] == "full"), "sync_stored_mb": s["stored_bytes"] / 2**20,
+                "sync_compression": s["compression"], "sync_changed_fraction": s["changed_fraction"],
+                "time_sync": round(s["seconds"], 3)}
+
+    # ------------------------------------------------------------------ one step, in pieces
+
+    def start(self, steps: int) -> None:
+        """Before the first step: followers get the weights RL starts from, and rollouts start
+        running ahead in a thread (``max_staleness``) for the ``steps`` to come."""
+        self.publish_to_store()
+        n = self.cfg.rollout.max_staleness
+        if n:  # (rl/async_rollouts.py)
+            self.sync_weights(wait=False)  # the engine starts from them too (an SFT stage moved them)
+            self.ahead = RolloutsAhead(self.collect_batch, n, total=steps, interrupt=self.policy.close).start()
+
+    def collect_batch(self) -> Batch:
+        """The next unused tasks -> K rollouts each -> scored samples (in the rollout thread
+        when rollouts run ahead; there the engine's weights move on their own)."""
+        from opencomposer.tasks.format import Task
+
+        r, t0 = self.cfg.rollout, time.perf_counter()
+        paths = self.sampler.issue()
+        tasks = [Task.load(p) for p in paths]
+        if not r.max_staleness:
+            self.sync_weights()
+        gen0 = self.policy.stats.get("generate_seconds", 0.0)
+        rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
+                                    max_concurrent=r.k * r.tasks_per_step,
+                                    sandboxes=self.pool.lease if self.pool is not None else None)
+        t1 = time.perf_counter()
+        batch = self.score(paths, [t.id for t in tasks], rollouts)
+        reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
+        batch.times = {"time_rollout": round(t1 - t0, 2),
+                       "time_generate": round(self.policy.stats.get("generate_seconds", 0.0) - gen0, 2),
+                       "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2)}
+        return batch
+
+    def score(self, paths: list[Path], task_ids: list[str], rollouts: list[Rollout]) -> Batch:
+        """Shaped rewards -> group advantages -> token samples (and feedback pairs)."""
+        shaping = shape_rollouts(rollouts, self.cfg.reward)
+        groups: dict[str, list[float]] = {}
+        for ro in rollouts:
+            groups.setdefault(ro.task_id, []).append(ro.train_reward)
+        adv = advantages_for_groups(groups, std_normalize=self.cfg.loss.std_normalize)
+        seen: dict[str, int] = {}
+        samples = []
+        for ro in rollouts:
+            i = seen.get(ro.task_id, 0)
+            seen[ro.task_id] = i + 1
+            if ro.result is not None:
+                samples += trajectory_samples(ro.result.trajectory, self.tokenizer, self.tools,
+                                              adv[ro.task_id][i], group_id=ro.task_id)
+        fb = self.cfg.feedback
+        points, pairs = [], []  # targeted textual feedback: hints at failure points, distilled
+        for ro in rollouts if fb.enabled else []:
+            if ro.result is not None:
+                found = detect(ro.result.trajectory, fb)
+                points += found
+                pairs += distill_pairs(ro.result.trajectory, found, self.tokenizer, self.tools)
+        return Batch(paths, task_ids, rollouts, samples, pairs, points, shaping, oldest_version(rollouts))
+
+    def next_batch(self) -> Batch:
+        """The batch the learner updates on next (``waited``: how long it waited; ``dropped``:
+        batches dropped as too stale).
+
+        Synchronous: collected now, with the latest weights. Ahead: the rollout thread's
+        next batch, trained only if its oldest token is at most ``max_staleness`` versions
+        behind the learner's weights; a staler one (a server that lags, a slow step) is
+        dropped, its tasks handed out again."""
+        t0 = time.perf_counter()
+        idle0 = self.ahead.idle_seconds if self.ahead is not None else 0.0
+        batch = self._next_batch()
+        batch.marks = {"start": t0, "idle": idle0, "handed": time.perf_counter()}
+        return batch
+
+    def _next_batch(self) -> Batch:
+        n = self.cfg.rollout.max_staleness
+        if self.ahead is None:
+            t0 = time.perf_counter()
+            batch = self.collect_batch()
+            batch.waited = time.perf_counter() - t0
+            return batch
+        waited, dropped = 0.0, 0
+        while True:
+            batch, w = self.ahead.get()
+            waited += w
+            if batch.oldest is None or batch.oldest >= self.weights.version - n:
+                batch.waited, batch.dropped = waited, dropped
+                return batch
+            self.sampler.release(batch.paths)
+            self.ahead.redo()
+            dropped += 1
+
+    def publish(self, weights: Weights, batch: Batch) -> Published:
+        """After the learner's update on ``batch``: its tasks are used for good, and its new
+        ``weights`` go to the weight store and, while rollouts run ahead, to the engine in
+        flight (the rollouts running now continue on them)."""
+        self.sampler.trained(batch.paths)  # only now: tasks in flight at a stop are handed out again
+        t2 = time.perf_counter()
+        self.take(weights)
+        sync = self.publish_to_store()
+        if self.ahead is not None:
+            self.sync_weights(wait=False)
+        t3 = time.perf_counter()
+        m = batch.marks
+        # the engine idles while a synchronous step trains; ahead, while the thread waits for room
+        idle = (self.ahead.idle_seconds - m["idle"]) if self.ahead is not None else t3 - m["handed"]
+        return Published(train_s=t2 - m["handed"], step_s=t3 - m["start"], rollout_idle_s=idle, sync=sync)
+
+    def report(self, step: int, batch: Batch, train: dict[str, float], published: Published) -> dict[str, Any]:
+        """The metrics row of ``step``: the batch's rollouts, the learner's ``train`` metrics,
+        what ``publish`` measured; and, with harder tasks on, what the factory was told."""
+        r, fb, p = self.cfg.rollout, self.cfg.feedback, published
+        feedback = {}
+        if fb.enabled:
+            kinds = [pt.kind for pt in batch.points]
+            feedback = {"feedback_points": float(len(kinds)),
+                        **{f"feedback_{k}": float(kinds.count(k)) for k in fb.detectors}}
+        row = {
+            "step": step, **rollout_stats(batch.rollouts, r.k), **batch.shaping,
+            "task_ids": batch.task_ids,
+            "samples": int(train["samples"]), "train_tokens": train.get("tokens", 0.0),
+            **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},
+            **{k: v for k, v in train.items() if k.startswith("distill_")}, **feedback,
+            "replayed_route_tokens": train.get("replayed_route_tokens", 0.0),  # MoE: router replay
+            "update_skipped": bool(train.get("skipped", 0.0)),
+            **batch.times, "time_train": round(p.train_s, 2),
+            "time_step": round(p.step_s, 2), "time_wait_rollouts": round(batch.waited, 2),
+            "time_rollout_idle": round(p.rollout_idle_s, 2),
+            "staleness_mean": train["staleness_mean"], "staleness_max": train["staleness_max"],
+            **versions_per_rollout(batch.rollouts), "dropped_stale": batch.dropped,
+            "policy_version": self.weights.version,
+            **p.sync,
+        }
+        if self.harder is not None:
+            row.update(self.harder.after_step(step, row["pass@1"], self.sampler))
+        return row
+
+    def state(self, row: dict) -> dict:
+        """What a checkpoint keeps of the actor (``row``: the step's, restored on resume)."""
+        extra = {"harder": self.harder.state()} if self.harder is not None else {}
+        return {"sampler": self.sampler.state(), "row": row, **extra}
+
+    def log(self, row: dict) -> None:
+        """The row to ``metrics.jsonl`` (after its checkpoint: a kill in between loses nothing,
+        since the row travels in the checkpoint, see ``MetricsLog.truncate``), then ``on_step``."""
+        self.metrics.write(row)
+        self.rows.append(row)
+        if self.on_step:
+            self.on_step(row)
+
+    def logged(self) -> list[dict]:
+        """The rows ``log`` wrote in this session."""
+        return list(self.rows)
+
+    def close(self) -> None:
+        """Stop the rollout thread, if any (a collection in progress is cut short, its
+        sandboxes closed), then the sandbox pool, if the run has one (every sandbox it made goes)."""
+        if self.ahead is not None:
+            self.ahead.close()
+            self.ahead = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None

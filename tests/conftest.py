@@ -1,0 +1,54 @@
+"""Test tiers by folder: each test gets its tier's marker from the folder it sits in.
+
+    tests/unit/<package>/   mirrors src/opencomposer/<package>/: one module's behaviour, small and real
+    tests/integration/      several packages end to end (real repos from PyPI, real sandboxes, tiny models)
+    tests/distributed/      several processes through torch.distributed (gloo on CPU)
+    tests/adversarial/      the reward-forging suite (issue 28): every strategy must be caught
+    tests/bench/            the measuring tools themselves (benchmarks' code paths at tiny size)
+    tests/gpu/              needs CUDA; skipped on a machine without it
+
+``pytest -m unit`` (or ``-m "not gpu"``, ``-m bench``...) picks tiers; ``make test`` runs them all.
+A test file outside these folders is refused at collection, so a new file cannot escape its tier.
+
+Test: ``pytest -q tests/unit/test_tiers.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# shared fixtures (tests/testkit/): a real repo in a local sandbox + agent settings; the tiny-random
+# model and a small conversation. A folder's own conftest.py may override a name for its tests.
+pytest_plugins = ["testkit.agent_repo", "testkit.tiny_chat"]
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "distributed", "adversarial", "bench", "gpu")
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test file: the first folder under tests/; a ValueError names the file otherwise."""
+    parts = Path(path).resolve().relative_to(TESTS).parts
+    if len(parts) < 2 or parts[0] not in TIERS:
+        raise ValueError(f"{path}: a test file must sit in one of the tier folders tests/{{{','.join(TIERS)}}}/")
+    return parts[0]
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = None
+    for item in items:
+        tier = tier_of(Path(str(item.fspath)))
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier == "gpu":
+            cuda = _cuda() if cuda is None else cuda
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="gpu tier: needs CUDA"))

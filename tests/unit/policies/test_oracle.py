@@ -1,0 +1,108 @@
+"""The oracle solves hand-made feature-deletion tasks through the ordinary tools."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from opencomposer.harness.loop import run_episode
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.protocols import SandboxSpec
+from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks.deletion import make_patch
+from opencomposer.tasks.format import Task
+from testkit.oracle_tasks import SHAPES, SHAPES_DELETED, STATS, STATS_DELETED, diff, make_task, solve
+
+def test_oracle_restores_a_function_body(tmp_path, cfg):
+    patch = make_patch(STATS, STATS_DELETED, "mathy/stats.py")  # how real tasks get their gold patch
+    task = make_task(
+        tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+        {"mathy/stats.py": STATS_DELETED}, patch, "mathy.stats.mean",
+    )
+    sb, traj = solve(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/stats.py").decode() == STATS
+    assert traj.exit_reason == "submitted" and "mathy.stats.mean" in traj.final_message
+    assert traj.invalid_calls == 0 and traj.failed_calls == 0
+    names = [e.name for s in traj.steps for e in s.tool_events]
+    assert names == ["list_dir", "search", "read_file", "edit_file", "run", "submit"]
+    assert "mathy/stats.py:4:def mean(xs):" in traj.steps[1].tool_events[0].observation
+    assert traj.steps[4].tool_events[0].observation.startswith("exit code 0")
+    assert "<tool_call>" in traj.steps[0].text  # the text is what a local model would write
+
+
+def shapes_task(tmp_path: Path) -> Task:
+    """A hunk whose text (1 line of context) occurs twice: Square.name and Circle.name."""
+    patch = diff("mathy/shapes.py", SHAPES_DELETED, SHAPES, context=1)
+    return make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/shapes.py": SHAPES},
+                     {"mathy/shapes.py": SHAPES_DELETED}, patch, "mathy.shapes.Circle.name")
+
+
+def test_oracle_widens_the_context_when_the_hunk_is_not_unique(tmp_path, cfg):
+    sb, traj = solve(shapes_task(tmp_path), cfg)
+    with sb:
+        assert sb.read_file("mathy/shapes.py").decode() == SHAPES
+    edits = [e for s in traj.steps for e in s.tool_events if e.name == "edit_file"]
+    assert len(edits) == 2 and "occurs 2 times" in edits[0].observation and edits[1].ok
+    assert len(edits[1].arguments["old"]) > len(edits[0].arguments["old"])
+    assert traj.exit_reason == "submitted" and traj.failed_calls == 1
+
+
+def test_oracle_falls_back_to_write_file_when_widening_fails(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"max_output_chars": 400})  # too small a window to widen; reads take pages
+    sb, traj = solve(shapes_task(tmp_path), cfg)
+    with sb:
+        assert sb.read_file("mathy/shapes.py").decode() == SHAPES
+    events = [e for s in traj.steps for e in s.tool_events]
+    edit = next(e for e in events if e.name == "edit_file")
+    assert "occurs 2 times" in edit.observation
+    assert sum(e.name == "read_file" for e in events) >= 3  # around the hunk, then page by page
+    assert events[-2].name == "run" and events[-3].name == "write_file"
+    assert traj.exit_reason == "submitted" and "could not" not in traj.final_message
+
+
+def test_oracle_handles_several_files_hunks_and_a_new_file(tmp_path, cfg):
+    fillers = "".join(f"\n\ndef f{i}():\n    return {i}\n" for i in range(6))  # keeps the hunks apart
+    long_stats = STATS.split("\n\ndef span")[0] + fillers + "\n\ndef span(xs):\n    return max(xs) - min(xs)\n"
+    long_deleted = STATS_DELETED.split("\n\ndef span")[0] + fillers + "\n\ndef span(xs):\n    raise NotImplementedError\n"
+    original = {"mathy/__init__.py": "from mathy.stats import mean\n", "mathy/stats.py": long_stats,
+                "mathy/extra.py": "VALUE = 3\n"}
+    deleted = {"mathy/__init__.py": "", "mathy/stats.py": long_deleted}
+    patch = (diff("mathy/stats.py", long_deleted, long_stats) + diff("mathy/__init__.py", "", original["mathy/__init__.py"])
+             + diff("mathy/extra.py", None, "VALUE = 3\n"))
+    task = make_task(tmp_path / "task", original, deleted, patch, "mathy.stats.mean")
+    assert len(task.gold_patch.split("@@ -")) - 1 == 4
+    sb, traj = solve(task, cfg)
+    with sb:
+        for path, text in original.items():
+            assert sb.read_file(path).decode() == text, path
+        assert sb.exec("python -c 'import mathy; print(mathy.mean([1, 3]))'").output.strip() == "2.0"
+    assert traj.exit_reason == "submitted" and traj.invalid_calls == 0
+
+
+def test_oracle_starts_over_for_a_new_episode(tmp_path, cfg):
+    task = make_task(
+        tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+        {"mathy/stats.py": STATS_DELETED}, diff("mathy/stats.py", STATS_DELETED, STATS), "mathy.stats.mean",
+    )
+    policy = OraclePolicy(task)
+    for _ in range(2):
+        with make_sandbox(SandboxSpec(base_dir=task.workspace), "local") as sb:
+            traj = run_episode(task.instruction, sb, policy, cfg)
+            assert traj.exit_reason == "submitted" and sb.read_file("mathy/stats.py").decode() == STATS
+
+
+def test_compact_oracle_batches_independent_calls(tmp_path, cfg):
+    """list_dir+search and run+submit share turns: 4 turns for a one-hunk task."""
+    patch = make_patch(STATS, STATS_DELETED, "mathy/stats.py")
+    task = make_task(
+        tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+        {"mathy/stats.py": STATS_DELETED}, patch, "mathy.stats.mean",
+    )
+    sb = make_sandbox(SandboxSpec(base_dir=task.workspace, env_dir=Path(sys.prefix)), "local")
+    traj = run_episode(task.instruction, sb, OraclePolicy(task, compact=True), cfg, task_id=task.id)
+    with sb:
+        assert sb.read_file("mathy/stats.py").decode() == STATS
+    assert traj.exit_reason == "submitted" and traj.turns == 4 and traj.invalid_calls == 0
+    assert [e.name for e in traj.steps[0].tool_events] == ["list_dir", "search"]
+    assert [e.name for e in traj.steps[-1].tool_events] == ["run", "submit"]
