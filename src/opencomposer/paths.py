@@ -22,7 +22,8 @@ from typing import Iterator
 
 
 def cache_dir(*parts: str) -> Path:
-    root = Path(os.environ.get("OPENCOMPOSER_CACHE", Path.home() / ".cache" / "opencomposer"))
+    # an empty $OPENCOMPOSER_CACHE (``VAR= cmd``, ``${VAR:-}``) means unset, not the current directory
+    root = Path(os.environ.get("OPENCOMPOSER_CACHE") or Path.home() / ".cache" / "opencomposer")
     p = root.joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p

@@ -75,3 +75,13 @@ def test_another_hosts_temp_goes_only_when_old(tmp_path):
     mine.mkdir()
     assert not is_stale_temp(mine)  # this process is alive
     assert not is_stale_temp(tmp_path / "plain")  # not a temp name: never touched
+
+
+def test_an_empty_cache_variable_means_the_default_not_the_current_directory(monkeypatch, tmp_path):
+    from opencomposer.paths import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("OPENCOMPOSER_CACHE", "")
+    assert cache_dir("x") == tmp_path / ".cache" / "opencomposer" / "x"
+    monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path / "c"))
+    assert cache_dir("x") == tmp_path / "c" / "x"
