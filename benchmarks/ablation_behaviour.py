@@ -161,7 +161,7 @@ def ensure_tasks(cfg: AblationConfig, log, data: Path | None = None) -> tuple[li
 def run_eval(run: RLRun, cfg: RLRunConfig, tasks: list[Task], train_ids: set[str], out: Path) -> dict:
     """Every eval task ``eval.k`` times with the run's current weights; transcripts kept under out/eval."""
     save = out / "eval"
-    with run.make_policy(cfg.eval.temperature) as pol:
+    with run.actor.make_policy(cfg.eval.temperature) as pol:
         agg = evaluate(pol, tasks, cfg.eval.k, cfg.rollout.backend, cfg.agent, save_dir=save)
     rows = [episode_row(Trajectory.load(save / f"{t.id}-{i}.json")) for t in tasks for i in range(cfg.eval.k)
             if (save / f"{t.id}-{i}.json").exists()]
@@ -192,11 +192,11 @@ def sft_stage(cfg: AblationConfig, train: list[Path], tasks: list[Task], train_i
         log(f"SFT: oracle traces of {len(train[: cfg.sft.max_traces])} train tasks, {cfg.sft.epochs} epochs ...")
         trajs = oracle_traces(train[: cfg.sft.max_traces], cfg.rollout.backend, out / "sft" / "traces", scfg)
         sft = sft_warm_start(run, trajs, scfg, log)
-        export_model(model_dir, run.trainer)
+        export_model(model_dir, run.learner.trainer)
         log(f"SFT: loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f} in {sft['seconds']}s; evaluating ...")
         ev = run_eval(run, scfg, tasks, train_ids, out / "sft")
     finally:
-        run.policy.close()
+        run.actor.policy.close()
     atomic_write_text(result, json.dumps({"arm": "sft", "sft": sft, **ev}, indent=1))
     return model_dir
 
@@ -221,12 +221,12 @@ def arm_stage(cfg: AblationConfig, arm: str, sft_model: Path, train: list[Path],
             f"(length {'on' if ARMS[arm][0] else 'off'}, feedback {'on' if ARMS[arm][1] else 'off'})")
         run.run()
         rl_seconds = time.perf_counter() - t0
-        run.policy.close()
+        run.actor.policy.close()
         log(f"{arm}: evaluating {len(tasks)} tasks x {acfg.eval.k} ...")
         ev = run_eval(run, acfg, tasks, train_ids, out)
     finally:
-        run.policy.close()
-    steps = run.log.rows()
+        run.actor.policy.close()
+    steps = run.actor.metrics.rows()
     res = {"arm": arm, "length_penalty": ARMS[arm][0], "feedback": ARMS[arm][1], **ev,
            "rl": step_terms(steps), "rl_steps": steps, "rl_seconds": round(rl_seconds, 1)}
     atomic_write_text(result, json.dumps(res, indent=1))

@@ -106,6 +106,13 @@ class LossSection(Strict):
                 "kl_estimator": self.kl_estimator}
 
 
+class RunSection(Strict):
+    """``[run]``: where a root writes and its seed; each root adds its own keys (steps, schedule...)."""
+
+    out_dir: str
+    seed: int = 0
+
+
 class AgentRunConfig(Strict):
     """Root config of ``opencomposer agent`` (and of ``opencomposer eval --config``)."""
 

@@ -60,7 +60,7 @@ def test_rollouts_run_ahead_with_updates_in_flight(toolz_tasks: Path, tmp_path: 
 
     out = tmp_path / "ahead"
     run = async_run(tmp_path, toolz_tasks, out, steps=4)
-    start = torch.nn.utils.parameters_to_vector(run.trainer.model.parameters()).detach().clone()
+    start = torch.nn.utils.parameters_to_vector(run.learner.trainer.model.parameters()).detach().clone()
     with pytest.raises(RolloutThreadError) as e:
         run.run()
     assert isinstance(e.value.__cause__, PoolExhausted)
@@ -80,7 +80,7 @@ def test_rollouts_run_ahead_with_updates_in_flight(toolz_tasks: Path, tmp_path: 
     for r in rows:
         for key in ("time_wait_rollouts", "time_rollout_idle", "time_step", "time_rollout", "time_train"):
             assert r[key] >= 0, key
-    trained = torch.nn.utils.parameters_to_vector(run.trainer.model.parameters())
+    trained = torch.nn.utils.parameters_to_vector(run.learner.trainer.model.parameters())
     assert not torch.equal(start, trained)
     base, tok = load_model("tiny-random")
     from opencomposer.train.trainer import Trainer
@@ -102,7 +102,7 @@ def test_a_stop_with_a_batch_in_flight_hands_its_tasks_out_again(toolz_tasks: Pa
     with pytest.raises(KeyboardInterrupt):
         run.run()
     assert time.monotonic() - t0 < 300 and not rollout_threads()
-    in_flight = list(run.sampler.in_flight)
+    in_flight = list(run.actor.sampler.in_flight)
     assert len(in_flight) == 1, "batch 2 was handed out when the trainer took batch 1"
     state = json.loads((out / "checkpoints" / "step-0001" / "state.json").read_text())
     assert len(state["sampler"]["used"]) == 1 and in_flight[0] not in state["sampler"]["used"]
@@ -131,7 +131,7 @@ def test_rollouts_ahead_on_a_server_that_follows_the_store(toolz_tasks: Path, tm
         train, _ = split_tasks(ensure_tasks(cfg.tasks, "local"), cfg.tasks.heldout, cfg.tasks.seed, out)
         run = RLRun(cfg, train, out)
         run.run()
-        run.policy.close()
+        run.actor.policy.close()
         rows = rows_of(out)
         assert [r["step"] for r in rows] == [1, 2] and [r["policy_version"] for r in rows] == [1, 2]
         assert all(r["staleness_max"] <= 1 and r["train_tokens"] > 0 for r in rows)

@@ -133,7 +133,7 @@ def test_sft_and_rl_start_from_the_pretrained_model_and_resume_skips_it(tasks, c
     sft = pipeline.sft_warm_start
 
     def spy(run, *args):
-        seen.append(_weights(run.trainer.model))
+        seen.append(_weights(run.learner.trainer.model))
         return sft(run, *args)
 
     monkeypatch.setattr(pipeline, "sft_warm_start", spy)

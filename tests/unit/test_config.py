@@ -139,3 +139,20 @@ def test_realtime_refuses_what_it_cannot_do(tmp_path):
     with pytest.raises(ConfigError, match=r"c.toml: .*loss.kl_coef = 0.1: the realtime loop trains without a KL"):
         load_config(write(tmp_path, '[logs]\ndir = "l"\n[model]\nname = "m"\n[gate]\nsuite = "s"\n'
                                     '[loss]\nkl_coef = 0.1\n'), RealtimeConfig)
+
+
+def test_a_shipped_config_of_another_command_is_refused_naming_whose_it_is(tmp_path):
+    from opencomposer.cli.configs import load_for
+    from opencomposer.config import AgentRunConfig
+    from opencomposer.realtime.config import RealtimeConfig
+    from opencomposer.rl.config import RLRunConfig
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    with pytest.raises(ConfigError, match=r"realtime\.toml: a config of `opencomposer realtime` \(RealtimeConfig\), "
+                                          r"not of this command \(RLRunConfig: configs/train/\)"):
+        load_for(root / "realtime" / "realtime.toml", RLRunConfig)
+    assert load_for(root / "train" / "demo.toml", RLRunConfig).run.out_dir == "runs/demo"
+    assert isinstance(load_for(root / "realtime" / "realtime.toml", RealtimeConfig), RealtimeConfig)
+    mine = tmp_path / "agent.toml"  # a config outside configs/ is only validated
+    mine.write_text("[agent]\nmax_turns = 3\n")
+    assert load_for(mine, AgentRunConfig).agent.max_turns == 3

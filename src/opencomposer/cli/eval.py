@@ -10,7 +10,8 @@ import typer
 from opencomposer.cli.common import (
     POLICY_KINDS, SANDBOX_HELP, emit, err, fail, known_errors, policy_options, sandbox_backend,
 )
-from opencomposer.config import AgentRunConfig, ConfigError, load_config
+from opencomposer.cli.configs import load_for
+from opencomposer.config import AgentRunConfig, ConfigError
 
 eval_app = typer.Typer(help="CursorBench-style evaluation: run a suite, compare two runs (the gate), report.")
 
@@ -57,7 +58,7 @@ def eval_run(
         fail(ConfigError(f"--max-turns: expected an integer >= 1, got {max_turns}"))
     temp = temperature if temperature is not None else (0.0 if k == 1 else 0.7)
     try:
-        cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
+        cfg = load_for(config, AgentRunConfig) if config else AgentRunConfig()
         if max_turns is not None:
             cfg.agent.max_turns = max_turns
         s = load_suite(suite)

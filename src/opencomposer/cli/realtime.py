@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, sandbox_backend
-from opencomposer.config import ConfigError, load_config
+from opencomposer.cli.configs import load_for
+from opencomposer.config import ConfigError
 
 realtime_app = typer.Typer(no_args_is_help=False, help="The real-time loop: serve logs -> rewards -> train -> gate -> hot-swap.")
 
@@ -40,7 +41,7 @@ def realtime(
     try:
         if config is None:
             raise ConfigError("realtime: give --config FILE (e.g. configs/realtime/realtime.toml), or a subcommand: report, users")
-        cfg = load_config(config, RealtimeConfig)
+        cfg = load_for(config, RealtimeConfig)
         cfg.gate.backend = sandbox_backend(None, None, config, "gate.backend", cfg.gate.backend)  # candidates' episodes
         every_s = parse_duration(every or cfg.run.every, "--every")
         loop = RealtimeLoop(cfg, log=lambda m: err.print(m, highlight=False, markup=False))

@@ -12,7 +12,8 @@ import typer
 from rich.table import Table
 
 from opencomposer.cli.common import SANDBOX_HELP, app, emit, err, fail, known_errors, policy_options, sandbox_backend
-from opencomposer.config import AgentRunConfig, ConfigError, load_config, validate
+from opencomposer.cli.configs import load_for
+from opencomposer.config import AgentRunConfig, ConfigError, validate
 
 
 @app.command()
@@ -38,7 +39,7 @@ def agent(
     from opencomposer.tasks.format import Task
 
     try:
-        cfg = load_config(config, AgentRunConfig) if config else AgentRunConfig()
+        cfg = load_for(config, AgentRunConfig) if config else AgentRunConfig()
         task = Task.load(task_dir)
         sandbox = sandbox_backend(sandbox, "--sandbox", config, "sandbox.backend", cfg.sandbox.backend)
         pol = make_policy(policy, **policy_options(policy, task, model, base_url, api_key, max_new_tokens, temperature))
@@ -76,7 +77,7 @@ def train(
     from opencomposer.rl.sampler import PoolExhausted
 
     try:
-        cfg = load_config(config, RLRunConfig)
+        cfg = load_for(config, RLRunConfig)
         if steps is not None:
             cfg.run.steps = steps
         if out_dir is not None:
@@ -190,7 +191,7 @@ def pretrain(
     from opencomposer.train.pretrain import run_pretrain_config
 
     try:
-        cfg = load_config(config, PretrainRunConfig) if config else PretrainRunConfig()
+        cfg = load_for(config, PretrainRunConfig) if config else PretrainRunConfig()
         given = {"data": data, "model": model, "out_dir": str(out_dir) if out_dir else None, "steps": steps,
                  "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
                  "eval_every": eval_every, "save_every": save_every, "eval_data": eval_data}

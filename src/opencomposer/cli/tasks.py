@@ -17,7 +17,8 @@ from rich.progress import (
 from rich.table import Table
 
 from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, out, sandbox_backend
-from opencomposer.config import ConfigError, load_config
+from opencomposer.cli.configs import load_for
+from opencomposer.config import ConfigError
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Make, check and list coding tasks.")
 
@@ -73,7 +74,7 @@ def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Option
     from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 
     try:
-        cfg = load_config(config, FactoryConfig)
+        cfg = load_for(config, FactoryConfig)
         cfg.factory.backend = sandbox_backend(sandbox, "--sandbox", config, "factory.backend", cfg.factory.backend)
         agent = None
         if cfg.install_agent is not None:  # an agent installs what the discovered recipe cannot

@@ -36,6 +36,7 @@ from opencomposer.paths import atomic_write_text
 from opencomposer.policies import make_policy
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.episode.run import run_task
+from opencomposer.harness.prompt import agent_tools
 from opencomposer.pipeline.report import write_report
 from opencomposer.rl.run import RLRun, refuse_unsharded_engine
 from opencomposer.train.samples import sft_samples
@@ -99,7 +100,7 @@ def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distr
         f"{', '.join(p.data)} ...")
     try:
         res = run_pretrain_config(p.run_config(cfg.model.name, str(stage)), device=cfg.model.device,
-                                  progress=dist.main and sys.stderr.isatty())
+                                  progress=bool(distributed.main_does(dist, sys.stderr.isatty)))
     except (CheckpointError, ValueError, FileNotFoundError) as e:  # settings the data or the model refuse
         raise ConfigError(f"[pretrain] stage: {e}") from None
     for name, before in res["before"].items():
@@ -117,8 +118,8 @@ def pretrain_summary(res: dict) -> dict:
 
 
 def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str], None]) -> dict:
-    tr = run.trainer
-    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, run.tools)]
+    tr = run.learner.trainer
+    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, agent_tools())]  # every rank renders them
     if not samples:
         raise RuntimeError(
             f"SFT: none of the oracle traces solved its task within agent.max_turns="
@@ -147,16 +148,14 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     out.mkdir(parents=True, exist_ok=True)
     backend = cfg.rollout.backend
     dist = distributed.init_from_env(cfg.model.device)  # a plain process unless started by torchrun
-    if not dist.main:
-        log = _quiet
+    log = distributed.main_only(dist, lambda: log)  # rank 0 speaks for the run; the others' log does nothing
     refuse_unsharded_engine(cfg, dist)  # what RLRun refuses, refused before any stage runs
     if cfg.pretrain.enabled:
         cfg.pretrain.check_paths()  # before the tasks are made: a typo should not wait for them
-    split = None
-    if dist.main:  # tasks are made and split once; the other ranks only train
-        tasks = ensure_tasks(cfg.tasks, backend, log)
-        split = split_tasks(tasks, cfg.tasks.heldout, cfg.tasks.seed, out)
-    train, held = distributed.broadcast(split, dist)
+    # tasks are made and split once, on rank 0; the other ranks only train
+    train, held = distributed.on_main(dist, lambda: split_tasks(ensure_tasks(cfg.tasks, backend, log),
+                                                                cfg.tasks.heldout, cfg.tasks.seed, out),
+                                      "rank 0 could not make or split the tasks")
     log(f"{len(train)} training tasks, {len(held)} held out; model {cfg.model.name}"
         + (f"; trainer sharded over {dist.world} ranks" if dist.enabled else ""))
     cpt = continued_pretraining(cfg, out, resume, dist, log)
@@ -168,10 +167,10 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
     held_tasks = [Task.load(p) for p in held]
 
-    def measure(name: str) -> None:
-        if dist.main and held_tasks and name in cfg.eval.stages and name not in evals:
+    def measure(name: str) -> None:  # on rank 0 (the actor's side)
+        if held_tasks and name in cfg.eval.stages and name not in evals:
             log(f"evaluating held-out pass@1 ({name}) ...")
-            with run.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
+            with run.actor.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
                 evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
                                        save_dir=out / "evals" / name)
             log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
@@ -180,30 +179,31 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     if run.start_step == 0:
         if cfg.sft.enabled and not (resume and sft_path.exists()):
             log("SFT warm start on oracle traces" + (f", from {start_model}" if cpt else "") + " ...")
-            trajs = oracle_traces(train[: cfg.sft.max_traces], backend, out / "traces", cfg) if dist.main else None
-            sft = sft_warm_start(run, distributed.broadcast(trajs, dist), cfg, log)
-            export_model(out / "sft_model", run.trainer)
+            trajs = distributed.on_main(dist, lambda: oracle_traces(train[: cfg.sft.max_traces], backend,
+                                                                    out / "traces", cfg),
+                                        "rank 0 could not make the oracle traces")
+            sft = sft_warm_start(run, trajs, cfg, log)
+            export_model(out / "sft_model", run.learner.trainer)
             # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
             # RL checkpoint resumes from them instead of from the base model
-            save_checkpoint(run.ckpt_dir, run.trainer, {"sampler": run.sampler.state()}, 0,
+            save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, {"sampler": run.actor.sampler.state()}, 0,
                             keep=cfg.run.keep_checkpoints)
             run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
-            if dist.main:
-                _write_json(sft_path, sft)
-            measure("sft")
+            distributed.main_does(dist, lambda: (_write_json(sft_path, sft), measure("sft")))
     log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
     rows = run.run()
-    if not dist.main:
-        return {"out": str(out), "rank": dist.rank, "steps": cfg.run.steps - run.start_step}
-    run.policy.close()
-    measure("rl")
-    measure("base")
-    report = write_report(out)
-    return {"out": str(out), "report": str(report), "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
-            "steps": len(rows), "last_step": rows[-1] if rows else None,
-            "checkpoint": str(run.latest_checkpoint() or ""),
-            **({"start_model": start_model, "pretrain": pretrain_summary(cpt)} if cpt else {})}
 
+    def finish() -> dict:  # rank 0: the last evaluations and the report
+        run.actor.policy.close()
+        measure("rl")
+        measure("base")
+        report = write_report(out)
+        return {"out": str(out), "report": str(report),
+                "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
+                "steps": len(rows), "last_step": rows[-1] if rows else None,
+                "checkpoint": str(run.learner.latest_checkpoint() or ""),
+                **({"start_model": start_model, "pretrain": pretrain_summary(cpt)} if cpt else {})}
 
-def _quiet(_: str) -> None:
-    """The log of ranks other than 0: rank 0 speaks for the run."""
+    # the other ranks only trained: their result says so
+    return distributed.main_does(dist, finish) or {"out": str(out), "rank": dist.rank,
+                                                   "steps": cfg.run.steps - run.start_step}

@@ -26,6 +26,7 @@ from opencomposer.config import (
     LossSection,
     MaxBatch,
     ModelSection,
+    RunSection,
     SamplingSection,
     Strict,
     Temperature,
@@ -105,11 +106,12 @@ class GateSection(SamplingSection):
                                                                     "transformers generate")
 
 
-class RunSection(Strict):
+class CycleRunSection(RunSection):
+    """``[run]`` of ``opencomposer realtime``: ``RunSection``'s keys, and the cycle's schedule."""
+
     out_dir: str = "runs/realtime"
     every: str = Field("5h", description="time between cycles for --every's default")
     keep_candidates: int = Field(3, ge=1)
-    seed: int = 0
 
 
 class RealtimeConfig(Strict):
@@ -122,7 +124,7 @@ class RealtimeConfig(Strict):
     loss: LossSection = LossSection()
     gate: GateSection
     agent: AgentConfig = AgentConfig()
-    run: RunSection = RunSection()
+    run: CycleRunSection = CycleRunSection()
 
     @model_validator(mode="after")
     def _no_reference(self) -> RealtimeConfig:

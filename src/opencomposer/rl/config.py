@@ -17,6 +17,7 @@ from opencomposer.config import (
     ConfigError,
     LossSection,
     ModelSection,
+    RunSection,
     SamplingSection,
     Strict,
     Temperature,
@@ -179,12 +180,13 @@ class SyncSection(Strict):
                               "memory, 2 bytes a parameter off the trainer's GPU)")
 
 
-class RunSection(Strict):
+class TrainRunSection(RunSection):
+    """``[run]`` of ``opencomposer train``: ``RunSection``'s keys, and the length and checkpoints of the run."""
+
     out_dir: str = "runs/rl"
     steps: int = Field(3, ge=1)
     save_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
-    seed: int = 0
 
 
 class RLRunConfig(Strict):
@@ -199,7 +201,7 @@ class RLRunConfig(Strict):
     pretrain: PretrainStage = PretrainStage()
     sft: SFTSection = SFTSection()
     eval: EvalSection = EvalSection()
-    run: RunSection = RunSection()
+    run: TrainRunSection = TrainRunSection()
     sync: SyncSection | None = None
 
     @model_validator(mode="after")

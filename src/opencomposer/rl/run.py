@@ -35,14 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.config import ConfigError
-from opencomposer.harness.prompt import agent_tools
-from opencomposer.policies.batched import BatchedPolicy
 from opencomposer.rl.actor import Actor, sandbox_pool  # noqa: F401 (sandbox_pool: tests/unit/sandbox/test_pool.py)
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.learner import Learner
-from opencomposer.rl.metrics import MetricsLog
 from opencomposer.train import distributed
-from opencomposer.train.trainer import Trainer
 
 
 def refuse_unsharded_engine(cfg: RLRunConfig, dist: distributed.Dist) -> None:
@@ -75,7 +71,7 @@ class RLRun:
         self.start_step, state = self.learner.resume() if self.resume else (0, {})
         weights = self.learner.weights()  # sharded: a collective, so outside main_only
         self.actor = distributed.main_only(self.dist, lambda: Actor(
-            self.cfg, self.train_tasks, self.out, self.trainer.tokenizer, weights, device, self.start_model,
+            self.cfg, self.train_tasks, self.out, self.learner.trainer.tokenizer, weights, device, self.start_model,
             self.on_step, self.start_step, state))
 
     def step(self, step: int) -> dict[str, Any] | None:
@@ -98,47 +94,15 @@ class RLRun:
             self.close()
         return self.actor.logged() or []
 
-    # ------------------------------------------------------------------ for the pipeline (pipeline/run.py) and benchmarks
-
-    @property
-    def trainer(self) -> Trainer:
-        return self.learner.trainer
-
-    @property
-    def ckpt_dir(self) -> Path:
-        return self.learner.ckpt_dir
-
-    @property
-    def sampler(self):
-        return self.actor.sampler
-
-    @property
-    def policy(self) -> BatchedPolicy:
-        return self.actor.policy
-
-    @property
-    def log(self) -> MetricsLog:
-        """The metrics log (``benchmarks/ablation_behaviour.py`` reads its rows)."""
-        return self.actor.metrics
-
-    @property
-    def tools(self) -> list[dict]:
-        """The tool schemas the prompts show (SFT samples are rendered with them, on every rank)."""
-        return agent_tools()
+    # ------------------------------------------------------------------ for the pipeline (pipeline/run.py)
 
     def refresh_weights(self) -> None:
         """The learner's weights to the actor after the trainer moved outside ``step`` (SFT).
         Sharded: a collective, every rank calls it."""
         self.actor.take(self.learner.weights())
 
-    def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
-        return self.actor.make_policy(temperature, base_model=base_model)
-
     def reference(self):
         return self.learner.reference()
 
     def close(self) -> None:
         self.actor.close()
-
-    def latest_checkpoint(self) -> Path | None:
-        return self.learner.latest_checkpoint()

@@ -72,13 +72,18 @@ def kill_marked(sandbox_id: str) -> int:
         pids = _marked_pids(marker)
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(pids, killed)
     return len(killed)
+
+
+def _sigkill(pids, killed: set[int]) -> None:
+    """SIGKILL each of ``pids``, adding those signalled to ``killed`` (gone or not ours: skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def state_dir() -> Path:
@@ -192,12 +197,7 @@ def kill_sandbox_processes(root: str | None, cgroups: list[str], seconds: float 
         pids.discard(os.getpid())
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(pids, killed)
         time.sleep(0.02)
     return len(killed)
 

@@ -61,8 +61,8 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
         raise CheckpointError(f"{root}: the state to save is not JSON-serialisable: {e}") from None
     final = root / step_dir_name(step)
     d = trainer.dist
-    if d.main:  # what a killed save left (rank 0 makes the temp dirs, so it alone judges them)
-        remove_stale_temps(root)
+    # what a killed save left (rank 0 makes the temp dirs, so it alone judges them)
+    distributed.main_does(d, lambda: remove_stale_temps(root))
     if trainer.cfg.checkpoint_format == "sharded":
         save_sharded(root, final, trainer, state_text, step, keep)
     elif d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
@@ -102,8 +102,7 @@ def resolve_checkpoint(dir: str | Path) -> Path:
 def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
     """Restore weights, optimizer, RNG states and version into ``trainer``; returns the saved state."""
     path = resolve_checkpoint(dir)
-    if trainer.dist.main:
-        remove_stale_temps(path.parent)
+    distributed.main_does(trainer.dist, lambda: remove_stale_temps(path.parent))
     meta = read_meta(path)
     if bool(meta.get("lora")) != trainer.cfg.lora:
         kinds = {True: "LoRA", False: "full fine-tuning"}

@@ -242,7 +242,7 @@ def on_main(d: Dist, fn: Callable[[], Any], what: str, error: type[Exception] = 
 class Absent:
     """What a rank other than 0 holds in place of an object that lives on rank 0 alone
     (``main_only``): any attribute of it is itself and any call returns None, so a line
-    written for rank 0 (``actor.publish(weights)``, ``run.sampler.state()``) does nothing
+    written for rank 0 (``actor.publish(weights)``, ``run.actor.sampler.state()``) does nothing
     on the others. Its methods are never run: pass them to ``on_main`` to share a result."""
 
     def __getattr__(self, name: str) -> Any:
@@ -255,6 +255,12 @@ class Absent:
 
     def __repr__(self) -> str:
         return "Absent()"
+
+
+def main_does(d: Dist, fn: Callable[[], T]) -> T | None:
+    """``fn()`` on rank 0 (or in a plain process) alone, no collective; None on the other ranks.
+    For what rank 0 does for the whole run: files, evaluations, the report, the console."""
+    return fn() if d.main else None
 
 
 def main_only(d: Dist, make: Callable[[], T]) -> T:

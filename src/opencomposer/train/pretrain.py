@@ -51,6 +51,7 @@ from opencomposer.train.checkpoint_files import CheckpointError
 from opencomposer.train.export import export_model
 from opencomposer.train.config import PretrainRunConfig, TrainConfig
 from opencomposer.train.corpus import Mix, PackedSource, cut, pack, pack_corpus, parse_source, read_documents
+from opencomposer.train import distributed
 from opencomposer.train.distributed import init_from_env, rank_device
 from opencomposer.train.sft import progress_bar
 from opencomposer.train.trainer import Trainer
@@ -214,8 +215,8 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
         "before": evals[0], "after": evals[-1], "evals": evals,
         "model_dir": str(out / "model"), "checkpoint": str(out / "checkpoints"), "world_size": dist.world,
     }
-    if dist.main:
-        atomic_write_text(out / "result.json", json.dumps({**result, "history": history}, indent=1))
+    distributed.main_does(dist, lambda: atomic_write_text(out / "result.json",
+                                                          json.dumps({**result, "history": history}, indent=1)))
     return result
 
 

@@ -7,11 +7,8 @@ Run: ``pytest tests/unit/policies/test_make_policy.py``.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ import pytest
 from opencomposer.config import ConfigError
 from opencomposer.policies import POLICIES, make_policy
 from opencomposer.protocols import Message, Policy, PolicyOutput, ToolCall
+from testkit.openai_stub import FakeServer, completion
 
 ASK = [Message("system", "You are a coding agent."), Message("user", "List the files, then read setup.py")]
 
@@ -54,48 +52,19 @@ def test_scripted_plays_its_turns_then_stops():
         policy.act(ASK, [])
 
 
-class ChatServer:
-    """Answers every POST .../chat/completions with one text reply; keeps the request bodies."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                data = json.dumps({
-                    "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-
 def test_openai_spec_names_the_model_and_options_reach_the_request():
     pytest.importorskip("openai")
-    server = ChatServer()
+    server = FakeServer()
+    server.replies.append((200, completion("hello", finish="stop", usage=(9, 1))))
     try:
         policy = make_policy("openai:served-model", base_url=server.url, api_key="sk-test", temperature=0.3,
                              max_tokens=5, max_retries=0, extra_body={"user": "s1"})
         out = policy.act(ASK, [])
     finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
+        server.close()
     assert policy.name == "openai:served-model"
     assert out.text == "hello" and out.prompt_tokens == 9 and out.completion_tokens == 1
-    [body] = server.bodies
+    [body] = [r["body"] for r in server.requests]
     assert body["model"] == "served-model" and body["temperature"] == 0.3 and body["max_tokens"] == 5
     assert body["user"] == "s1" and body["messages"][1]["content"] == ASK[1].content
 
