@@ -38,7 +38,7 @@ from opencomposer.episode.run import Rollout, collect_rollouts, shape_rollouts
 from opencomposer.harness.prompt import agent_tools
 from opencomposer.models.registry import load_model
 from opencomposer.policies.batched import BatchedPolicy
-from opencomposer.policies.model import ModelPolicy
+from opencomposer.policies import make_policy
 from opencomposer.rl.advantages import advantages_for_groups
 from opencomposer.rl.async_rollouts import RolloutsAhead
 from opencomposer.rl.config import RLRunConfig, RolloutSection
@@ -108,14 +108,17 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
     an ``opencomposer serve`` that follows the weight store (``publish`` feeds it first).
     """
     r, m = cfg.rollout, cfg.model
+    sampling = dict(temperature=temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=cfg.run.seed,
+                    batch=r.max_batch)
     if r.engine == "server" and not base_model:  # the base model is measured locally (the server trains on)
-        from opencomposer.policies.server import ServerPolicy
-
-        base = ServerPolicy(r.base_url, tokenizer, temperature=temperature, top_p=r.top_p,
-                            max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)
-        publish()  # the server samples the trainer's weights, not its own
-        base.wait_for_version(weights.version, r.sync_timeout_s)
-        return BatchedPolicy(base, max_batch=r.max_batch)
+        policy = make_policy("server", base_url=r.base_url, tokenizer=tokenizer, **sampling)
+        try:
+            publish()  # the server samples the trainer's weights, not its own
+            policy.policy.wait_for_version(weights.version, r.sync_timeout_s)
+        except BaseException:
+            policy.close()
+            raise
+        return policy
     if base_model or weights.model is None:
         model, tok = load_model(m.name if base_model else start_model, device=device)
         if not base_model:  # the engine's own copy, of the weights gathered from the shards
@@ -125,17 +128,11 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
     version = 0 if base_model else weights.version
     if r.engine == "builtin":
         from opencomposer.inference.engine.core import Engine
-        from opencomposer.policies.engine import EnginePolicy
 
         engine = Engine(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version,
                         max_model_len=min(int(model.config.max_position_embeddings), 8192))
-        base = EnginePolicy(engine, temperature=temperature, top_p=r.top_p,
-                            max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)
-    else:
-        base = ModelPolicy((model, tok), temperature=temperature, top_p=r.top_p,
-                           max_new_tokens=r.max_new_tokens, seed=cfg.run.seed, policy_version=version)
-    return BatchedPolicy(base, max_batch=r.max_batch)
-
+        return make_policy("engine", engine=engine, **sampling)
+    return make_policy("model", model=(model, tok), policy_version=version, **sampling)
 
 class Actor:
     """The rollout side of an RL run; see the module docstring. ``state`` is what a resumed
