@@ -17,7 +17,7 @@ property holds (prompt k+1 starts with sequence-so-far + completion k, token for
 where it breaks (re-tokenised text, a cut-off turn) a new sequence starts, so no token is
 ever trained on in a context the model did not see.
 
-Test: ``pytest tests/unit/rl/test_samples.py``.
+Test: ``pytest tests/unit/train/test_samples.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Fixtures for the trainer tests: a fresh tiny-random model per test (training mutates it)."""
+"""Fixtures for the trainer tests: a fresh tiny-random model per test (training mutates it), and a
+local sandbox over a one-file repo with a bug (the token-sample and MoE-route tests run episodes in it)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,12 @@ def transcripts(tmp_path: Path) -> list[Path]:
             assert traj.exit_reason == "submitted"
             paths.append(traj.save(tmp_path / "transcripts" / f"t{i}.json"))
     return paths
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path):
+    """A local sandbox over a one-file repository with a bug (``calc/core.py``'s add subtracts)."""
+    (tmp_path / "repo" / "calc").mkdir(parents=True)
+    (tmp_path / "repo" / "calc" / "core.py").write_text("def add(a, b):\n    return a - b\n")
+    with make_sandbox(SandboxSpec(base_dir=tmp_path / "repo", env_dir=Path(sys.prefix)), "local") as sb:
+        yield sb
