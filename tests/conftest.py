@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-# shared fixtures (tests/testkit/): a real repo in a local sandbox + agent settings; the tiny-random
-# model and a small conversation. A folder's own conftest.py may override a name for its tests.
-pytest_plugins = ["testkit.agent_repo", "testkit.tiny_chat"]
+# shared fixtures (tests/testkit/): a real repo in a local sandbox + agent settings; a tiny base repo
+# for sandbox tests; the tiny-random model and a small conversation. A folder's own conftest.py may override a name for its tests.
+pytest_plugins = ["testkit.agent_repo", "testkit.base_repo", "testkit.tiny_chat"]
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "distributed", "adversarial", "bench", "gpu")

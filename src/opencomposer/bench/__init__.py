@@ -9,5 +9,5 @@
 ``fsdp.py`` and ``checkpoint.py`` are the sharded trainer's throughput and checkpoint cost (GPU).
 Benchmarks sit in the top layer with ``cli``: they may import any package, and none below imports them.
 
-Test: ``pytest tests/unit/inference/test_engine_bench.py tests/unit/sandbox/test_sandbox_bench.py -q``.
+Test: ``pytest tests/bench/test_engine_bench.py tests/bench/test_sandbox_bench.py -q``.
 """

@@ -1,4 +1,4 @@
-"""Fixtures for sandbox tests: a tiny base repo, a tiny venv, and one sandbox per backend.
+"""Fixtures for sandbox tests: a tiny venv and one sandbox per backend (over ``base_repo``, tests/testkit).
 
 Namespace cases carry ``@pytest.mark.namespace`` and skip (saying why) where bwrap
 cannot build namespaces. Run: ``pytest tests/unit/sandbox -q``.
@@ -13,21 +13,9 @@ from pathlib import Path
 import pytest
 
 from opencomposer.sandbox import SandboxSpec, make_sandbox
-from sandbox_testutil import NEEDS_NS
+from testkit.sandbox_testutil import NEEDS_NS
 
 BACKENDS = ["local", pytest.param("namespace", marks=NEEDS_NS)]
-
-
-@pytest.fixture
-def base_repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
-    (root / "data").mkdir()
-    (root / "README.md").write_text("# demo\n")
-    (root / "pkg" / "__init__.py").write_text("")
-    (root / "pkg" / "mod.py").write_text("def add(a, b):\n    return a + b\n")
-    (root / "data" / "keep.txt").write_text("keep\n")
-    return root
 
 
 @pytest.fixture(scope="session")

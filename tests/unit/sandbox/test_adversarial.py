@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_testutil import NEEDS_NS, ppid, wait_gone
+from testkit.sandbox_testutil import NEEDS_NS, ppid, wait_gone
 from opencomposer.config import AgentConfig
 from opencomposer.protocols import SandboxLimits, SandboxSpec, ToolCall
 from opencomposer.sandbox import make_sandbox

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_testutil import NEEDS_NS, host_pids, wait_gone
+from testkit.sandbox_testutil import NEEDS_NS, host_pids, wait_gone
 from opencomposer.sandbox import cleanup
 
 pytestmark = NEEDS_NS

@@ -12,7 +12,7 @@ import pytest
 from opencomposer.protocols import PathEscape, Sandbox, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.sandbox.gvisor import GVisorSandbox, unavailable_reason
-from sandbox_testutil import wait_gone
+from testkit.sandbox_testutil import wait_gone
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"gvisor: {REASON}")

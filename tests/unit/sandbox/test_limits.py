@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from sandbox_testutil import NEEDS_NS
+from testkit.sandbox_testutil import NEEDS_NS
 from opencomposer.protocols import SandboxLimits, SandboxSpec
 from opencomposer.sandbox import limits as limits_mod
 from opencomposer.sandbox.limits import Limiter, cgroup_host, tree_bytes

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox_testutil import host_pids, wait_gone, wait_present
+from testkit.sandbox_testutil import host_pids, wait_gone, wait_present
 
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import cleanup

@@ -15,7 +15,7 @@ import pytest
 
 from opencomposer.sandbox import SandboxSpec
 from opencomposer.sandbox.pool import PoolClosed, SandboxPool, spec_key
-from sandbox_testutil import NEEDS_NS, NS_REASON
+from testkit.sandbox_testutil import NEEDS_NS, NS_REASON
 
 
 def _roots(root: Path) -> list[str]:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from sandbox_testutil import NS_REASON
+from testkit.sandbox_testutil import NS_REASON
 
 from opencomposer.sandbox import (
     SandboxSpec,

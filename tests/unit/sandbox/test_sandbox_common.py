@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_testutil import tree_digest, wait_gone, wait_present
+from testkit.sandbox_testutil import tree_digest, wait_gone, wait_present
 from opencomposer.protocols import PathEscape, Sandbox, SandboxSpec
 from opencomposer.sandbox import make_sandbox
 

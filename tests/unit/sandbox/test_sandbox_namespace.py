@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from sandbox_testutil import NEEDS_NS
+from testkit.sandbox_testutil import NEEDS_NS
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import SandboxUnavailable, make_sandbox
 from opencomposer.sandbox.namespace import NamespaceSandbox

@@ -1,6 +1,6 @@
 """``opencomposer bench sandbox`` at toy size: real sandboxes, a tiny repo, a few rounds.
 
-Run: ``pytest tests/unit/sandbox/test_sandbox_bench.py -q``.
+Run: ``pytest tests/bench/test_sandbox_bench.py -q``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 from typer.testing import CliRunner
 
-from sandbox_testutil import NS_REASON
+from testkit.sandbox_testutil import NS_REASON
 from opencomposer.cli import app
 from opencomposer.bench.sandbox import EXECS, GOALS, STEPS, percentile, run_bench
 
