@@ -22,6 +22,7 @@ from pathlib import Path
 
 from opencomposer.paths import staged_dir
 from opencomposer.tasks import deletion, instructions, leakage
+from opencomposer.tasks.sources.assemble import SOLVE_SH
 from opencomposer.tasks.format import (
     EnvironmentInfo,
     FeatureInfo,
@@ -67,7 +68,7 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
         leakage.fresh_git(ws)
         (tmp / "solution").mkdir()
         (tmp / "solution" / "gold.patch").write_text(d.patch)
-        (tmp / "solution" / "solve.sh").write_text("#!/bin/sh\n# run from the workspace root\nexec patch -p1 < \"$(dirname \"$0\")/gold.patch\"\n")
+        (tmp / "solution" / "solve.sh").write_text(SOLVE_SH)
         (tmp / "tests" / "test.sh").write_text(
             "#!/bin/sh\n# copy tests/files over the workspace first; run from the workspace root\n"
             f"exec {DEFAULT_COMMAND} {' '.join(shlex.quote(t) for t in targets)}\n")
