@@ -3,16 +3,16 @@ logging, A/B routing by session, feedback validation, weight hot-swap and its au
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import pytest
+from testkit.live_server import serve_in_thread
 import torch
 
 from opencomposer.inference.server.auth import SIGNED_HEADER
 from opencomposer.inference.server.front import arm_for, build_front
-from opencomposer.inference.server.app import ServeConfig, uvicorn_server
+from opencomposer.inference.server.app import ServeConfig
 from opencomposer.inference.server.session_log import read_window
 from opencomposer.realtime.deploy import ServerClient, ServerRefused, ServerUnreachable
 
@@ -22,14 +22,7 @@ MSG = [{"role": "user", "content": "Fix the bug in utils.py"}]
 class Running:
     def __init__(self, cfg: ServeConfig):
         self.front = build_front(cfg)
-        self.uv = uvicorn_server(self.front, "127.0.0.1", 0)
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.uv.started:
-            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        self.base = f"http://127.0.0.1:{self.uv.servers[0].sockets[0].getsockname()[1]}"
+        self.uv, self.thread, self.base = serve_in_thread(self.front)
 
     def chat(self, session: str | None = None, header: bool = False, **kw) -> dict:
         body = {"model": "tiny-random", "messages": MSG, "max_tokens": 6, "temperature": 0.0, "logprobs": True, **kw}

@@ -9,15 +9,15 @@ process on a free port.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import openai
 import pytest
+from testkit.live_server import serve_in_thread
 import torch
 
-from opencomposer.inference.server.app import ServeConfig, build_server, uvicorn_server
+from opencomposer.inference.server.app import ServeConfig, build_server
 
 MODEL = "tiny-tool"
 READ_FILE = {"type": "function", "function": {
@@ -62,15 +62,7 @@ def train_tool_caller(out_dir) -> None:
 class Running:
     def __init__(self, cfg: ServeConfig):
         self.server = build_server(cfg)
-        self.uv = uvicorn_server(self.server, "127.0.0.1", 0)
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.uv.started:
-            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        port = self.uv.servers[0].sockets[0].getsockname()[1]
-        self.base = f"http://127.0.0.1:{port}"
+        self.uv, self.thread, self.base = serve_in_thread(self.server)
         self.url = self.base + "/v1"
 
     def metrics(self) -> dict:
