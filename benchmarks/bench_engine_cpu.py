@@ -17,7 +17,8 @@ import argparse
 
 import torch
 
-from opencomposer.bench.engine import emit, run
+from opencomposer.bench.engine import run
+from opencomposer.bench.toolkit import emit
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from opencomposer.bench.engine import emit
+from opencomposer.bench.toolkit import emit
 from opencomposer.inference.engine.core import Engine, SamplingParams
 
 

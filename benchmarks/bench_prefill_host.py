@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from opencomposer.bench.engine import time_ms
+from opencomposer.bench.toolkit import time_ms
 from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.inference.engine.prefill_layout import PrefillLayout
 from opencomposer.inference.engine.sampler import plain_inputs

@@ -16,7 +16,7 @@ import json
 import torch
 
 from opencomposer.inference.engine import batch1_plan
-from opencomposer.bench.engine import bandwidth
+from opencomposer.bench.toolkit import bandwidth
 from opencomposer.inference.engine.sampler import sample_plain
 from opencomposer.inference.kernels.sample import sample_plain_fused
 

@@ -17,7 +17,8 @@ import argparse
 
 import torch
 
-from opencomposer.bench.engine import emit, projection_ms, random_model
+from opencomposer.bench.engine import projection_ms
+from opencomposer.bench.toolkit import emit, random_model
 from opencomposer.inference.models.transformer import from_hf_model
 
 

@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from opencomposer.inference.models.attention import _decode, _decode_mirrored, decode_mask
-from opencomposer.bench.engine import emit, random_model, time_ms
+from opencomposer.bench.toolkit import emit, random_model, time_ms
 from opencomposer.inference.engine.decode_mirror import DecodeMirror
-from opencomposer.inference.models.transformer import DecoderConfig
+from opencomposer.inference.models.decoder_config import DecoderConfig
 
 CPU = torch.device("cpu")
 

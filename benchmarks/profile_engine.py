@@ -27,15 +27,8 @@ import torch
 import triton
 
 from opencomposer.inference.engine.batch1_plan import graph_ms
-from opencomposer.bench.engine import (
-    agent_rollout,
-    bandwidth,
-    emit,
-    engine_decode,
-    prefill_alone,
-    random_model,
-    roofline,
-)
+from opencomposer.bench.engine import agent_rollout, engine_decode, prefill_alone, roofline
+from opencomposer.bench.toolkit import bandwidth, emit, random_model
 from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
@@ -102,7 +95,7 @@ def sdpa_reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, nseq: in
 def _case(shape: str, q_len: int, ctx: int, nseq: int):
     """Random bf16 inputs of ``paged_prefill`` for ``nseq`` sequences of ``q_len`` new tokens on
     ``ctx``-token contexts of a model shape: (q, k cache, v cache, block tables, GQA group)."""
-    from opencomposer.bench.engine import SHAPES
+    from opencomposer.bench.toolkit import SHAPES
 
     c = SHAPES[shape]
     h, kvh = c["num_attention_heads"], c["num_key_value_heads"]

@@ -20,7 +20,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_engine import kernel_table
 
-from opencomposer.bench.engine import bandwidth, emit, engine_decode, roofline
+from opencomposer.bench.engine import engine_decode, roofline
+from opencomposer.bench.toolkit import bandwidth, emit
 from opencomposer.bench.moe import (
     experts_hit,
     moe_config,

@@ -17,7 +17,7 @@ from collections import defaultdict
 import torch
 
 from opencomposer.inference.engine.batch1_plan import replay_ms
-from opencomposer.bench.engine import random_model
+from opencomposer.bench.toolkit import random_model
 from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.train.mtp import head_for
 

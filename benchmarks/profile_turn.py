@@ -33,13 +33,8 @@ from collections import defaultdict
 import torch
 
 from opencomposer.inference.engine.batch1_plan import graph_ms
-from opencomposer.bench.engine import (
-    bandwidth,
-    emit,
-    prefill_alone,
-    projection_ms,
-    random_model,
-)
+from opencomposer.bench.engine import prefill_alone, projection_ms
+from opencomposer.bench.toolkit import bandwidth, emit, random_model
 from opencomposer.inference.engine.core import Engine, SamplingParams
 
 GEMM_MARKS = ("gemm", "sm90", "cutlass", "nvjet", "cublas", "splitk")

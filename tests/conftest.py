@@ -20,8 +20,11 @@ from pathlib import Path
 import pytest
 
 # shared fixtures (tests/testkit/): a real repo in a local sandbox + agent settings; a tiny base repo
-# for sandbox tests; the tiny-random model and a small conversation. A folder's own conftest.py may override a name for its tests.
-pytest_plugins = ["testkit.agent_repo", "testkit.base_repo", "testkit.tiny_chat"]
+# for sandbox tests; the tiny-random model and a small conversation; the trainer tests' transcripts
+# (unit and distributed); real toolz tasks for RL runs (integration and distributed). A folder's own
+# conftest.py may override a name for its tests.
+pytest_plugins = ["testkit.agent_repo", "testkit.base_repo", "testkit.tiny_chat", "testkit.train_data",
+                  "testkit.rl_tasks"]
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "distributed", "adversarial", "bench", "gpu")

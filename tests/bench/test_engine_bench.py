@@ -41,7 +41,7 @@ def test_bench_engine_tiny_cpu():
 
 def test_bench_engine_defaults_to_the_tiny_shape_in_fp32_without_a_gpu():
     from opencomposer.cli.bench import engine_defaults
-    from opencomposer.bench.engine import SHAPES
+    from opencomposer.bench.toolkit import SHAPES
 
     assert engine_defaults("cpu", None, None) == ("tiny", "1,8", "float32")
     assert engine_defaults("cuda", None, None) == ("qwen2.5-0.5b,qwen2.5-1.5b", "1,64,256", "bfloat16")
@@ -68,7 +68,7 @@ def test_bench_engine_names_a_bad_shape_dtype_or_batch_list():
 def test_the_embedded_models_shape_is_a_llama_of_its_size():
     import torch
 
-    from opencomposer.bench.engine import random_model
+    from opencomposer.bench.toolkit import random_model
 
     m = random_model("smollm2-135m", "cpu", torch.float32)
     assert type(m).__name__ == "LlamaForCausalLM"

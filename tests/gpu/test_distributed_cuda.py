@@ -1,19 +1,15 @@
 """The FSDP2 trainer over NCCL on 2 GPUs against one GPU: the same update in fp32, the same
 losses in bf16 (all-gathers in bf16, fp32 reduction), and a checkpoint gathered from CUDA
-shards that resumes in one process. The CPU twin (gloo) is tests/unit/train/test_distributed.py.
+shards that resumes in one process. The CPU twin (gloo) is tests/distributed/test_distributed.py;
+both run tests/testkit/dist_worker.py.
 
 Run on a host with 2+ GPUs: ``python3 -m pytest -q tests/gpu/test_distributed_cuda.py``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))  # the CPU twin's package: train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
@@ -40,14 +36,14 @@ def data():
 def one_gpu(data: dict):
     from opencomposer.train import TrainConfig, Trainer
     from opencomposer.train.distributed import SINGLE
-    from train.dist_worker import steps, test_model
+    from testkit.dist_worker import steps, test_model
 
     trainer = Trainer(*test_model("cuda"), TrainConfig(**data["cfg"]), dist=SINGLE)
     return trainer, steps(trainer, data)
 
 
 def test_two_gpus_make_the_one_gpu_update_in_fp32_and_bf16(data, tmp_path, monkeypatch):
-    from train.test_distributed import assert_same, torchrun
+    from testkit.dist_worker import assert_same, torchrun
 
     monkeypatch.setenv("OC_TEST_MODEL", "random")
     got = torchrun("steps", data, tmp_path, device="cuda", model="random")
@@ -69,8 +65,7 @@ def test_two_gpus_make_the_one_gpu_update_in_fp32_and_bf16(data, tmp_path, monke
 def test_a_checkpoint_of_two_gpus_resumes_on_one(data, tmp_path, monkeypatch):
     from opencomposer.train import TrainConfig, Trainer, load_checkpoint
     from opencomposer.train.distributed import SINGLE
-    from train.dist_worker import steps, test_model
-    from train.test_distributed import assert_same, torchrun
+    from testkit.dist_worker import assert_same, steps, test_model, torchrun
 
     monkeypatch.setenv("OC_TEST_MODEL", "random")
     got = torchrun("save", data, tmp_path, device="cuda", model="random")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opencomposer.bench.engine import random_model
+from opencomposer.bench.toolkit import random_model
 from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.sync import codec
 from opencomposer.sync.publisher import WeightPublisher

@@ -1,6 +1,6 @@
-"""Shared real fixtures: tasks made from a real PyPI library (toolz), once per session.
-
-Needs PyPI (sdist + pytest for the library's environment); everything else is local.
+"""Helpers of the integration tests: tiny sdists, the CLI in a subprocess, a server that follows
+a weight store. The toolz tasks (``toolz_tasks``) and ``write_cfg`` are shared with
+tests/distributed: tests/testkit/rl_tasks.py.
 """
 
 from __future__ import annotations
@@ -18,19 +18,8 @@ import pytest
 
 from opencomposer.sandbox.namespace import unavailable_reason
 
-TOOLZ = "pypi:toolz==1.2.0"
 NS_REASON = unavailable_reason()
 BACKENDS = ["local", pytest.param("namespace", marks=pytest.mark.skipif(bool(NS_REASON), reason=str(NS_REASON)))]
-
-
-@pytest.fixture(scope="session")
-def toolz_tasks(tmp_path_factory) -> Path:
-    from opencomposer.tasks.make import make_tasks
-
-    out = tmp_path_factory.mktemp("tasks")
-    rep = make_tasks(TOOLZ, out, max_tasks=4, seed=1, backend="local", levels=("body", "function"))
-    assert len(rep.made) == 4, rep
-    return out
 
 
 def make_sdist(tmp: Path, name: str, files: dict[str, str]) -> Path:

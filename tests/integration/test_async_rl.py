@@ -25,7 +25,7 @@ from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.train.checkpoint import load_checkpoint
 
 from conftest import following_server
-from test_rl_run import write_cfg
+from testkit.rl_tasks import write_cfg
 
 
 def async_run(tmp: Path, tasks: Path, out: Path, steps: int, resume: bool = False, on_step=None,

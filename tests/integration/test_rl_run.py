@@ -18,42 +18,7 @@ from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint
 from opencomposer.train.trainer import Trainer
 
 from conftest import following_server
-
-
-def write_cfg(tmp: Path, tasks: Path, out: Path, steps: int, kl: float, model: str = "tiny-random",
-              engine: str = "hf", sync: Path | None = None, base_url: str | None = None) -> Path:
-    text = f"""
-[model]
-name = "{model}"
-[tasks]
-dir = "{tasks}"
-heldout = 1
-[rollout]
-engine = "{engine}"
-{f'base_url = "{base_url}"' if base_url else ""}
-k = 2
-tasks_per_step = 1
-temperature = 1.0
-max_new_tokens = 12
-backend = "local"
-[agent]
-max_turns = 2
-max_tokens = 4000
-[loss]
-kl_coef = {kl}
-[train]
-lr = 1e-3
-[sft]
-enabled = false
-[run]
-out_dir = "{out}"
-steps = {steps}
-"""
-    if sync is not None:
-        text += f'[sync]\nstore = "{sync}"\ndtype = "float32"\n'
-    p = tmp / f"rl-{kl}.toml"
-    p.write_text(text)
-    return p
+from testkit.rl_tasks import write_cfg
 
 
 def _follower_matches(store: Path, trainer: Trainer, version: int, follower=None):

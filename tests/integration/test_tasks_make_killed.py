@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import TOOLZ
+from testkit.rl_tasks import TOOLZ
 
 from opencomposer.tasks.format import Task, find_tasks, task_dirs
 

@@ -25,7 +25,7 @@ def test_every_test_file_sits_in_a_tier_folder():
     assert len(files) > 100
     tiers = {tier_of(p) for p in files}
     assert tiers <= set(TIERS)
-    assert {"unit", "integration", "adversarial", "gpu"} <= tiers
+    assert {"unit", "integration", "distributed", "adversarial", "gpu"} <= tiers
 
 
 def test_a_file_outside_the_tiers_is_refused_naming_it():

@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> None:
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from opencomposer.bench.engine import SHAPES as BASE_SHAPES, random_model
+    from opencomposer.bench.toolkit import SHAPES as BASE_SHAPES, random_model
     from opencomposer.train.samples import Sample
     from opencomposer.train.checkpoint import load_checkpoint, save_checkpoint
     from opencomposer.train.config import TrainConfig

@@ -3,7 +3,7 @@
     opencomposer bench engine --shapes qwen2.5-0.5b,qwen2.5-1.5b --device cuda --dtype bfloat16
     PYTHONPATH=src python -m opencomposer.bench.engine --shapes tiny --device cpu   # quick check
 
-For each shape (a randomly initialised Qwen2 of the given size; configs inline below):
+For each shape (a randomly initialised Qwen2 of the given size; configs in ``toolkit.SHAPES``):
 
 * decode tokens/s at batch 1, 64 and 256 (prompts of ``prompt_len`` random tokens, timed
   over ``decode_steps`` engine steps after prefill), and the same for HF ``generate``
@@ -30,7 +30,6 @@ The last line printed is one JSON object with every figure.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from typing import Any
@@ -38,67 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from opencomposer.bench.toolkit import _figures, _prompts, _r4, _sync, bandwidth, emit, random_model, time_ms
 from opencomposer.inference.engine.core import Engine, SamplingParams
-
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-                         "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True},
-    "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-                         "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True},
-    # the embedded default model's shape (a Llama): the CPU figures in benchmarks/RESULTS.md
-    "smollm2-135m": {"family": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-                     "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
-                     "tie_word_embeddings": True, "rope_theta": 1e5, "rms_norm_eps": 1e-5},
-    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                 "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True},
-}
-
-
-def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
-    """A randomly initialised Hugging Face model of a ``SHAPES`` entry (Qwen2 unless it names
-    another family)."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; expected one of {sorted(SHAPES)}")
-    spec = {"rope_theta": 1e6, "rms_norm_eps": 1e-6, **SHAPES[shape]}
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "llama": (LlamaConfig, LlamaForCausalLM)}[spec.pop("family", "qwen2")]
-    cfg = config_cls(**spec, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls(cfg).to(dtype)
-    return model.eval()
-
-
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def bandwidth(device: str) -> float:
-    """Bytes/s of a large device copy (bytes read + bytes written)."""
-    n = (1 << 30) if torch.device(device).type == "cuda" else (1 << 27)
-    x = torch.empty(n, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    y.copy_(x)
-    _sync(device)
-    reps = 10
-    t = time.perf_counter()
-    for _ in range(reps):
-        y.copy_(x)
-    _sync(device)
-    return 2 * n * reps / (time.perf_counter() - t)
-
-
-def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n, length), generator=g).tolist()
 
 
 def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed: int = 0,
@@ -319,23 +259,6 @@ def projection_ms(model, m: int, head_rows: int = 1, linear=F.linear) -> dict[st
         return {role: time_ms(op, p.device) for role, op in ops.items()}
 
 
-def time_ms(fn, device: torch.device, reps: int = 5) -> float:
-    """Milliseconds per call of ``fn``: from a CUDA graph on CUDA, else the median of ``reps``."""
-    if device.type == "cuda":
-        from opencomposer.inference.engine.batch1_plan import graph_ms
-
-        return graph_ms(fn)
-    import statistics
-
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(times)
-
-
 def prefill_alone(engine: Engine, prompts: list[list[int]], repeats: int = 3) -> list[float]:
     """Prefill seconds of ``prompts`` submitted together on an empty prefix cache (the
     engine's own counter: steps' wall time up to their sampled tokens), ``repeats`` times."""
@@ -347,18 +270,6 @@ def prefill_alone(engine: Engine, prompts: list[list[int]], repeats: int = 3) ->
         out.append(engine.stats()["prefill_seconds"] - before)
     engine.blocks.invalidate()
     return out
-
-
-def emit(result: dict[str, Any], out: str | None) -> None:
-    """A benchmark's last line: ``result`` as one JSON line, also written atomically to ``out``."""
-    line = json.dumps(result)
-    if out:
-        from pathlib import Path
-
-        from opencomposer.paths import atomic_write_text
-
-        atomic_write_text(Path(out), line + "\n")
-    print(line)
 
 
 def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, tokens: int = 32,
@@ -385,16 +296,6 @@ def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, toke
     return {"mean_abs_diff": d.mean().item(), "max_abs_diff": d.max().item(), "tokens": d.numel(),
             "greedy_identical": f"{same}/4"}
 
-
-
-def _r4(v):
-    return v if isinstance(v, bool) else round(v, 4)
-
-
-def _figures(d: dict[str, float]) -> dict[str, float]:
-    """Four significant digits: rounding to decimal places turned a small fraction of the
-    roofline (a CPU run: 28 tok/s against a roofline of ~10^5) into 0."""
-    return {k: float(f"{v:.4g}") for k, v in d.items()}
 
 
 def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batches: tuple[int, ...] = (1, 64, 256),

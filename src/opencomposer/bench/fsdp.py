@@ -66,7 +66,7 @@ def profile_step(trainer: Any, samples: list, d: Any, top: int = 14) -> list[str
 
 
 def worker(args: argparse.Namespace) -> None:
-    from opencomposer.bench.engine import SHAPES, random_model
+    from opencomposer.bench.toolkit import SHAPES, random_model
     from opencomposer.train.samples import Sample
     from opencomposer.train.config import TrainConfig
     from opencomposer.train.distributed import gather, init_from_env

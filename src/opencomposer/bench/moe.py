@@ -33,24 +33,12 @@ from typing import Any
 
 import torch
 
-from opencomposer.bench.engine import (
-    _figures,
-    _prompts,
-    _sync,
-    bandwidth,
-    emit,
-    engine_decode,
-    hf_decode,
-    prefill,
-    roofline,
-)
+from opencomposer.bench.engine import engine_decode, hf_decode, prefill, roofline
+from opencomposer.bench.toolkit import _figures, _prompts, _sync, bandwidth, emit
 from opencomposer.inference.engine.core import Engine, SamplingParams
-from opencomposer.inference.models.transformer import (
-    DecoderConfig,
-    DecoderLM,
-    empty_model,
-)
+from opencomposer.inference.models.decoder_config import DecoderConfig
 from opencomposer.inference.models.moe import SparseMoE
+from opencomposer.inference.models.transformer import DecoderLM, empty_model
 
 MOE_SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.bench.engine import emit, random_model
+from opencomposer.bench.toolkit import emit, random_model
 from opencomposer.inference.engine.core import Engine, SamplingParams
 
 

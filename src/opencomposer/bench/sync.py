@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.bench.engine import SHAPES, _sync, emit, random_model
+from opencomposer.bench.toolkit import SHAPES, _sync, emit, random_model
 from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.sync import codec
 from opencomposer.sync.publisher import WeightPublisher

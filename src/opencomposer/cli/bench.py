@@ -63,7 +63,8 @@ def bench_engine(
     """Rollout-engine decode/prefill throughput vs HF generate and the HBM roofline; prefix cache; logprob parity."""
     import torch
 
-    from opencomposer.bench.engine import SHAPES, run
+    from opencomposer.bench.engine import run
+    from opencomposer.bench.toolkit import SHAPES
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     asked = shapes
@@ -140,7 +141,7 @@ def bench_sync(
     """Weight sync: a trainer publishes each version as deltas; a decoding engine follows in flight."""
     import torch
 
-    from opencomposer.bench.engine import SHAPES
+    from opencomposer.bench.toolkit import SHAPES
     from opencomposer.bench.sync import run
 
     if shape not in SHAPES:
@@ -171,7 +172,7 @@ def bench_spec(
     """Speculative decoding with an MTP head against plain decoding: tokens/s, tokens a step, share of drafts kept."""
     import torch
 
-    from opencomposer.bench.engine import SHAPES
+    from opencomposer.bench.toolkit import SHAPES
     from opencomposer.bench.spec import run
     from opencomposer.models.mtp import MTPError
 

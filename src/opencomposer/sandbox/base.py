@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 from opencomposer.protocols import ExecResult, PathEscape, SandboxSpec
-from opencomposer.sandbox.execserver import OutputCap, observation, run_capped
+from opencomposer.sandbox.runner import OutputCap, observation, run_capped
 
-__all__ = ["OutputCap", "run_process"]  # OutputCap lives with the runner (stdlib only, see execserver.py)
+__all__ = ["OutputCap", "run_process"]  # OutputCap lives with the runner (stdlib only, see runner.py)
 
 INITIAL = "initial"  # snapshot id of the state a sandbox was created in
 
@@ -58,7 +58,7 @@ def run_process(
 
     On timeout the whole process group gets SIGKILL (backends whose process tree can
     leave the group, like bwrap's, make sure killing the leader kills the rest).
-    After the main process exits we read for at most ``execserver.EXIT_GRACE`` seconds more:
+    After the main process exits we read for at most ``runner.EXIT_GRACE`` seconds more:
     a background job that keeps the pipe open must not hold the call hostage.
 
     ``preexec`` runs in the child before exec (rlimits, cgroups); ``watch`` is called

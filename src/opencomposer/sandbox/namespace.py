@@ -67,14 +67,9 @@ from opencomposer.sandbox.base import (
     shell_argv,
 )
 from opencomposer.sandbox.bwrap import HOME, WORKDIR, bwrap_prefix, find_bwrap
-from opencomposer.sandbox.execserver import (
-    ESCAPE,
-    ISDIR,
-    MISSING,
-    OutputCap,
-    observation,
-)
+from opencomposer.sandbox.execserver import ESCAPE, ISDIR, MISSING
 from opencomposer.sandbox.limits import Limiter, MiB
+from opencomposer.sandbox.runner import OutputCap, observation
 from opencomposer.sandbox.session import ExecSession, server_python
 
 _START_TIMEOUT = 30.0  # seconds for bwrap + python to say hello (a loaded host can be slow)

@@ -24,7 +24,7 @@ FORMATS = ("swebench", "harbor")
 
 def export_tasks(fmt: str, paths: list[Path], out: Path, repos_out: Path | None = None) -> ImportReport:
     """Write every task under ``paths`` to ``out`` in ``fmt``; the report counts ok/failed."""
-    from opencomposer.tasks.sources import harbor, swebench
+    from opencomposer.tasks.sources import harbor_export, swebench
 
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
@@ -40,7 +40,7 @@ def export_tasks(fmt: str, paths: list[Path], out: Path, repos_out: Path | None 
         try:
             task = Task.load(p)
             if fmt == "harbor":
-                harbor.export_task(task, out)
+                harbor_export.export_task(task, out)
             else:
                 rows.append(swebench.task_row(task, repos_out))
             report.ok.append(task.id)

@@ -33,7 +33,7 @@ rank writes its own shards (DCP); either way a run saved on 8 ranks resumes on 1
 On CUDA the backend is NCCL and FSDP2 all-gathers parameters in bf16 (fp32 master weights
 and fp32 gradient reduction); on CPU it is gloo, which is what the tests use.
 
-Test: ``pytest tests/unit/train/test_distributed.py`` (2 ranks on gloo).
+Test: ``pytest tests/distributed/test_distributed.py`` (2 ranks on gloo).
 """
 
 from __future__ import annotations
@@ -261,6 +261,12 @@ def main_does(d: Dist, fn: Callable[[], T]) -> T | None:
     """``fn()`` on rank 0 (or in a plain process) alone, no collective; None on the other ranks.
     For what rank 0 does for the whole run: files, evaluations, the report, the console."""
     return fn() if d.main else None
+
+
+def shows_progress(d: Dist, progress: bool) -> bool:
+    """Whether this process draws a progress bar when ``progress`` is asked for: rank 0 (or a
+    plain process) alone, so that N ranks draw one bar, not N."""
+    return progress and d.main
 
 
 def main_only(d: Dist, make: Callable[[], T]) -> T:

@@ -180,7 +180,7 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
         evals.append(_evaluate(sets, trainer, 0))
     normalizer = loss_normalizer(batch_size, seq_len)
     train_s, t0 = 0.0, time.perf_counter()
-    with progress_bar(progress and dist.main) as bar:
+    with progress_bar(distributed.shows_progress(dist, progress)) as bar:
         task = bar.add_task("pretrain", total=steps, completed=start, loss=float("nan")) if bar else None
         for step in range(start, steps):
             t = time.perf_counter()

@@ -38,7 +38,7 @@ from opencomposer.train.samples import Sample, sft_samples
 from opencomposer.train.checkpoint import save_checkpoint
 from opencomposer.train.export import export_model
 from opencomposer.train.config import TrainConfig
-from opencomposer.train.distributed import init_from_env, rank_device
+from opencomposer.train.distributed import init_from_env, rank_device, shows_progress
 from opencomposer.train.trainer import Trainer
 
 
@@ -99,7 +99,7 @@ def run_sft(
     batches_per_epoch = -(-len(samples) // batch_size)
     losses: list[float] = []
     tokens, t0 = 0.0, time.perf_counter()
-    with progress_bar(progress and dist.main) as bar:
+    with progress_bar(shows_progress(dist, progress)) as bar:
         task = bar.add_task("sft", total=epochs * batches_per_epoch, loss=float("nan")) if bar else None
         for _ in range(epochs):
             order = samples[:]

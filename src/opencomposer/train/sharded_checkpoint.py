@@ -16,7 +16,7 @@ ranks resumes on M, or in one process (which writes and reads the same layout wi
 group). ``export_checkpoint`` (``export.py``) reads only the weights.
 
 Test: ``pytest tests/unit/train/test_checkpoint.py -k sharded``; on two ranks
-``tests/unit/train/test_distributed.py``.
+``tests/distributed/test_distributed.py``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def save_sharded(root: Path, final: Path, trainer: Trainer, state_text: str, ste
         _write_shards(tmp / SHARDS, trainer, final)
         rngs = distributed.gather(rng_state(), d) if d.enabled else None
     except BaseException:
-        if d.main:
-            shutil.rmtree(tmp, ignore_errors=True)
+        distributed.main_does(d, lambda: shutil.rmtree(tmp, ignore_errors=True))
         raise
     distributed.on_main(d, lambda: write_step(root, final, trainer, state_text, step, keep, rngs,
                                               lambda t: _check_shards(t / SHARDS), tmp),

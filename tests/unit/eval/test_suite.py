@@ -84,7 +84,7 @@ def test_errors_name_the_problem(tmp_path):
 
 
 def test_harbor_source_imported_once(tmp_path, monkeypatch):
-    from opencomposer.tasks.sources.harbor import export_task
+    from opencomposer.tasks.sources.harbor_export import export_task
 
     monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path / "cache"))
     smoke = load_suite("smoke")

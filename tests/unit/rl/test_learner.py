@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# tests/unit is on sys.path (rootdir import mode): the trainer tests' sampled rollouts
-from train.trainutil import rollout_samples
+from testkit.train_data import rollout_samples
 
 from opencomposer.rl.actor import Batch
 from opencomposer.rl.config import RLRunConfig
@@ -109,8 +108,9 @@ def test_actor_and_learner_do_not_reach_into_each_other(side: str, forbidden: tu
 
 
 def test_no_rank_test_outside_the_distributed_module():
-    """Which rank does what is decided in train/distributed.py (on_main, main_only)."""
-    for path in [SRC / "rl" / f for f in ("run.py", "actor.py", "learner.py")] + [SRC / "train" / "trainer.py"]:
+    """Which rank does what is decided in train/distributed.py (on_main, main_only, shows_progress)."""
+    train = [SRC / "train" / f for f in ("trainer.py", "sft.py", "pretrain.py", "checkpoint.py", "sharded_checkpoint.py")]
+    for path in [SRC / "rl" / f for f in ("run.py", "actor.py", "learner.py")] + train:
         tree = ast.parse(path.read_text())
         names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert not names & {"rank", "main", "local_rank"}, (path.name, names & {"rank", "main", "local_rank"})

@@ -13,7 +13,7 @@ from opencomposer.models import load_model
 from opencomposer.train.loss import LossConfig
 from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, load_checkpoint, save_checkpoint
 
-from .trainutil import params, rollout_samples
+from testkit.train_data import params, rollout_samples
 
 
 def _flat(state: object) -> list:

@@ -11,7 +11,7 @@ from opencomposer.policies.model import ModelPolicy
 from opencomposer.train.loss import LossConfig
 from opencomposer.train import TrainConfig, Trainer, frozen_copy
 
-from .trainutil import grads, params, rollout_samples
+from testkit.train_data import grads, params, rollout_samples
 
 
 def test_rl_step_is_on_policy_then_updates_the_weights(tiny):

