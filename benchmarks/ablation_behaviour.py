@@ -61,6 +61,8 @@ class AblationSection(Strict):
     train: list[int] = Field(..., min_length=1, description="HumanEval problem numbers for SFT and RL")
     heldout: list[int] = Field(default_factory=list, description="HumanEval problem numbers, evaluated only")
     arms: list[Arm] = Field(list(ARMS), min_length=1)
+    tool_syntax: Literal["json", "xml"] | None = Field(
+        None, description="how the model writes tool calls (models/codec.py); unset: the model's own")
 
     @model_validator(mode="after")
     def _disjoint(self) -> AblationSection:
@@ -113,6 +115,9 @@ def split_metrics(rows: list[dict]) -> dict:
         "tokens_per_solve_total": tokens / len(solved) if solved else None,
         "summaries": sum(r["summaries"] for r in rows),
         "submitted": sum(r["exit_reason"] == "submitted" for r in rows),
+        # per task: any of its episodes solved (pass@k with k = the eval's episodes per task)
+        "tasks": len({r["task"] for r in rows}),
+        "pass_at_k": (len({r["task"] for r in solved}) / len({r["task"] for r in rows})) if n else None,
     }
 
 
@@ -170,6 +175,25 @@ def run_eval(run: RLRun, cfg: RLRunConfig, tasks: list[Task], train_ids: set[str
               "completion_tokens": 0, "summaries": 0, "exit_reason": "error"}] * failed
     return {"metrics": eval_metrics(rows, train_ids), "episodes": rows, "eval_seconds": agg["seconds"],
             "failed_episodes": failed}
+
+
+def base_model_with_syntax(cfg: AblationConfig, log) -> str:
+    """The model to start from: ``[model] name``, saved once with ``[ablation] tool_syntax`` into
+    ``<out>/base_model`` when a syntax is set (every later load reads it from there)."""
+    syntax = cfg.ablation.tool_syntax
+    if syntax is None:
+        return cfg.model.name
+    from opencomposer.models.registry import load_model
+
+    dest = Path(cfg.run.out_dir) / f"base_model_{syntax}"
+    if not (dest / "config.json").exists():
+        log(f"saving {cfg.model.name} with tool syntax {syntax} to {dest} ...")
+        model, tok = load_model(cfg.model.name, tool_syntax=syntax)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(dest)
+    return str(dest)
 
 
 def seed_all(seed: int) -> None:
@@ -297,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{datetime.now(UTC):%H:%M:%S} load {loadavg()}] {msg}", flush=True)
 
     t0, load0 = time.perf_counter(), loadavg()
+    cfg.model.name = base_model_with_syntax(cfg, log)
     train, held = ensure_tasks(cfg, log, a.humaneval_data)
     tasks = [Task.load(p) for p in train + held]
     train_ids = {Task.load(p).id for p in train}
@@ -316,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / "summary.md", header + table)
     print(header + table)
     print(json.dumps({"summary": str(out / "summary.md"), "seconds": round(time.perf_counter() - t0, 1),
-                      **{r["arm"]: {s: {k: r["metrics"][s][k] for k in ("solved", "episodes", "invalid_call_rate",
-                                                                         "tokens_per_solved_mean")}
+                      **{r["arm"]: {s: {k: r["metrics"][s].get(k) for k in ("solved", "episodes", "invalid_call_rate",
+                                                                             "tokens_per_solved_mean", "pass_at_k")}
                                     for s in ("train", "heldout")} for r in results}}))
     return 0
 

@@ -56,9 +56,11 @@ set +e
 timeout ${BUDGET_S:-540} python3 benchmarks/ablation_behaviour.py --config $CFG --humaneval-data .gpuw/HumanEval.jsonl.gz 2>&1 \
   | grep -v "Loading weights" | tee -a $RUN/device.log
 rc=${PIPESTATUS[0]}
-for f in sft/result.json baseline/result.json both/result.json length/result.json feedback/result.json; do
-  [ -f $RUN/$f ] && cp $RUN/$f "$OUT/${f%%/*}.json"
-done
-[ -f $RUN/summary.md ] && cp $RUN/summary.md "$OUT/"
+# this config's results, flattened (at most 8 files come back): <run name>-<stage>.json, its summary,
+# its eval transcripts compressed (for reading the episodes back here), the log
+RD=$(python3 -c "import tomllib; print(tomllib.load(open('$CFG', 'rb'))['run']['out_dir'])"); NAME=$(basename "$RD")
+for f in "$RD"/*/result.json; do [ -f "$f" ] && cp "$f" "$OUT/$NAME-$(basename "$(dirname "$f")").json"; done
+[ -f "$RD/summary.md" ] && cp "$RD/summary.md" "$OUT/$NAME-summary.md"
+(cd "$RD" && find . -path "*/eval/*.json" | tar -czf "$OUT/$NAME-transcripts.tgz" -T - 2>/dev/null) || true
 cp $RUN/device.log "$OUT/" 2>/dev/null || true
 exit $rc

@@ -1,4 +1,4 @@
-"""`opencomposer tasks make|check|list|import|export|stats`."""
+"""`opencomposer tasks make|check|list|import|export|stats|pack|unpack`."""
 
 from __future__ import annotations
 
@@ -261,3 +261,50 @@ def tasks_stats(
             table.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
     err.print(table)
     emit(res)
+
+
+@tasks_app.command("pack")
+def tasks_pack(
+    src: Path = typer.Argument(..., metavar="DIR", help="a directory of task directories (and its _envs/)"),
+    out_path: Path = typer.Option(..., "-o", "--out", help="the pack file (with --part-size: FILE.part-000, ...)"),
+    part_size: Optional[str] = typer.Option(None, help="split into parts of at most this size, e.g. 60M"),
+    wheels: bool = typer.Option(True, help="carry each environment's wheels, to rebuild it offline"),
+    python_version: Optional[str] = typer.Option(None, help="wheels for this Python X.Y (the target machine's)"),
+    platform: Optional[list[str]] = typer.Option(None, help="wheels for this pip platform tag (repeatable), "
+                                                 "e.g. manylinux2014_x86_64"),
+    find_links: Optional[list[Path]] = typer.Option(None, help="take wheels from this dir, never the index (repeatable)"),
+    level: int = typer.Option(10, min=1, max=22, help="zstandard compression level"),
+) -> None:
+    """Tasks and their environments in one file (or parts) for a machine with no network."""
+    from opencomposer.tasks.pack import pack_tasks, parse_size
+
+    try:
+        size = parse_size(part_size) if part_size else None
+        rep = pack_tasks(src, out_path, size, wheels, python_version, platform or None, find_links or None, level)
+    except known_errors() as e:
+        fail(e)
+    err.print(f"packed {rep.tasks} tasks ({rep.files} files, {rep.objects} distinct) into "
+              f"{len(rep.parts)} part(s), {rep.bytes_out / 2**20:.1f} MiB, in {rep.seconds:.1f}s")
+    emit({"tasks": rep.tasks, "files": rep.files, "objects": rep.objects, "bytes_in": rep.bytes_in,
+          "bytes_stored": rep.bytes_stored, "bytes_out": rep.bytes_out, "parts": rep.parts, "envs": rep.envs,
+          "seconds": rep.seconds})
+
+
+@tasks_app.command("unpack")
+def tasks_unpack(
+    pack: Path = typer.Argument(..., metavar="FILE", help="the pack: its file, base name or first part"),
+    out_dir: Path = typer.Option(..., "-o", "--out", help="directory to restore the tasks into (new or empty)"),
+    envs: bool = typer.Option(True, help="rebuild the environments from the carried wheels (index disabled)"),
+    python: Optional[str] = typer.Option(None, help="interpreter for the environments (default: this one)"),
+) -> None:
+    """Restore packed tasks, every file checked, and rebuild their environments offline."""
+    import sys
+
+    from opencomposer.tasks.pack import unpack_tasks
+
+    try:
+        rep = unpack_tasks(pack, out_dir, envs, python or sys.executable)
+    except known_errors() as e:
+        fail(e)
+    err.print(f"unpacked {rep.tasks} tasks ({rep.files} files) into {rep.out}; envs rebuilt: {rep.envs or 'none'}")
+    emit({"tasks": rep.tasks, "files": rep.files, "envs": rep.envs, "out": rep.out, "seconds": rep.seconds})

@@ -6,7 +6,7 @@
     with make_policy("model:smollm2-135m", max_new_tokens=256, batch=8) as policy:
         rollouts = collect_rollouts(tasks, k=4, policy=policy, backend="namespace",
                                     cfg=AgentConfig(max_turns=20), max_concurrent=8,
-                                    on_progress=lambda done, total: bar.update(done))
+                                    progress="rollouts")   # live progress on stderr
     rollouts[0].group, rollouts[0].index, rollouts[0].reward, rollouts[0].tokens
 
 ``run_task``: a sandbox from the task, the harness loop with a policy, then the agent's
@@ -27,8 +27,8 @@ Token counts per rollout (``TokenCounts``), for throughput and behaviour metrics
 * ``tool_io``: observations fed back, estimated by tokenising each tool observation alone
   (the ``<tool_response>`` wrapping and chat markup are not counted).
 
-Test: ``pytest tests/unit/episode/test_rollout.py``, ``pytest tests/adversarial`` (every episode
-graded and monitored), ``pytest tests/integration/test_rl_run.py``.
+Test: ``pytest tests/unit/episode/test_rollout.py tests/unit/episode/test_progress.py``,
+``pytest tests/adversarial`` (every episode graded and monitored), ``pytest tests/integration/test_rl_run.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from opencomposer.config import AgentConfig
+from opencomposer.episode.progress import RolloutProgress
 from opencomposer.grading import collect, grade
 from opencomposer.harness.loop import Agent
 from opencomposer.harness.trajectory import Step, Trajectory
@@ -195,6 +196,7 @@ def collect_rollouts(
     max_concurrent: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
     sandboxes: Callable[[Any], Any] | None = None,
+    progress: str | None = None,
 ) -> list[Rollout]:
     """Run ``k`` episodes of every task, ``max_concurrent`` at a time; see the module docstring.
 
@@ -203,6 +205,9 @@ def collect_rollouts(
     time, e.g. as a baseline) is accepted with ``max_concurrent=1`` only: it is not thread-safe.
     ``sandboxes`` (a ``BlockingSandboxPool(...).lease``, or a Ray cluster's factory) supplies
     each episode's sandbox instead of a fresh one per episode (see ``rl/episode.run_task``).
+    ``progress``: a label to show live progress under on stderr (episodes done, tokens/s,
+    reward, elapsed, ETA: ``episode/progress.py``), None for none. Whether this process shows
+    it is the caller's decision: ``show_progress(label, show)``.
     """
     if k < 1 or max_concurrent < 1:
         raise ValueError(f"need k >= 1 and max_concurrent >= 1; got k={k}, max_concurrent={max_concurrent}")
@@ -212,17 +217,28 @@ def collect_rollouts(
     # Group-major order: with fewer slots than episodes, whole groups finish early.
     jobs = [(g, i, task) for g, task in enumerate(tasks) for i in range(k)]
     lock, done = threading.Lock(), [0]
+    shown = RolloutProgress(len(jobs), progress) if progress and jobs else None
+    on_step = (lambda step: shown.add_tokens(step.completion_tokens)) if shown is not None else None
 
     def one(job: tuple[int, int, Task]) -> Rollout:
-        rollout = _run_one(*job, policy, backend, cfg, sandboxes)
+        rollout = _run_one(*job, policy, backend, cfg, sandboxes, on_step)
+        if shown is not None:
+            shown.episode_done(rollout.reward, rollout.failed)
         if on_progress is not None:
             with lock:
                 done[0] += 1
                 on_progress(done[0], len(jobs))
         return rollout
 
-    with ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="rollout") as pool:
+    with shown if shown is not None else nullcontext(), \
+            ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="rollout") as pool:
         return list(pool.map(one, jobs))
+
+
+def show_progress(label: str, show: bool) -> str | None:
+    """``collect_rollouts``' ``progress`` argument: ``label`` when this process ``show``s progress
+    (the caller asks ``train.distributed.shows_progress``: rank 0 alone under torchrun), else None."""
+    return label if show else None
 
 
 def versions_of(traj: Trajectory) -> list[int]:
@@ -231,11 +247,12 @@ def versions_of(traj: Trajectory) -> list[int]:
 
 
 def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | Policy, backend: str,
-             cfg: AgentConfig | None, sandboxes: Callable[[Any], Any] | None = None) -> Rollout:
+             cfg: AgentConfig | None, sandboxes: Callable[[Any], Any] | None = None,
+             on_step: Callable[[Step], None] | None = None) -> Rollout:
     t0 = time.monotonic()
     try:
         with policy.episode() if isinstance(policy, BatchedPolicy) else nullcontext():
-            result = run_task(task, policy, backend, cfg, sandboxes=sandboxes)
+            result = run_task(task, policy, backend, cfg, sandboxes=sandboxes, on_step=on_step)
         traj = result.trajectory
         return Rollout(
             task.id, group, index, result, tokens=token_counts(traj, policy.tokenizer),

@@ -14,7 +14,13 @@ Charts (matplotlib, Agg):
   under each level).
 
 The page embeds the PNGs (so it is one file you can mail) and they are also written
-beside it; a summary table and a per-task table (pass rate per run) follow.
+beside it (atomically: ``write_png``); a summary table and a per-task table (pass rate per
+run) follow.
+
+Intervals, shared with the training run's report (``pipeline/report.py``): ``task_interval``,
+the percentile bootstrap of a mean over tasks (each task one draw: its samples are not
+independent), and ``wilson_interval``, the Wilson score interval of c successes in n trials,
+for results that kept no per-task outcomes.
 
 Test: ``pytest tests/unit/eval/test_report.py``.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,8 +50,36 @@ def run_name(res: Mapping[str, Any], several_suites: bool) -> str:
 
 def pass_interval(res: Mapping[str, Any], confidence: float = 0.95) -> tuple[float, float]:
     """Bootstrap interval (over tasks) of pass@1."""
-    vals = np.array(list(per_task(res, "pass@1").values()))
-    return paired_bootstrap(vals, 2000, 0, confidence)
+    return task_interval(list(per_task(res, "pass@1").values()), confidence)
+
+
+def task_interval(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000,
+                  seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-task ``values`` (tasks resampled)."""
+    if len(values) == 0:
+        raise ValueError("task_interval needs at least one task")
+    return paired_bootstrap(np.asarray(values, dtype=float), n_boot, seed, confidence)
+
+
+def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion: ``successes`` of ``n`` trials (n > 0)."""
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= n and n > 0; got {successes}, {n}")
+    from statistics import NormalDist
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def write_png(path: Path, data: bytes) -> Path:
+    """``data`` to ``path`` through a temp file + rename: a reader never sees half a PNG."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
 
 
 def build_report(results: Sequence[Mapping[str, Any] | str | Path], out: Path, title: str = "") -> Path:
@@ -64,10 +99,15 @@ def build_report(results: Sequence[Mapping[str, Any] | str | Path], out: Path, t
             "pass_at_k.png": _pass_at_k(runs, names),
             "per_difficulty.png": _per_difficulty(runs, names)}
     for fname, data in pngs.items():
-        (out / fname).write_bytes(data)
+        write_png(out / fname, data)
     page = out / "index.html"
     atomic_write_text(page, _html(runs, names, pngs, title))
     return page
+
+
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (and closed)."""
+    return _save(fig)
 
 
 def _save(fig) -> bytes:

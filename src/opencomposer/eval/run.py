@@ -14,6 +14,9 @@ per episode). Either way each episode is ``episode.run.run_task``: its own sandb
 ``Agent`` loop and the hidden-test reward. An episode that raises counts as a failure (reward 0,
 ``stop_reason`` ``"error: ..."``, counted in ``summary.episode_errors``), never stops the
 suite; when every episode breaks (no sandbox, say) ``run_suite`` raises ``EvalError``.
+While the episodes run, stderr shows their progress (``episode/progress.py``: episodes done,
+tokens/s, reward so far, elapsed, ETA; a bar on a terminal, else a line every 20 s); the
+in-run held-out evaluations (``eval/heldout.py``) show it too, under the label ``eval``.
 
 ``out_dir`` receives ``results.json`` (``eval/results.py``, schema ``opencomposer.eval/1``,
 written atomically) and every transcript under ``transcripts/<task>-<sample>.json``.
@@ -24,11 +27,11 @@ Test: ``pytest tests/unit/eval/test_run.py``.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +44,8 @@ from opencomposer.policies.model import ModelPolicy
 from opencomposer.paths import atomic_write_text
 from opencomposer.policies.batched import BatchedPolicy
 from opencomposer.episode.run import EpisodeResult, run_task
-from opencomposer.episode.run import collect_rollouts
+from opencomposer.episode.run import collect_rollouts, show_progress
+from opencomposer.episode.progress import RolloutProgress
 from opencomposer.tasks.format import Task
 
 PolicyFactory = Callable[[Task], Any]
@@ -58,36 +62,46 @@ class Episode:
 
 def run_episodes(tasks: list[Task], policy: Any, k: int, backend: str, agent_cfg: AgentConfig,
                  max_concurrent: int | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> list[Episode]:
-    """``k`` episodes of every task, in (task, sample) order; see the module docstring."""
+                 on_progress: Callable[[int, int], None] | None = None,
+                 progress: str | None = "eval") -> list[Episode]:
+    """``k`` episodes of every task, in (task, sample) order; see the module docstring.
+    ``progress``: the label of the live progress on stderr (``episode/progress.py``; shown on
+    rank 0 alone under torchrun), None for none."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     jobs = len(tasks) * k
+    from opencomposer.train.distributed import current, shows_progress
+    progress = show_progress(progress, shows_progress(current(), True)) if progress else None
     if isinstance(policy, (BatchedPolicy, ModelPolicy)):
         conc = max_concurrent or (min(jobs, policy.max_batch) if isinstance(policy, BatchedPolicy) else 1)
         rollouts = collect_rollouts(tasks, k, policy, backend, agent_cfg, max_concurrent=conc,
-                                    on_progress=on_progress)
+                                    on_progress=on_progress, progress=progress)
         return [Episode(tasks[r.group], r.index, r.result, r.seconds, r.error) for r in rollouts]
     if not callable(policy):
         raise TypeError(f"policy must be a BatchedPolicy, a ModelPolicy or a factory task -> Policy; "
                         f"got {type(policy).__name__}")
     done, lock = [0], threading.Lock()
+    shown = RolloutProgress(jobs, progress) if progress and jobs else None
 
     def one(job: tuple[Task, int]) -> Episode:
         task, i = job
         t0 = time.monotonic()
+        on_step = (lambda step: shown.add_tokens(step.completion_tokens)) if shown is not None else None
         try:
-            ep = Episode(task, i, run_task(task, policy(task), backend, agent_cfg), 0.0)
+            ep = Episode(task, i, run_task(task, policy(task), backend, agent_cfg, on_step=on_step), 0.0)
         except Exception as e:  # noqa: BLE001 -- one broken episode is a failure, never a failed suite
             ep = Episode(task, i, None, 0.0, f"{type(e).__name__}: {e}")
         ep.seconds = time.monotonic() - t0
+        if shown is not None:
+            shown.episode_done(ep.result.reward.reward if ep.result is not None else 0.0, ep.result is None)
         with lock:
             done[0] += 1
             if on_progress is not None:
                 on_progress(done[0], jobs)
         return ep
 
-    with ThreadPoolExecutor(max_workers=max_concurrent or min(jobs, 2), thread_name_prefix="eval") as pool:
+    with shown if shown is not None else nullcontext(), \
+            ThreadPoolExecutor(max_workers=max_concurrent or min(jobs, 2), thread_name_prefix="eval") as pool:
         return list(pool.map(one, [(t, i) for t in tasks for i in range(k)]))
 
 
@@ -125,9 +139,9 @@ def run_suite(suite: Suite, policy: Any, *, k: int = 1, backend: str = "auto",
     backend = resolve_backend(backend)  # an unknown or unusable backend fails here, not as N failed episodes
     agent_cfg = agent_cfg or AgentConfig()
     created = datetime.now(UTC).isoformat(timespec="seconds")
-    show = _progress_printer(suite.name, label) if progress else None
     t0 = time.perf_counter()
-    episodes = run_episodes(suite.tasks, policy, k, backend, agent_cfg, max_concurrent, show)
+    episodes = run_episodes(suite.tasks, policy, k, backend, agent_cfg, max_concurrent,
+                            progress=f"eval {suite.name} / {label}" if progress else None)
     wall = time.perf_counter() - t0
     records = [episode_record(ep, suite.difficulty[ep.task.id]) for ep in episodes]
     broken = [ep for ep in episodes if ep.result is None]
@@ -159,12 +173,3 @@ def write_results(results: dict, episodes: list[Episode], out_dir: Path) -> Path
     path = out_dir / "results.json"
     atomic_write_text(path, json.dumps(results, indent=1) + "\n")
     return path
-
-
-def _progress_printer(suite: str, label: str) -> Callable[[int, int], None]:
-    t0 = time.monotonic()
-
-    def show(done: int, total: int) -> None:
-        print(f"[eval {suite} / {label}] {done}/{total} episodes, {time.monotonic() - t0:.0f}s",
-              file=sys.stderr, flush=True)
-    return show

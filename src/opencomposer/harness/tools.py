@@ -19,6 +19,7 @@ from typing import Any, Callable
 from opencomposer.config import AgentConfig
 from opencomposer.harness import fs_tools, shell_tools
 from opencomposer.harness.fs_tools import ToolError
+from opencomposer.models.codec import TextValue
 from opencomposer.protocols import PathEscape, Sandbox, ToolCall
 
 
@@ -157,6 +158,29 @@ def _json_type(v: Any) -> str:
     return "null" if v is None else names.get(type(v), type(v).__name__)
 
 
+_FROM_TEXT: dict[str, Callable[[str], Any]] = {
+    "integer": int,
+    "number": float,
+    "boolean": lambda v: {"true": True, "false": False}[v],
+}
+
+
+def typed_args(tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with the text values (``codec.TextValue``: the ``xml`` tool syntax writes every
+    value as text) of integer, number and boolean parameters converted: ``"12"`` -> 12. Text
+    that is not such a value, and any JSON string, stays as it is, for ``check_args`` to refuse."""
+    props = tool.parameters["properties"]
+    out = dict(args)
+    for name, value in args.items():
+        convert = _FROM_TEXT.get(props.get(name, {}).get("type", ""))
+        if convert and isinstance(value, TextValue):
+            try:
+                out[name] = convert(value.strip())
+            except (ValueError, KeyError):
+                pass
+    return out
+
+
 def check_args(tool: Tool, args: dict[str, Any]) -> str | None:
     """Why ``args`` do not fit the tool's schema, or None. Optional arguments may be null."""
     props, required = tool.parameters["properties"], tool.parameters["required"]
@@ -207,10 +231,11 @@ def execute(sandbox: Sandbox, call: ToolCall, cfg: AgentConfig) -> ToolOutcome:
     tool = TOOLS.get(call.name)
     if tool is None:
         return _invalid(f"unknown tool '{call.name}'", started)
-    problem = check_args(tool, call.arguments)
+    typed = typed_args(tool, call.arguments)
+    problem = check_args(tool, typed)
     if problem:
         return _invalid(problem, started)
-    args = {k: v for k, v in call.arguments.items() if v is not None}
+    args = {k: v for k, v in typed.items() if v is not None}
     try:
         if "path" in args:
             args["path"] = workspace_path(sandbox, args["path"])

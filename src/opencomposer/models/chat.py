@@ -9,7 +9,10 @@ How each harness message is rendered (Hermes / Qwen convention, see ``models/cod
 * the first system message gets ``codec.tools_system_prompt(tools)`` appended (a system
   message is created if the conversation has none and there are tools);
 * assistant messages are ``codec.format_assistant(content, tool_calls)``, i.e. prose then
-  ``<tool_call>`` blocks, exactly as the model would have written them;
+  ``<tool_call>`` blocks, exactly as the model would have written them, in the model's tool
+  syntax (``json`` or ``xml``, see ``codec``): ``set_tool_syntax`` keeps it in the tokenizer's
+  ``init_kwargs``, so ``save_pretrained`` writes it to tokenizer_config.json and an exported
+  model is read back speaking the syntax it was trained in;
 * tool results become ``<tool_response>\\n...\\n</tool_response>``. If the model's chat
   template already speaks that dialect (Qwen2.5, Qwen3, Hermes), they go in as ``tool``
   messages and the template wraps them; otherwise (SmolLM2, Llama, plain ChatML) we wrap
@@ -50,6 +53,17 @@ def ensure_chat_template(tokenizer: Any) -> None:
         tokenizer.chat_template = CHATML_TEMPLATE
 
 
+def tool_syntax(tokenizer: Any) -> str:
+    """How this model writes tool calls: ``json`` (Hermes, the default) or ``xml``."""
+    return (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_syntax", "json")
+
+
+def set_tool_syntax(tokenizer: Any, syntax: str | None) -> None:
+    """Make ``tokenizer`` render tool calls in ``syntax``; None leaves what it was saved with."""
+    if syntax is not None:
+        tokenizer.init_kwargs["tool_syntax"] = codec.check_syntax(syntax)
+
+
 def render_prompt(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]]) -> str:
     """The exact text the model is asked to continue, ending with the assistant header."""
     if not getattr(tokenizer, "chat_template", None):
@@ -57,7 +71,8 @@ def render_prompt(tokenizer: Any, messages: list[Message], tools: list[dict[str,
             "tokenizer has no chat template; load it with opencomposer.models.load_model "
             "or call opencomposer.models.chat.ensure_chat_template(tokenizer)"
         )
-    chat = to_template_messages(messages, tools, native_tool_role=speaks_hermes(tokenizer))
+    chat = to_template_messages(messages, tools, native_tool_role=speaks_hermes(tokenizer),
+                                syntax=tool_syntax(tokenizer))
     return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
@@ -71,7 +86,7 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def to_template_messages(
-    messages: list[Message], tools: list[dict[str, Any]], native_tool_role: bool = False
+    messages: list[Message], tools: list[dict[str, Any]], native_tool_role: bool = False, syntax: str = "json"
 ) -> list[dict[str, str]]:
     """Harness messages -> the ``{"role", "content"}`` dicts handed to the chat template."""
     out: list[dict[str, str]] = []
@@ -79,7 +94,7 @@ def to_template_messages(
         if m.role not in ROLES:
             raise PromptError(f"message {i}: unknown role {m.role!r}; expected one of {ROLES}")
         if m.role == "assistant":
-            out.append({"role": "assistant", "content": codec.format_assistant(m.content, m.tool_calls)})
+            out.append({"role": "assistant", "content": codec.format_assistant(m.content, m.tool_calls, syntax)})
         elif m.role == "tool" and native_tool_role:
             out.append({"role": "tool", "content": m.content})
         elif m.role == "tool":
@@ -91,7 +106,7 @@ def to_template_messages(
         else:
             out.append({"role": m.role, "content": m.content})
     if tools:
-        block = codec.tools_system_prompt(tools)
+        block = codec.tools_system_prompt(tools, syntax)
         if out and out[0]["role"] == "system":
             out[0]["content"] = f"{out[0]['content'].rstrip()}\n\n{block}" if out[0]["content"].strip() else block
         else:

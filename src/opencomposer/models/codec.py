@@ -8,6 +8,27 @@ prompt, and each call the model makes as
     {"name": "read_file", "arguments": {"path": "setup.py"}}
     </tool_call>
 
+or, with the ``xml`` syntax (the convention of Qwen3-Coder's chat template), with every
+argument as plain text, so code is written as code and not as an escaped JSON string:
+
+    <tool_call>
+    <function=edit_file>
+    <parameter=path>
+    solution.py
+    </parameter>
+    <parameter=new>
+        return number % 1.0
+    </parameter>
+    </function>
+    </tool_call>
+
+The syntax is the model's (``[model] tool_syntax``; ``models/chat.py`` keeps it on the
+tokenizer) and decides how calls and the tool preamble are *written*. Reading accepts both
+in every block, so a model that switches syntax mid-turn is still understood. An ``xml``
+value is text (a ``TextValue``; one newline after the opening tag and one before the closing
+tag are the syntax's, not the value's), so the harness converts ``"12"`` for an integer
+parameter (``harness/tools.typed_args``); a JSON string stays a string, its type checked.
+
 Several calls per turn are allowed. ``parse_tool_calls`` never drops a call it cannot
 read: a broken one comes back as a ``ToolCall`` with ``error`` set, so the harness can
 answer with an error observation and count it as invalid.
@@ -27,6 +48,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 TOOL_CALL_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
 _BLOCK = TOOL_CALL_BLOCK
 
+SYNTAXES = ("json", "xml")
 TOOLS_PREAMBLE = (
     "You may call one or more functions to do the task. The function signatures are "
     "inside <tools></tools>:\n<tools>\n{schemas}\n</tools>\n\n"
@@ -36,27 +58,77 @@ TOOLS_PREAMBLE = (
 )
 
 
-def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
+XML_TOOLS_PREAMBLE = (
+    "You may call one or more functions to do the task. The function signatures are "
+    "inside <tools></tools>:\n<tools>\n{schemas}\n</tools>\n\n"
+    "For each call, write the function name and each argument inside <tool_call></tool_call> "
+    "tags, every value as plain text (code as code, no escaping):\n"
+    "<tool_call>\n<function=example_function>\n<parameter=example_parameter>\n"
+    "value, which may span lines\n</parameter>\n</function>\n</tool_call>"
+)
+_FUNCTION = re.compile(r"<function=([^>\s]*)>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\s]*)>(.*?)(</parameter>|\Z)", re.S)
+
+
+class TextValue(str):
+    """An argument written as plain text (the ``xml`` syntax): its type is the tool schema's to decide."""
+
+
+def check_syntax(syntax: str) -> str:
+    if syntax not in SYNTAXES:
+        raise ValueError(f"tool_syntax {syntax!r}: expected one of {', '.join(SYNTAXES)}")
+    return syntax
+
+
+def tools_system_prompt(tools: list[dict[str, Any]], syntax: str = "json") -> str:
     """The part of the system prompt that lists the tools (one JSON schema per line)."""
     schemas = "\n".join(json.dumps(t, sort_keys=False) for t in tools)
-    return TOOLS_PREAMBLE.format(schemas=schemas)
+    preamble = XML_TOOLS_PREAMBLE if check_syntax(syntax) == "xml" else TOOLS_PREAMBLE
+    return preamble.format(schemas=schemas)
 
 
-def format_tool_call(call: ToolCall) -> str:
-    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+def format_tool_call(call: ToolCall, syntax: str = "json") -> str:
+    if check_syntax(syntax) == "xml":
+        params = [f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>"
+                  for k, v in call.arguments.items()]
+        body = "\n".join([f"<function={call.name}>", *params, "</function>"])
+    else:
+        body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     return f"{OPEN}\n{body}\n{CLOSE}"
 
 
-def format_assistant(content: str, calls: list[ToolCall]) -> str:
+def format_assistant(content: str, calls: list[ToolCall], syntax: str = "json") -> str:
     """Assistant text as the model would have written it: prose, then its calls."""
     parts = [content.strip()] if content.strip() else []
-    parts += [format_tool_call(c) if not c.raw else f"{OPEN}{c.raw}{CLOSE}" for c in calls]
+    parts += [format_tool_call(c, syntax) if not c.raw else f"{OPEN}{c.raw}{CLOSE}" for c in calls]
     return "\n".join(parts)
+
+
+def _parse_xml(raw: str, call_id: str) -> ToolCall:
+    """One ``<function=NAME>`` block: its ``<parameter=KEY>`` values, as strings."""
+    m = _FUNCTION.search(raw)
+    name = m.group(1) if m else ""
+    if not name:
+        return ToolCall("", {}, call_id, raw, "a <tool_call> needs <function=NAME> with a name")
+    args: dict[str, Any] = {}
+    for p in _PARAMETER.finditer(m.group(2)):
+        key, value, closed = p.group(1), p.group(2), p.group(3)
+        if not key:
+            return ToolCall(name, {}, call_id, raw, "a <parameter=NAME> needs a name")
+        if not closed:
+            return ToolCall(name, {}, call_id, raw, f"<parameter={key}> is not closed with </parameter>")
+        if key in args:
+            return ToolCall(name, {}, call_id, raw, f"<parameter={key}> is given twice")
+        value = value[1:] if value.startswith("\n") else value
+        args[key] = TextValue(value[:-1] if value.endswith("\n") else value)
+    return ToolCall(name, args, call_id, "")
 
 
 def _parse_one(raw: str, index: int) -> ToolCall:
     call_id = f"call_{index}"
     text = raw.strip()
+    if text.startswith("<function"):
+        return _parse_xml(raw, call_id)
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:

@@ -38,7 +38,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from opencomposer.models.chat import ensure_chat_template
+from opencomposer.models.chat import ensure_chat_template, set_tool_syntax
 
 DEFAULT_MODEL = "smollm2-135m"
 KNOWN_NAMES = ("smollm2-135m", "tiny-random", "tiny-random-moe")
@@ -71,12 +71,21 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     local_files_only: bool = False,
+    tool_syntax: str | None = None,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for ``name``; the model is in eval mode on ``device``.
 
     ``dtype`` may be a torch dtype or its name ("bfloat16"). ``local_files_only`` stops
     hub ids from touching the network (it fails fast instead of retrying for a minute).
+    ``tool_syntax`` (``json`` | ``xml``, ``models/codec.py``) sets how the model writes tool
+    calls; None keeps what its tokenizer was saved with (``json`` when nothing was).
     """
+    model, tok = _load(name, dtype, device, local_files_only)
+    set_tool_syntax(tok, tool_syntax)
+    return model, tok
+
+
+def _load(name: str, dtype: torch.dtype | str, device: str | torch.device, local_files_only: bool) -> tuple[Any, Any]:
     dtype = _as_dtype(dtype)
     if name == "smollm2-135m":
         path = build_cached("smollm2-135m", _build_smollm2)

@@ -1,57 +1,281 @@
-"""The run report: JSON, a Markdown summary and a PNG of reward per step.
+"""The run report: JSON, a Markdown summary, the run's curves as one PNG, and the same in TensorBoard.
 
-Everything in the report is rebuilt from ``metrics.jsonl``, ``evals.json`` and (when the run
-had a ``[pretrain]`` stage) ``pretrain/result.json`` in the run directory, so a report can be
-regenerated after the fact (``write_report(out)``).
+    write_report(Path("runs/demo"))   # -> runs/demo/report.md (+ report.png, report.json, tb/heldout/)
+
+Everything in the report is rebuilt from ``metrics.jsonl``, ``evals.json``, the held-out
+transcripts under ``evals/<checkpoint>/`` and (when the run had a ``[pretrain]`` stage)
+``pretrain/result.json`` in the run directory, so a report can be regenerated after the fact
+(``write_report(out)``); every file is written atomically (temp file + rename).
+
+``report.png``, four panels:
+
+* (a) train reward per update: the mean task reward of the update's rollouts, its rolling mean
+  over the last ``ROLLING`` (10) updates, and the shaped reward the update used, if any;
+* (b) held-out pass@1 and pass@K (K = the evaluation's samples per task) per evaluated
+  checkpoint, in training order (base, SFT, RL: ``evals.json`` keys ``base``, ``sft``, ``rl``,
+  and ``rl@N`` / entries with a ``step`` for RL every N updates), each with its 95% interval:
+  a bootstrap over tasks from the transcripts' outcomes, or (no transcripts, or fewer than 5
+  tasks) a Wilson interval over episodes (pass@1) or tasks (pass@K);
+* (c) completion tokens per episode per update (and its rolling mean);
+* (d) invalid-call rate per update: invalid tool calls / all tool calls.
+
+TensorBoard (``tensorboard --logdir <out>/tb``): the train curves are logged live, per update,
+by ``rl.metrics.MetricsLog`` (``train/reward_mean``, ``train/reward_mean_rolling``,
+``train/tokens_per_episode``, ``train/invalid_call_rate``); the report writes the held-out ones
+to ``tb/heldout`` (rewritten each time, so a regenerated report never doubles a point), at
+step = the checkpoint's update (base and SFT: 0), one tag per checkpoint kind
+(``<stage>``: ``base``, ``sft``, ``rl``):
+
+* ``heldout/pass@1/<stage>``, ``heldout/pass@1_ci95_low/<stage>``, ``heldout/pass@1_ci95_high/<stage>``;
+* ``heldout/pass@K/<stage>`` and its ``_ci95_low`` / ``_ci95_high``, K the evaluation's k (e.g. ``pass@8``).
+
+Test: ``pytest tests/unit/pipeline/test_run_report.py``, ``pytest tests/integration/test_rl_run.py``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from opencomposer.eval.report import png_bytes, task_interval, wilson_interval, write_png
+from opencomposer.paths import atomic_write_text
+from opencomposer.rl.metrics import ROLLING, pass_at_k, train_curves
+
+HELDOUT_TB = "heldout"  # under <out>/tb
+MIN_BOOTSTRAP_TASKS = 5  # fewer held-out tasks: Wilson intervals (episodes for pass@1, tasks for pass@K)
+_STAGES = {"base": 0, "sft": 1}
+_RL_AT = re.compile(r"^rl[@_-]?(?:step-?)?(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    """One held-out evaluation of ``evals.json``, with its intervals."""
+
+    name: str
+    stage: str  # base, sft, rl (or the name itself, for a kind the report does not know)
+    step: int  # the update it was measured after (base, sft: 0)
+    k: int
+    pass1: float
+    passk: float
+    ci1: tuple[float, float]
+    cik: tuple[float, float]
+    method: str  # "bootstrap over N tasks" or "Wilson"
 
 
 def write_report(out: Path) -> Path:
+    """Write ``report.png``, ``report.md``, ``report.json`` and ``tb/heldout``; returns report.md."""
+    out = Path(out)
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()] \
+        if (out / "metrics.jsonl").exists() else []
+    evals = json.loads((out / "evals.json").read_text()) if (out / "evals.json").exists() else {}
+    last_step = max((r["step"] for r in rows), default=0)
+    points = sorted((checkpoint(n, e, out / "evals" / n, last_step) for n, e in evals.items()),
+                    key=lambda c: (_STAGES.get(c.stage, 2), c.step, c.name == "rl"))
+    evals = {c.name: evals[c.name] for c in points}  # stages in training order
+    curves = train_curves(rows)
+    write_png(out / "report.png", _figure(curves, points))
+    _tensorboard(out / "tb" / HELDOUT_TB, points)
+    md = out / "report.md"
+    atomic_write_text(md, _markdown(out, rows, evals, points))
+    cpt = _pretrain(out)
+    extra = {"pretrain": {k: cpt[k] for k in ("steps", "before", "after", "model_dir")}} if cpt else {}
+    heldout = {c.name: {"stage": c.stage, "step": c.step, "k": c.k, "pass@1": c.pass1, "pass@1_ci95": list(c.ci1),
+                        f"pass@{c.k}": c.passk, f"pass@{c.k}_ci95": list(c.cik), "interval": c.method}
+               for c in points}
+    atomic_write_text(out / "report.json", json.dumps({"evals": evals, "heldout": heldout, "steps": rows, **extra},
+                                                      indent=1))
+    return md
+
+
+# --------------------------------------------------------------------------- held-out points
+
+
+def checkpoint(name: str, entry: Mapping[str, Any], transcripts: Path, last_step: int) -> Checkpoint:
+    """The held-out point of ``evals.json``'s ``name``: its stage and update, pass@1 / pass@K and
+    their 95% intervals (bootstrap over tasks when ``transcripts`` holds the evaluation's
+    episodes, else Wilson)."""
+    k = int(entry.get("k", 1))
+    m = _RL_AT.match(name)
+    stage = "rl" if m or name == "rl" else name
+    step = int(entry["step"]) if "step" in entry else int(m.group(1)) if m else last_step if name == "rl" else 0
+    p1, pk = float(entry.get("pass@1", 0.0)), float(entry.get(f"pass@{k}", entry.get("pass@1", 0.0)))
+    counts = _task_counts(transcripts, entry, k)
+    if counts:
+        v1 = [pass_at_k(k, c, 1) for c in counts]
+        vk = [pass_at_k(k, c, k) for c in counts]
+        # the transcripts' own figures: the same episodes as the entry's
+        p1, pk = sum(v1) / len(v1), sum(vk) / len(vk)
+        if len(counts) >= MIN_BOOTSTRAP_TASKS:
+            return Checkpoint(name, stage, step, k, p1, pk, task_interval(v1), task_interval(vk),
+                              f"bootstrap over {len(counts)} tasks")
+        # a bootstrap over one or two tasks says nothing (a single task: a zero-width interval)
+        return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(sum(counts), k * len(counts)),
+                          wilson_interval(sum(c > 0 for c in counts), len(counts)), "Wilson")
+    tasks = int(entry.get("tasks", 0)) or 1
+    rollouts = int(entry.get("rollouts", tasks * k)) or 1
+    return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(p1 * rollouts, rollouts),
+                      wilson_interval(pk * tasks, tasks), "Wilson")
+
+
+def _task_counts(folder: Path, entry: Mapping[str, Any], k: int) -> list[int]:
+    """Passing episodes per task (of ``k``) from an evaluation's transcripts; a task none of
+    whose episodes left one (they broke before grading) counts 0. [] when the folder does not
+    match the entry (missing, or more transcripts than episodes: not this evaluation's)."""
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    tasks, rollouts = int(entry.get("tasks", 0)), int(entry.get("rollouts", 0))
+    if not files or not tasks or len(files) > rollouts:
+        return []
+    passed: dict[str, int] = {}
+    for f in files:
+        try:
+            t = json.loads(f.read_text())
+            tid, ok = t["task_id"], bool(t["meta"]["reward"]["passed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        passed[tid] = passed.get(tid, 0) + ok
+    if len(passed) > tasks or any(c > k for c in passed.values()):
+        return []
+    return list(passed.values()) + [0] * (tasks - len(passed))
+
+
+# --------------------------------------------------------------------------- the PNG
+
+
+def _figure(curves: dict[str, list[float]], points: list[Checkpoint]) -> bytes:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()] \
-        if (out / "metrics.jsonl").exists() else []
-    evals = json.loads((out / "evals.json").read_text()) if (out / "evals.json").exists() else {}
-    # stages in training order, whatever order they were measured in
-    order = {"base": 0, "sft": 1, "rl": 2}
-    evals = dict(sorted(evals.items(), key=lambda kv: order.get(kv[0], 3)))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    steps = [r["step"] for r in rows]
-    axes[0].plot(steps, [r.get("reward_mean", 0) for r in rows], "o-", label="reward mean")
-    axes[0].plot(steps, [r.get("pass@1", 0) for r in rows], "s--", label="pass@1 (train groups)")
-    if any("shaped_reward_mean" in r for r in rows):  # what the update used (rewards/shaping.py)
-        axes[0].plot(steps, [r.get("shaped_reward_mean", 0) for r in rows], "^:", label="shaped reward mean")
-    low = min([0.0] + [r.get("shaped_reward_mean", 0) for r in rows])
-    axes[0].set(title="reward per RL step", xlabel="step", ylim=(low - 0.05, 1.05))
-    axes[0].legend(fontsize=8)
-    for ax in axes[:2]:
-        ax.set_xticks(steps)
-    axes[1].plot(steps, [r.get("invalid_calls", 0) for r in rows], "o-", color="tab:red", label="invalid calls / rollout")
-    axes[1].plot(steps, [r.get("tool_calls", 0) for r in rows], "s-", color="tab:green", label="tool calls / rollout")
-    axes[1].set(title="tool use per rollout", xlabel="step")
-    axes[1].legend(fontsize=8)
-    names = list(evals)
-    axes[2].bar(names, [evals[n].get("pass@1", 0) for n in names], color="tab:purple")
-    for i, n in enumerate(names):
-        axes[2].text(i, evals[n].get("pass@1", 0) + 0.02, f"{evals[n].get('pass@1', 0):.2f}", ha="center")
-    axes[2].set(title="held-out pass@1", ylim=(0, 1.05))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    (ax_r, ax_h), (ax_t, ax_i) = axes
+    steps = curves["step"]
+    marker = "o" if len(steps) <= 40 else None
+
+    # (a) train reward per update
+    ax_r.plot(steps, curves["reward_mean"], marker=marker, ms=3, lw=1, alpha=0.45, color="tab:blue",
+              label="reward mean (update)")
+    ax_r.plot(steps, curves["reward_mean_rolling"], lw=2.2, color="tab:blue",
+              label=f"rolling mean ({ROLLING} updates)")
+    low = 0.0
+    if "shaped_reward_mean" in curves:
+        ax_r.plot(steps, curves["shaped_reward_mean"], ls=":", lw=1.2, color="tab:orange", label="shaped reward mean")
+        low = min([0.0] + curves["shaped_reward_mean"])
+    ax_r.set(title="(a) train reward per update", xlabel="update", ylabel="reward", ylim=(low - 0.05, 1.05))
+
+    # (b) held-out pass@1 / pass@K per checkpoint
+    xs = list(range(len(points)))
+    if points:
+        p1 = [c.pass1 for c in points]
+        ax_h.errorbar(xs, p1, yerr=_yerr(p1, [c.ci1 for c in points]), fmt="o-", color="tab:purple", ms=7,
+                      capsize=4, lw=1, label="pass@1")
+        with_k = [(x, c) for x, c in zip(xs, points) if c.k > 1]
+        if with_k:
+            kx = [x + 0.08 for x, _ in with_k]
+            pk = [c.passk for _, c in with_k]
+            ks = sorted({c.k for _, c in with_k})
+            ax_h.errorbar(kx, pk, yerr=_yerr(pk, [c.cik for _, c in with_k]), fmt="s--", mfc="none", ms=7,
+                          capsize=4, lw=1, color="tab:green", label="pass@" + "/".join(map(str, ks)))
+        for x, c in zip(xs, points):
+            ax_h.annotate(f"{c.pass1:.2f}", (x, c.pass1), xytext=(-6, 0), textcoords="offset points",
+                          ha="right", va="center", fontsize=8, color="tab:purple")
+        ax_h.set_xticks(xs, [_label(c) for c in points])
+        ax_h.set_xlim(-0.5, len(points) - 0.5)
+    else:
+        ax_h.text(0.5, 0.5, "no held-out evaluation", ha="center", va="center", transform=ax_h.transAxes)
+    methods = sorted({c.method.split(" over")[0] for c in points})
+    ax_h.set(title="(b) held-out pass@k per checkpoint, 95% CI" + (f" ({'/'.join(methods)})" if methods else ""),
+             xlabel="checkpoint", ylabel="pass rate", ylim=(-0.03, 1.05))
+
+    # (c) tokens per episode
+    ax_t.plot(steps, curves["tokens_per_episode"], marker=marker, ms=3, lw=1, color="tab:brown",
+              label="completion tokens / episode")
+    ax_t.plot(steps, _rolling(curves["tokens_per_episode"]), lw=2, alpha=0.6, color="tab:brown",
+              label=f"rolling mean ({ROLLING} updates)")
+    ax_t.set(title="(c) tokens per episode", xlabel="update", ylabel="tokens", ylim=(0, None))
+
+    # (d) invalid-call rate
+    ax_i.plot(steps, curves["invalid_call_rate"], marker=marker, ms=3, lw=1, color="tab:red",
+              label="invalid / all tool calls")
+    ax_i.set(title="(d) invalid-call rate per update", xlabel="update", ylabel="rate",
+             ylim=(-0.02, max([0.2] + curves["invalid_call_rate"]) * 1.1))
+
+    for ax in (ax_r, ax_h, ax_t, ax_i):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
+    from matplotlib.ticker import MaxNLocator
+    for ax in (ax_r, ax_t, ax_i):
+        if not steps:
+            ax.text(0.5, 0.5, "no RL updates", ha="center", va="center", transform=ax.transAxes)
+        elif len(steps) <= 12:
+            ax.set_xticks(steps)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    png = out / "report.png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    lines = ["# opencomposer run report", "", f"run dir: `{out}`", "", "## Held-out pass@1", "",
-             "| stage | tasks | k | pass@1 | invalid calls/ep | tokens/ep | s |", "|---|---|---|---|---|---|---|"]
-    for n, e in evals.items():
-        lines.append(f"| {n} | {e.get('tasks')} | {e.get('k')} | {e.get('pass@1', 0):.3f} | "
-                     f"{e.get('invalid_calls', 0):.2f} | {e.get('mean_completion_tokens', 0):.0f} | {e.get('seconds')} |")
-    cpt = json.loads((out / "pretrain" / "result.json").read_text()) if (out / "pretrain" / "result.json").exists() else None
+    return png_bytes(fig)
+
+
+def _yerr(values: list[float], cis: list[tuple[float, float]]) -> list[list[float]]:
+    return [[max(v - lo, 0.0) for v, (lo, _) in zip(values, cis)], [max(hi - v, 0.0) for v, (_, hi) in zip(values, cis)]]
+
+
+def _rolling(values: list[float]) -> list[float]:
+    return [sum(values[max(0, i + 1 - ROLLING): i + 1]) / (i + 1 - max(0, i + 1 - ROLLING)) for i in range(len(values))]
+
+
+def _label(c: Checkpoint) -> str:
+    return f"rl\n(update {c.step})" if c.stage == "rl" else c.name
+
+
+# --------------------------------------------------------------------------- TensorBoard
+
+
+def _tensorboard(folder: Path, points: list[Checkpoint]) -> None:
+    """The held-out scalars, in a folder of their own rewritten each time (see the module docstring)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard not installed: the PNG and the JSON only
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("events.out.tfevents*"):
+        old.unlink()
+    if not points:
+        return
+    writer = SummaryWriter(str(folder))
+    try:
+        for c in points:
+            for metric, value, (lo, hi) in (("pass@1", c.pass1, c.ci1), (f"pass@{c.k}", c.passk, c.cik)):
+                if metric == f"pass@{c.k}" and c.k == 1:
+                    continue
+                writer.add_scalar(f"heldout/{metric}/{c.stage}", value, c.step)
+                writer.add_scalar(f"heldout/{metric}_ci95_low/{c.stage}", lo, c.step)
+                writer.add_scalar(f"heldout/{metric}_ci95_high/{c.stage}", hi, c.step)
+    finally:
+        writer.close()
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _pretrain(out: Path) -> dict | None:
+    p = out / "pretrain" / "result.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _markdown(out: Path, rows: list[dict], evals: dict, points: list[Checkpoint]) -> str:
+    lines = ["# opencomposer run report", "", f"run dir: `{out}`", "", "## Held-out pass@k", "",
+             "| checkpoint | update | tasks | k | pass@1 [95% CI] | pass@k [95% CI] | interval | invalid calls/ep "
+             "| tokens/ep | s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in points:
+        e = evals[c.name]
+        lines.append(f"| {c.name} | {c.step} | {e.get('tasks')} | {c.k} | {c.pass1:.3f} [{c.ci1[0]:.2f}, {c.ci1[1]:.2f}] | "
+                     f"{c.passk:.3f} [{c.cik[0]:.2f}, {c.cik[1]:.2f}] | {c.method} | {e.get('invalid_calls', 0):.2f} | "
+                     f"{e.get('mean_completion_tokens', 0):.0f} | {e.get('seconds')} |")
+    cpt = _pretrain(out)
     if cpt:
         lines += ["", "## Continued pretraining", "",
                   (f"{cpt['steps']} steps x {cpt['batch_size']} x {cpt['seq_len']} tokens, {cpt['tokens_per_second']} "
@@ -60,16 +284,15 @@ def write_report(out: Path) -> Path:
         for name in (k for k in cpt["before"] if k != "step"):
             b, a = cpt["before"][name], cpt["after"][name]
             lines.append(f"| {name} | {b['loss']:.4f} | {a['loss']:.4f} | {b['perplexity']:.2f} | {a['perplexity']:.2f} |")
-    lines += ["", "## RL steps", "", "| step | reward | pass@1 | tokens | tool calls | invalid | loss | kl | grad norm | rollout s | train s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    lines += ["", "## RL steps", "",
+              "| step | reward | pass@1 | tokens | tool calls | invalid | invalid rate | loss | kl | grad norm "
+              "| rollout s | train s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rates = train_curves(rows)["invalid_call_rate"]
+    for r, rate in zip(rows, rates):
         lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass@1', 0):.3f} | "
                      f"{r.get('mean_completion_tokens', 0):.0f} | {r.get('tool_calls', 0):.1f} | {r.get('invalid_calls', 0):.1f} | "
-                     f"{r.get('loss', 0):.4g} | {r.get('kl', 0):.3g} | {r.get('grad_norm', 0):.3g} | "
+                     f"{rate:.2f} | {r.get('loss', 0):.4g} | {r.get('kl', 0):.3g} | {r.get('grad_norm', 0):.3g} | "
                      f"{r.get('time_rollout')} | {r.get('time_train')} |")
-    lines += ["", "![report](report.png)", ""]
-    md = out / "report.md"
-    md.write_text("\n".join(lines))
-    extra = {"pretrain": {k: cpt[k] for k in ("steps", "before", "after", "model_dir")}} if cpt else {}
-    (out / "report.json").write_text(json.dumps({"evals": evals, "steps": rows, **extra}, indent=1))
-    return md
+    lines += ["", "![report](report.png)", "",
+              f"TensorBoard: `tensorboard --logdir {out / 'tb'}` (train/... per update, heldout/... per checkpoint).", ""]
+    return "\n".join(lines)

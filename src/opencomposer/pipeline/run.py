@@ -13,6 +13,9 @@ depend on when it is taken), so the first RL step comes minutes sooner.
 Every stage leaves its result in the run directory (``pretrain/``, ``evals.json``, ``sft.json``,
 ``sft_model/``, ``checkpoints/``, ``metrics.jsonl``), and a resumed run skips the
 stages already done (and continues an interrupted continued pretraining from its checkpoint).
+What of it a resume reads, and so what must travel to resume on a fresh machine (the carry
+set), is ``pipeline/carry.py``'s; nothing in it names the directory it was written in, so it
+resumes under another ``run.out_dir`` too.
 
 Under torchrun, rank 0 makes the tasks, runs the oracle, the evaluations and the report;
 every rank takes part in the CPT, SFT and RL updates (sharded, ``train/pretrain.py``, ``rl/run.py``).
@@ -86,8 +89,8 @@ def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distr
         path = stage / "result.json"
         if resume and path.exists() and (stage / "model").is_dir():
             res = json.loads(path.read_text())
-            if res.get("steps") == p.steps:
-                return res
+            if res.get("steps") == p.steps:  # the model here, wherever the run dir was when it was made
+                return {**res, "model_dir": str(stage / "model")}
         if not resume:  # a fresh run: an old stage's checkpoint is not continued
             shutil.rmtree(stage / "checkpoints", ignore_errors=True)
         return None
@@ -163,6 +166,8 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     t0 = time.perf_counter()
     run = RLRun(cfg, train, out, resume=resume, on_step=on_step, start_model=start_model)
     log(f"model loaded in {time.perf_counter() - t0:.1f}s" + (f"; resuming at step {run.start_step}" if run.start_step else ""))
+    if run.learner.resume_warning:
+        log(f"warning: {run.learner.resume_warning}")
     evals_path, sft_path = out / "evals.json", out / "sft.json"
     evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
     held_tasks = [Task.load(p) for p in held]
@@ -186,8 +191,8 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
             export_model(out / "sft_model", run.learner.trainer)
             # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
             # RL checkpoint resumes from them instead of from the base model
-            save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, {"sampler": run.actor.sampler.state()}, 0,
-                            keep=cfg.run.keep_checkpoints)
+            save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, run.actor_state(None) or {}, 0,
+                            keep=cfg.run.keep_checkpoints, identity=run.learner.identity)
             run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
             distributed.main_does(dist, lambda: (_write_json(sft_path, sft), measure("sft")))
     log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")

@@ -23,7 +23,8 @@ N versions older than the learner's weights. A task counts as used once trained 
 Under torchrun the actor lives on rank 0 alone (``distributed.main_only``): its engine, its
 sandboxes, its rollout thread, the metrics log and the evaluations' policies (``make_policy``).
 
-Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.py``.
+Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.py
+tests/unit/rl/test_informative.py`` (zero-variance groups kept, skipped, resampled).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from opencomposer.harness.prompt import agent_tools
 from opencomposer.models.registry import load_model
 from opencomposer.policies.batched import BatchedPolicy
 from opencomposer.policies import make_policy
-from opencomposer.rl.advantages import advantages_for_groups
+from opencomposer.rl.advantages import GroupSplit, advantages_for_groups, split_groups
 from opencomposer.rl.async_rollouts import RolloutsAhead
 from opencomposer.rl.config import RLRunConfig, RolloutSection
 from opencomposer.rl.feedback import detect, distill_pairs
@@ -47,7 +48,7 @@ from opencomposer.rl.learner import TrainBatch, Weights
 from opencomposer.rl.metrics import MetricsLog, rollout_stats
 from opencomposer.rl.sampler import TaskSampler
 from opencomposer.rl.staleness import oldest_version, versions_per_rollout
-from opencomposer.rl.taskpool import HarderTasks
+from opencomposer.rl.taskpool import HarderTasks, task_sampler
 from opencomposer.train.samples import Sample, trajectory_samples
 
 
@@ -55,9 +56,9 @@ from opencomposer.train.samples import Sample, trajectory_samples
 class Batch:
     """One step's rollouts, scored: the learner updates on ``train``, the rest is the step's row."""
 
-    paths: list[Path]  # the tasks (in flight in the sampler until trained)
+    paths: list[Path]  # every task drawn for it (in flight in the sampler until trained; then all used)
     task_ids: list[str]
-    rollouts: list[Rollout]  # K per task, group-major: groups stay whole
+    rollouts: list[Rollout]  # K per task trained on, group-major: groups stay whole
     samples: list[Sample]
     pairs: list  # feedback distillation (hinted, original) pairs
     points: list  # feedback failure points
@@ -67,6 +68,12 @@ class Batch:
     waited: float = 0.0  # seconds the learner waited for it (next_batch)
     dropped: int = 0  # staler batches dropped before it
     marks: dict[str, float] = field(default_factory=dict)  # perf_counter of its step: start, handed; idle
+    # [rollout] zero_variance: every rollout drawn (``rollouts`` less the groups left out; the
+    # row's pass rates are of these), each task's K task rewards (the sampler's estimates), and
+    # the groups_* counts of the step's row
+    drawn: list[Rollout] = field(default_factory=list)
+    outcomes: dict[str, list[float]] = field(default_factory=dict)  # task dir name -> K task rewards
+    groups: dict[str, float] = field(default_factory=dict)
 
     @property
     def train(self) -> TrainBatch:
@@ -134,6 +141,25 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
         return make_policy("engine", engine=engine, **sampling)
     return make_policy("model", model=(model, tok), policy_version=version, **sampling)
 
+
+def _split(rollouts: list[Rollout]) -> GroupSplit:
+    """``split_groups`` of rollouts: zero variance by the shaped reward the update uses,
+    all-pass / all-fail by the task reward."""
+    train: dict[str, list[float]] = {}
+    task: dict[str, list[float]] = {}
+    for ro in rollouts:
+        train.setdefault(ro.task_id, []).append(ro.train_reward)
+        task.setdefault(ro.task_id, []).append(ro.reward)
+    return split_groups(train, task)
+
+
+def _pooled(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Means over several collections (``shape_rollouts``' per-rollout means, each with its count)."""
+    n = sum(c for c, _ in parts) or 1
+    keys = list(dict.fromkeys(k for _, d in parts for k in d))
+    return {k: sum(c * d.get(k, 0.0) for c, d in parts) / n for k in keys}
+
+
 class Actor:
     """The rollout side of an RL run; see the module docstring. ``state`` is what a resumed
     run's checkpoint saved of it (``Actor.state``), {} on a fresh run."""
@@ -149,9 +175,10 @@ class Actor:
         self.harder = HarderTasks(cfg.tasks, out) if cfg.tasks.harder_every else None
         if self.harder is not None:  # what it made in earlier sessions of this run is in the pool
             train_tasks = train_tasks + self.harder.made_tasks()
-        self.sampler = TaskSampler(train_tasks, cfg.rollout.tasks_per_step, cfg.run.seed)
+        # uniform or informative draws ([tasks] sampling), from the checkpoint's state on resume
+        self.sampler: TaskSampler = task_sampler(cfg.tasks, train_tasks, cfg.rollout.tasks_per_step, cfg.run.seed,
+                                                 state["sampler"] if state else None)
         if state:
-            self.sampler = TaskSampler.from_state(train_tasks, state["sampler"])
             if self.harder is not None and "harder" in state:
                 self.harder.restore(state["harder"])
             self.metrics.truncate(start_step, state.get("row"))
@@ -229,29 +256,68 @@ class Actor:
 
     def collect_batch(self) -> Batch:
         """The next unused tasks -> K rollouts each -> scored samples (in the rollout thread
-        when rollouts run ahead; there the engine's weights move on their own)."""
-        from opencomposer.tasks.format import Task
+        when rollouts run ahead; there the engine's weights move on their own).
 
+        ``[rollout] zero_variance``: a group whose K rewards are all equal (``split_groups``) is
+        trained on ("keep"), left out ("skip"), or left out and replaced by further tasks drawn
+        until the batch holds ``tasks_per_step`` informative groups ("resample", DAPO's dynamic
+        sampling: at most ``max_resample_rounds`` collections and ``max_resample_groups`` extra
+        tasks, or the pool's end). Every task drawn counts as used once the batch is trained."""
         r, t0 = self.cfg.rollout, time.perf_counter()
         paths = self.sampler.issue()
-        tasks = [Task.load(p) for p in paths]
         if not r.max_staleness:
             self.sync_weights()
         gen0 = self.policy.stats.get("generate_seconds", 0.0)
-        rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
-                                    max_concurrent=r.k * r.tasks_per_step,
-                                    sandboxes=self.pool.lease if self.pool is not None else None)
+        task_ids, rollouts = self._roll(paths)
+        shaped = [(len(rollouts), shape_rollouts(rollouts, self.cfg.reward))]
+        split = _split(rollouts)
+        rounds = extra = 0
+        cap = r.max_resample_groups
+        while (r.zero_variance == "resample" and len(split.informative) < r.tasks_per_step
+               and rounds < r.max_resample_rounds and (cap is None or extra < cap)):
+            need = r.tasks_per_step - len(split.informative)
+            more = self.sampler.issue(need if cap is None else min(need, cap - extra), allow_fewer=True)
+            if not more:  # the pool's end
+                break
+            rounds, extra = rounds + 1, extra + len(more)
+            ids, ros = self._roll(more)
+            shaped.append((len(ros), shape_rollouts(ros, self.cfg.reward)))
+            split.extend(_split(ros))
+            paths, task_ids, rollouts = paths + more, task_ids + ids, rollouts + ros
+        left_out = set(split.zero_variance) if r.zero_variance != "keep" else set()
         t1 = time.perf_counter()
-        batch = self.score(paths, [t.id for t in tasks], rollouts)
+        batch = self.score(paths, task_ids, [ro for ro in rollouts if ro.task_id not in left_out],
+                           shaping=_pooled(shaped))
+        batch.drawn = rollouts
+        batch.outcomes = {Path(p).name: [ro.reward for ro in rollouts if ro.task_id == tid]
+                          for p, tid in zip(paths, task_ids)}
+        batch.groups = {**split.metrics(), "groups_drawn": float(len(paths)),
+                        "groups_trained": float(len(paths) - len(left_out)),
+                        "groups_resampled": float(extra), "resample_rounds": float(rounds)}
         reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
         batch.times = {"time_rollout": round(t1 - t0, 2),
                        "time_generate": round(self.policy.stats.get("generate_seconds", 0.0) - gen0, 2),
                        "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2)}
         return batch
 
-    def score(self, paths: list[Path], task_ids: list[str], rollouts: list[Rollout]) -> Batch:
-        """Shaped rewards -> group advantages -> token samples (and feedback pairs)."""
-        shaping = shape_rollouts(rollouts, self.cfg.reward)
+    def _roll(self, paths: list[Path]) -> tuple[list[str], list[Rollout]]:
+        """K rollouts of each task (group-major) and the tasks' ids."""
+        from opencomposer.tasks.format import Task
+
+        r = self.cfg.rollout
+        tasks = [Task.load(p) for p in paths]
+        # the actor lives on rank 0 alone (distributed.main_only), so it always shows its progress
+        rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
+                                    max_concurrent=r.k * r.tasks_per_step,
+                                    sandboxes=self.pool.lease if self.pool is not None else None,
+                                    progress="rollouts")
+        return [t.id for t in tasks], rollouts
+
+    def score(self, paths: list[Path], task_ids: list[str], rollouts: list[Rollout],
+              shaping: dict[str, float] | None = None) -> Batch:
+        """Shaped rewards -> group advantages -> token samples (and feedback pairs). ``shaping``:
+        the rollouts were shaped already (``collect_batch``), these are the row's means."""
+        shaping = shape_rollouts(rollouts, self.cfg.reward) if shaping is None else shaping
         groups: dict[str, list[float]] = {}
         for ro in rollouts:
             groups.setdefault(ro.task_id, []).append(ro.train_reward)
@@ -309,7 +375,9 @@ class Actor:
         """After the learner's update on ``batch``: its tasks are used for good, and its new
         ``weights`` go to the weight store and, while rollouts run ahead, to the engine in
         flight (the rollouts running now continue on them)."""
-        self.sampler.trained(batch.paths)  # only now: tasks in flight at a stop are handed out again
+        # only now: tasks in flight at a stop are handed out again; the groups' task rewards
+        # (all drawn, left out or not) update the estimates of informative sampling
+        self.sampler.trained(batch.paths, batch.outcomes)
         t2 = time.perf_counter()
         self.take(weights)
         sync = self.publish_to_store()
@@ -331,7 +399,8 @@ class Actor:
             feedback = {"feedback_points": float(len(kinds)),
                         **{f"feedback_{k}": float(kinds.count(k)) for k in fb.detectors}}
         row = {
-            "step": step, **rollout_stats(batch.rollouts, r.k), **batch.shaping,
+            "step": step, **rollout_stats(batch.drawn or batch.rollouts, r.k), **batch.shaping,
+            **batch.groups, **self.sampler.metrics(),
             "task_ids": batch.task_ids,
             "samples": int(train["samples"]), "train_tokens": train.get("tokens", 0.0),
             **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},

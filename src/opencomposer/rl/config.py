@@ -38,6 +38,23 @@ class TasksSection(Strict):
     harder_every: int = Field(0, ge=0, description="every N steps, report the rolling pass@1 to the factory "
                               "(TaskFactory.harder) and add the batch it makes if its levels moved; 0: never")
     pass_window: int = Field(4, ge=1, description="training steps averaged into the rolling pass@1")
+    # which unused task comes next (rl/sampler.py; docs/learning.md, "Informative groups")
+    sampling: Literal["uniform", "informative"] = Field(
+        "uniform", description="uniform: the seeded order. informative: prefer strata of tasks (tasks.strata) whose "
+                               "estimated pass rate is nearest tasks.target_pass_rate, estimated from the groups "
+                               "trained on")
+    target_pass_rate: float = Field(0.5, gt=0, lt=1, description="sampling='informative': the pass rate preferred")
+    strata: list[Literal["level", "library"]] = Field(
+        ["level"], min_length=1, description="sampling='informative': what a stratum of tasks shares (task.toml "
+                                             "feature.level, the library of source)")
+    explore: float = Field(0.1, ge=0, le=1, description="sampling='informative': share of draws spread evenly over "
+                                                        "the strata, so none starves")
+    temperature: float = Field(0.1, gt=0, description="sampling='informative': of the softmax over -|estimate - "
+                                                      "target| that weighs the strata; lower is greedier")
+    prior_strength: float = Field(2.0, gt=0, description="sampling='informative': rollouts' worth of prior (at "
+                                                         "target_pass_rate) in each stratum's Beta estimate")
+    estimate_decay: float = Field(0.9, gt=0, le=1, description="sampling='informative': evidence kept at each "
+                                                               "update of a stratum (an EMA; 1: a plain Beta posterior)")
 
     @model_validator(mode="after")
     def _harder_needs_factory(self) -> TasksSection:
@@ -72,6 +89,16 @@ class RolloutSection(SamplingSection):
                              "(mid-rollout; 'server': published without waiting); a batch whose oldest token is more "
                              "than N versions behind the trainer is dropped (its tasks handed out again). Needs "
                              "engine 'builtin' or 'server' (rl/async_rollouts.py)")
+    zero_variance: Literal["keep", "skip", "resample"] = Field(
+        "keep", description="groups whose K rewards are all equal (all passed or all failed: every advantage 0). "
+                            "keep: trained on (only the KL term moves them). skip: left out of the update. resample: "
+                            "left out, and more tasks drawn until the step holds tasks_per_step informative groups "
+                            "(max_resample_rounds, max_resample_groups, or the pool's end). Their tasks count as "
+                            "used either way (single epoch)")
+    max_resample_rounds: int = Field(4, ge=0, description="zero_variance='resample': most further collections a step")
+    max_resample_groups: int | None = Field(
+        None, ge=1, description="zero_variance='resample': most extra groups (tasks) a step draws; absent: "
+                                "max_resample_rounds bounds it (each round draws at most tasks_per_step)")
 
 
 class RLLossSection(LossSection):

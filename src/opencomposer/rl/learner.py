@@ -1,8 +1,8 @@
 """The learner of an RL run: one optimizer step on a batch of token samples, its weights for
 the actor, its checkpoints.
 
-    learner = Learner(cfg, out, start_model="tiny-random", dist=distributed.SINGLE)
-    step, state = learner.resume()                  # (0, {}) on a fresh run
+    learner = Learner(cfg, out, start_model="tiny-random", dist=distributed.SINGLE, task_ids=[...])
+    step, state = learner.resume()                  # (0, {}) on a fresh run; ConfigError: another run's
     metrics = learner.update(TrainBatch(samples, pairs=[], rollouts=8))
     weights = learner.weights()                     # Weights(version, state): what the actor publishes
     learner.save(step + 1, {"sampler": ...})        # when [run] save_every says so
@@ -18,11 +18,19 @@ sharded (FSDP2, ``train/distributed.py``), ``update`` trains this rank's share o
 batch, ``weights`` gathers the whole weights to rank 0 (a collective; the others get ``{}``)
 and ``save`` writes one checkpoint for all of them.
 
+Every checkpoint records the run's ``identity`` (``run_identity``: the model's name and the
+fingerprint of the weights it starts from, the training pool's task ids, the seed, the loss and
+LoRA settings), and ``resume`` refuses a checkpoint whose identity differs from the config's
+(``checkpoint.check_identity``: a ``ConfigError`` naming the setting and both values); one from
+before identities were recorded resumes with a warning (``resume_warning``).
+
 Test: ``pytest tests/unit/rl/test_learner.py tests/integration/test_rl_run.py``.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +40,13 @@ from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.staleness import staleness
 from opencomposer.train import distributed
 from opencomposer.train.checkpoint import (
+    IDENTITY,
+    check_identity,
     load_checkpoint,
+    names_fingerprint,
     resolve_checkpoint,
     save_checkpoint,
+    weights_fingerprint,
 )
 from opencomposer.train.loss import LossConfig
 from opencomposer.train.samples import Sample
@@ -61,12 +73,33 @@ class Weights:
     model: tuple[Any, Any] | None = None
 
 
-class Learner:
-    """The trainer side of an RL run; see the module docstring."""
+LORA_KEYS = ("lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 
-    def __init__(self, cfg: RLRunConfig, out: Path, start_model: str, dist: distributed.Dist, device: str):
+
+def run_identity(cfg: RLRunConfig, weights: str, task_ids: Iterable[str] | None) -> dict[str, Any]:
+    """What a checkpoint records of the run that wrote it, ``setting -> value``: a resume whose
+    values differ is refused (``checkpoint.check_identity``). ``weights``: the fingerprint of the
+    weights training starts from (``[model] name``, or the ``[pretrain]`` stage's export);
+    ``task_ids``: the training pool (its fingerprint; None: not recorded)."""
+    ident: dict[str, Any] = {"model.name": cfg.model.name, "model.weights": weights, "run.seed": cfg.run.seed}
+    if task_ids is not None:
+        ident["tasks.train_pool"] = names_fingerprint(task_ids)
+    ident.update({f"loss.{k}": v for k, v in cfg.loss.model_dump(mode="json").items()})
+    ident.update({f"train.{k}": getattr(cfg.train, k) for k in LORA_KEYS})
+    return ident
+
+
+class Learner:
+    """The trainer side of an RL run; see the module docstring. ``task_ids``: the training pool,
+    for the identity its checkpoints record (None: not recorded, not checked)."""
+
+    def __init__(self, cfg: RLRunConfig, out: Path, start_model: str, dist: distributed.Dist, device: str,
+                 task_ids: Iterable[str] | None = None):
         self.cfg, self.out, self.start_model, self.device = cfg, out, start_model, device
         model, tok = load_model(start_model, device=device)
+        # the weights as loaded, before any update or adapter: what every machine must start from
+        self.identity = run_identity(cfg, weights_fingerprint(model), task_ids)
+        self.resume_warning: str | None = None  # resume(): a checkpoint without an identity
         self.trainer = Trainer(model, tok, cfg.train.model_copy(update={"temperature": cfg.rollout.temperature}),
                                dist=dist)
         self.ckpt_dir = out / "checkpoints"
@@ -82,7 +115,11 @@ class Learner:
         ``(0, {})`` otherwise. The state is the actor's (``Actor.state``)."""
         if not (self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir())):
             return 0, {}
+        self.resume_warning = check_identity(self.ckpt_dir, self.identity)  # before any weights move
+        if self.resume_warning:
+            warnings.warn(self.resume_warning, stacklevel=2)
         state = load_checkpoint(self.ckpt_dir, self.trainer)
+        state.pop(IDENTITY, None)  # the learner's record, not the actor's state
         self.start_step = int(state["step"])
         return self.start_step, state
 
@@ -144,7 +181,8 @@ class Learner:
         the actor's ``state`` (None on ranks other than 0, whose state is not written)."""
         r = self.cfg.run
         if step % r.save_every == 0 or step == r.steps:
-            save_checkpoint(self.ckpt_dir, self.trainer, state or {}, step, keep=r.keep_checkpoints)
+            save_checkpoint(self.ckpt_dir, self.trainer, state or {}, step, keep=r.keep_checkpoints,
+                            identity=self.identity)
 
     def latest_checkpoint(self) -> Path | None:
         try:

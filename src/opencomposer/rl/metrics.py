@@ -10,8 +10,20 @@ equivalent product ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``.
     summarize_groups({"t1": [1.0, 0.0, 0.0], "t2": [0.0] * 3}, k=2)
     rollout_stats(rollouts, k=4)                 # + tokens, tool calls, turns per rollout
     MetricsLog(out).write(row)                   # a step's row to metrics.jsonl (and TensorBoard)
+    train_curves(rows)                           # the report's per-update curves (pipeline/report.py)
 
-Test: ``pytest tests/unit/rl/test_metrics.py``.
+TensorBoard (``<out>/tb``, when tensorboard is installed): every numeric key of a row under
+its own name (``reward_mean``, ``pass@1``, ``loss``, ...), plus the report's curves, the same
+figures ``train_curves`` gives the PNG, at step = the update:
+
+* ``train/reward_mean``: mean task reward of the update's rollouts;
+* ``train/reward_mean_rolling``: its mean over the last ``ROLLING`` (10) updates;
+* ``train/tokens_per_episode``: mean completion tokens per rollout;
+* ``train/invalid_call_rate``: invalid tool calls / all tool calls of the update (0 without calls).
+
+The held-out curves (``heldout/...``) are the report's (``pipeline/report.py``).
+
+Test: ``pytest tests/unit/rl/test_metrics.py tests/unit/pipeline/test_run_report.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +40,12 @@ from opencomposer.rl.advantages import group_advantages
 if TYPE_CHECKING:  # annotations only: eval/ imports pass_at_k without loading the episode code
     from opencomposer.episode.run import Rollout
 
-__all__ = ["MetricsLog", "pass_at_k", "rollout_stats", "summarize_groups"]
+__all__ = ["MetricsLog", "ROLLING", "TRAIN_TAGS", "pass_at_k", "rollout_stats", "summarize_groups", "train_curves"]
+
+ROLLING = 10  # updates in the rolling mean of the train reward
+# TensorBoard tag -> train_curves key
+TRAIN_TAGS = {"train/reward_mean": "reward_mean", "train/reward_mean_rolling": "reward_mean_rolling",
+              "train/tokens_per_episode": "tokens_per_episode", "train/invalid_call_rate": "invalid_call_rate"}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -102,6 +119,7 @@ def rollout_stats(rollouts: list[Rollout], k: int) -> dict[str, float]:
         "mean_completion_tokens": sum(t.completion_tokens for t in trajs) / n,
         "tool_calls": sum(t.tool_calls for t in trajs) / n,
         "invalid_calls": sum(t.invalid_calls for t in trajs) / n,
+        "invalid_call_rate": _ratio(sum(t.invalid_calls for t in trajs), sum(t.tool_calls for t in trajs)),
         "turns": sum(t.turns for t in trajs) / n,
         "summaries": sum(t.summaries for t in trajs) / n,  # self-summaries per rollout
         "submitted": sum(t.exit_reason == "submitted" for t in trajs) / n,
@@ -109,11 +127,42 @@ def rollout_stats(rollouts: list[Rollout], k: int) -> dict[str, float]:
     }
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def invalid_call_rate(row: Mapping[str, Any]) -> float:
+    """Invalid / all tool calls of a row (rows before ``invalid_call_rate`` was logged: from
+    the per-rollout means, whose ratio is the same)."""
+    if "invalid_call_rate" in row:
+        return float(row["invalid_call_rate"])
+    return _ratio(float(row.get("invalid_calls", 0.0)), float(row.get("tool_calls", 0.0)))
+
+
+def train_curves(rows: Sequence[Mapping[str, Any]], window: int = ROLLING) -> dict[str, list[float]]:
+    """Per update (``rows`` in step order): ``step``, ``reward_mean``, ``reward_mean_rolling``
+    (over the last ``window`` updates, fewer at the start), ``tokens_per_episode`` and
+    ``invalid_call_rate``; the shaped reward too (``shaped_reward_mean``) when every row has it."""
+    reward = [float(r.get("reward_mean", 0.0)) for r in rows]
+    out: dict[str, list[float]] = {
+        "step": [r["step"] for r in rows], "reward_mean": reward,
+        "reward_mean_rolling": [math.fsum(reward[max(0, i + 1 - window): i + 1]) / (i + 1 - max(0, i + 1 - window))
+                                for i in range(len(reward))],
+        "tokens_per_episode": [float(r.get("mean_completion_tokens", 0.0)) for r in rows],
+        "invalid_call_rate": [invalid_call_rate(r) for r in rows],
+    }
+    if rows and all("shaped_reward_mean" in r for r in rows):
+        out["shaped_reward_mean"] = [float(r["shaped_reward_mean"]) for r in rows]
+    return out
+
+
 class MetricsLog:
-    """Append-only JSONL of step metrics, plus TensorBoard scalars when available."""
+    """Append-only JSONL of step metrics, plus TensorBoard scalars when available (the
+    module docstring lists the ``train/...`` tags)."""
 
     def __init__(self, out: Path):
         self.path = out / "metrics.jsonl"
+        self._rewards: list[float] | None = None  # the last ROLLING rows' reward_mean, once read
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -122,6 +171,9 @@ class MetricsLog:
             self.tb = None
 
     def write(self, row: dict[str, Any]) -> None:
+        if self._rewards is None:  # the rolling mean's history: the rows already logged (a resumed run's)
+            self._rewards = [float(r.get("reward_mean", 0.0)) for r in self.rows()[-ROLLING:]]
+        self._rewards = (self._rewards + [float(row.get("reward_mean", 0.0))])[-ROLLING:]
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
@@ -129,6 +181,13 @@ class MetricsLog:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self.tb.add_scalar(k, v, row["step"])
+            # the report's curves (train_curves' figures for this row)
+            curves = {"reward_mean": self._rewards[-1],
+                      "reward_mean_rolling": math.fsum(self._rewards) / len(self._rewards),
+                      "tokens_per_episode": float(row.get("mean_completion_tokens", 0.0)),
+                      "invalid_call_rate": invalid_call_rate(row)}
+            for tag, key in TRAIN_TAGS.items():
+                self.tb.add_scalar(tag, curves[key], row["step"])
             self.tb.flush()
 
     def truncate(self, step: int, last_row: dict | None) -> None:
@@ -138,6 +197,7 @@ class MetricsLog:
         if last_row and not any(r["step"] == step for r in rows):
             rows.append(last_row)
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._rewards = None
 
     def rows(self) -> list[dict]:
         if not self.path.exists():

@@ -13,7 +13,11 @@ rollouts, scoring, the rollout engine, the weight store, the metrics log) and th
 
 then ``run`` checkpoints (learner, with the actor's ``state``) and logs the row, in that
 order: a kill in between loses nothing, since the row travels in the checkpoint, and
-``--resume`` continues exactly where a run stopped (weights, optimizer, task sampler).
+``--resume`` continues exactly where a run stopped (weights, optimizer, task sampler, and the
+rollout sampler's seed position: ``SAMPLING_CALLS``, so a synchronous run whose sampling is
+reproducible draws after a resume what it would have drawn uninterrupted), on this machine or on
+a fresh one from the run's carry set (``pipeline/carry.py``). A checkpoint of another run (model,
+task pool, seed, loss or LoRA settings) is refused (``Learner.resume``).
 
 Under torchrun (``torchrun --nproc-per-node N -m opencomposer.cli train --config C``) every
 rank has a learner, sharded (FSDP2, ``train/distributed.py``), and rank 0 alone an actor
@@ -39,6 +43,30 @@ from opencomposer.rl.actor import Actor, sandbox_pool  # noqa: F401 (sandbox_poo
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.learner import Learner
 from opencomposer.train import distributed
+
+# the key of a checkpoint's actor state that holds how many sampling calls the rollout policy made:
+# its seed for call n is seed + n (policies/model.py, engine.py, server.py), so a resumed run
+# continues the count instead of drawing step 1's seeds again
+SAMPLING_CALLS = "sampling_calls"
+
+
+def _seeded(policy: Any) -> Any:
+    """The policy whose call counter seeds sampling (a BatchedPolicy's wrapped one), or None."""
+    inner = getattr(policy, "policy", None)
+    return inner if isinstance(getattr(inner, "_calls", None), int) else None
+
+
+def sampling_state(policy: Any) -> dict[str, int]:
+    """``{SAMPLING_CALLS: n}`` of the actor's rollout policy; {} when it has no counter."""
+    inner = _seeded(policy)
+    return {SAMPLING_CALLS: inner._calls} if inner is not None else {}
+
+
+def restore_sampling(policy: Any, state: dict) -> None:
+    """Continue the rollout policy's seed count where the checkpoint's run left it."""
+    inner = _seeded(policy)
+    if inner is not None and SAMPLING_CALLS in state:
+        inner._calls = int(state[SAMPLING_CALLS])
 
 
 def refuse_unsharded_engine(cfg: RLRunConfig, dist: distributed.Dist) -> None:
@@ -67,12 +95,14 @@ class RLRun:
         device = str(distributed.rank_device(self.dist, self.cfg.model.device))
         refuse_unsharded_engine(self.cfg, self.dist)
         self.start_model = self.start_model or self.cfg.model.name
-        self.learner = Learner(self.cfg, self.out, self.start_model, self.dist, device)
+        self.learner = Learner(self.cfg, self.out, self.start_model, self.dist, device,
+                               task_ids=[Path(p).name for p in self.train_tasks])  # the sampler's ids
         self.start_step, state = self.learner.resume() if self.resume else (0, {})
         weights = self.learner.weights()  # sharded: a collective, so outside main_only
         self.actor = distributed.main_only(self.dist, lambda: Actor(
             self.cfg, self.train_tasks, self.out, self.learner.trainer.tokenizer, weights, device, self.start_model,
             self.on_step, self.start_step, state))
+        distributed.main_does(self.dist, lambda: restore_sampling(self.actor.policy, state))
 
     def step(self, step: int) -> dict[str, Any] | None:
         """One RL step; its metrics row (None on ranks other than 0)."""
@@ -88,13 +118,18 @@ class RLRun:
             self.actor.start(self.cfg.run.steps - self.start_step)
             for step in range(self.start_step, self.cfg.run.steps):
                 row = self.step(step)
-                self.learner.save(step + 1, self.actor.state(row))  # checkpoint first (atomic), then the row
+                self.learner.save(step + 1, self.actor_state(row))  # checkpoint first (atomic), then the row
                 self.actor.log(row)
         finally:
             self.close()
         return self.actor.logged() or []
 
     # ------------------------------------------------------------------ for the pipeline (pipeline/run.py)
+
+    def actor_state(self, row: dict | None) -> dict | None:
+        """What a checkpoint keeps of the actor (``Actor.state``) and of its sampling position;
+        None on ranks other than 0."""
+        return distributed.main_does(self.dist, lambda: {**self.actor.state(row), **sampling_state(self.actor.policy)})
 
     def refresh_weights(self) -> None:
         """The learner's weights to the actor after the trainer moved outside ``step`` (SFT).

@@ -15,18 +15,29 @@ tasks join the training pool (never the held-out split, and never one that delet
 held-out task's symbol: those are left out). The factory runs in the training loop: keep
 its ``max_per_library`` small.
 
-Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_harder_rl.py tests/unit/rl/test_split.py``.
+The run's sampler (``task_sampler``): ``[tasks] sampling`` picks uniform or informative draws
+(``rl/sampler.py``), strata by ``task_stratum`` (task.toml ``feature.level``, and the library
+with ``strata = ["level", "library"]``). The two compose: ``HarderTasks`` extends the pool
+(``TaskSampler.extend``), the sampler decides what to draw; a new level is a new stratum, at the
+prior's estimate (the target), so informative sampling tries the new tasks soon, while uniform
+sampling reaches them once the earlier pool is used.
+
+Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_harder_rl.py tests/unit/rl/test_split.py
+tests/unit/rl/test_informative.py``.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
+import tomllib
+from functools import partial
 from pathlib import Path
 
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import TasksSection
-from opencomposer.rl.sampler import TaskSampler
+from opencomposer.rl.sampler import Informative, TaskSampler
 from opencomposer.tasks.format import Task, TaskFormatError, TaskMeta, find_tasks
 
 SPLIT_FILE = "split.json"
@@ -46,6 +57,34 @@ def ensure_tasks(cfg: TasksSection, backend: str, log=print) -> list[Path]:
     if not have:
         raise FileNotFoundError(f"{root}: no tasks there and no [tasks] sources to make them from")
     return sorted(have)
+
+
+def task_stratum(path: Path, by: tuple[str, ...] | list[str] = ("level",)) -> str:
+    """The stratum of a task for informative sampling: its ``feature.level`` and/or its library
+    (``source.package``, else the name in ``source.spec``), joined by ``/``: "body", "body/toolz"."""
+    toml = Path(path) / "task.toml"
+    try:
+        data = tomllib.loads(toml.read_text())
+        spec = re.split(r"[=<>!~@\s\[;]", str(data["source"]["spec"]).strip(), maxsplit=1)[0]
+        parts = {"level": str(data["feature"]["level"]),
+                 "library": str(data["source"].get("package") or spec.rstrip("/").rsplit("/", 1)[-1])}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
+        raise TaskFormatError(f"{toml}: cannot read feature.level and source.spec for informative sampling: "
+                              f"{type(e).__name__}: {e}") from None
+    return "/".join(parts[k] for k in by)
+
+
+def task_sampler(cfg: TasksSection, paths: list[Path], per_step: int, seed: int,
+                 state: dict | None = None) -> TaskSampler:
+    """The run's ``TaskSampler`` as ``[tasks] sampling`` asks (from a checkpoint's ``state`` on resume)."""
+    informative = stratum = None
+    if cfg.sampling == "informative":
+        informative = Informative(target=cfg.target_pass_rate, explore=cfg.explore, temperature=cfg.temperature,
+                                  prior_strength=cfg.prior_strength, decay=cfg.estimate_decay)
+        stratum = partial(task_stratum, by=tuple(cfg.strata))
+    if state:
+        return TaskSampler.from_state(paths, state, stratum=stratum, informative=informative)
+    return TaskSampler(paths, per_step, seed, stratum=stratum, informative=informative)
 
 
 def split_key(meta: TaskMeta) -> tuple[str, str, str] | None:

@@ -18,17 +18,28 @@ rank 0's where the count differs).
 whose whole state does not fit one host (``sharded_checkpoint.py``); ``load_checkpoint`` reads
 the layout from ``trainer.json``, whatever the trainer's config.
 
+Resume identity: ``save_checkpoint(..., identity={...})`` records what the run was in
+``state.json`` (``"identity"``: flat ``setting -> value``, e.g. the model's name and
+``weights_fingerprint``, the training pool's ``names_fingerprint``, the seed, the loss and LoRA
+settings; ``rl/learner.py`` builds it). ``check_identity(dir, expected)`` refuses a resume whose
+config differs with a ``ConfigError`` naming the setting, the checkpoint's value and the config's;
+a checkpoint from before identities were recorded is resumed with a warning it returns (nothing
+to compare it with).
+
 Test: ``pytest tests/unit/train/test_checkpoint.py``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from opencomposer.config import ConfigError
 from opencomposer.paths import remove_stale_temps
 from opencomposer.train import distributed
 from opencomposer.train.checkpoint_files import (
@@ -49,14 +60,18 @@ from opencomposer.train.checkpoint_files import (
 from opencomposer.train.sharded_checkpoint import load_shards, save_sharded
 from opencomposer.train.trainer import Trainer
 
+IDENTITY = "identity"  # the key of state.json that holds the run's identity (check_identity)
 
-def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], step: int, keep: int | None = 3) -> Path:
+def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], step: int, keep: int | None = 3,
+                    identity: dict[str, Any] | None = None) -> Path:
     """Write ``<dir>/step-NNNN`` atomically, point ``latest`` at it, keep the newest ``keep``.
-    Sharded trainer: every rank must call it. The layout is ``trainer.cfg.checkpoint_format``."""
+    Sharded trainer: every rank must call it. The layout is ``trainer.cfg.checkpoint_format``.
+    ``identity``: what the run was (``check_identity`` compares a resume's with it)."""
     root = Path(dir)
     root.mkdir(parents=True, exist_ok=True)
+    extra = {IDENTITY: identity} if identity is not None else {}
     try:
-        state_text = json.dumps({**state, "step": step}, indent=1)
+        state_text = json.dumps({**state, **extra, "step": step}, indent=1)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{root}: the state to save is not JSON-serialisable: {e}") from None
     final = root / step_dir_name(step)
@@ -135,6 +150,45 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
     return state
 
 
+# --------------------------------------------------------------------------- resume identity
+
+def weights_fingerprint(model: Any) -> str:
+    """``sha256:<16 hex>`` of a model's state dict: every tensor's name, dtype, shape and bytes,
+    in name order. Taken on the weights a run starts from (before any update), so two machines
+    that load the same model agree, and a different checkpoint, dtype or build of it does not."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def names_fingerprint(names: Iterable[str]) -> str:
+    """``sha256:<16 hex> (<n>)`` of a set of names (the training pool's task ids), order-free."""
+    unique = sorted(set(names))
+    return f"sha256:{hashlib.sha256(chr(10).join(unique).encode()).hexdigest()[:16]} ({len(unique)})"
+
+
+def check_identity(dir: str | Path, expected: dict[str, Any]) -> str | None:
+    """Refuse to resume the checkpoint at ``dir`` (a step dir, or the one ``latest`` names) for a
+    run whose ``expected`` identity differs from the recorded one: a ``ConfigError`` naming the
+    first differing setting, the checkpoint's value and the config's. Settings only one side
+    records are not compared. Returns None when they agree, or a warning when the checkpoint
+    records no identity (written before they were): it is resumed unverified."""
+    path = resolve_checkpoint(dir)
+    saved = read_json(path / "state.json").get(IDENTITY)
+    if not isinstance(saved, dict):
+        return (f"{path}: this checkpoint records no run identity (written before they were), so its model, "
+                f"task pool and seed cannot be checked against the config; resuming unverified")
+    for key, value in expected.items():
+        if key in saved and saved[key] != value:
+            raise ConfigError(f"--resume: the checkpoint {path} was written with {key} = {saved[key]!r}, "
+                              f"but the config gives {key} = {value!r}; resume with the run's own settings, "
+                              f"or start a new run (without --resume, or in another run.out_dir)")
+    return None
+
+
 # --------------------------------------------------------------------------- weights
 
 
@@ -149,12 +203,11 @@ def _full_optimizer_state(trainer: Trainer) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     if not trainer.optimizer.state:  # before the first step: DSD would make state by a zero-lr step
-        return trainer.optimizer.state_dict() if trainer.dist.main else {}  # (no tensors: nothing to gather)
+        return distributed.main_does(trainer.dist, trainer.optimizer.state_dict) or {}  # (no tensors: nothing to gather)
     by_name = get_optimizer_state_dict(trainer.model, trainer.optimizer,
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not trainer.dist.main:
-        return {}
-    return _rekey(by_name, {n: i for i, n in enumerate(_trainable_names(trainer))}.__getitem__)
+    return distributed.main_does(trainer.dist, lambda: _rekey(
+        by_name, {n: i for i, n in enumerate(_trainable_names(trainer))}.__getitem__)) or {}
 
 
 def _rekey(optimizer: dict, key: Any) -> dict:

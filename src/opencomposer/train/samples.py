@@ -33,6 +33,7 @@ from opencomposer.models.chat import (
     render_prompt,
     speaks_hermes,
     to_template_messages,
+    tool_syntax,
 )
 from opencomposer.models.moe_replay import decode_routes
 from opencomposer.protocols import Message
@@ -191,7 +192,8 @@ def assistant_completion(
     adds think tags, for one), and the newline after the end token belongs to the next prompt.
     """
     prompt = render_prompt(tokenizer, history, tools)
-    chat = to_template_messages(history + [message], tools, native_tool_role=speaks_hermes(tokenizer))
+    chat = to_template_messages(history + [message], tools, native_tool_role=speaks_hermes(tokenizer),
+                                syntax=tool_syntax(tokenizer))
     full = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
     if not full.startswith(prompt):
         raise SampleError(

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from opencomposer.harness.tools import TOOLS, Submitted, execute, tool_schemas
+from opencomposer.models.codec import parse_tool_calls
 from opencomposer.protocols import ToolCall
 
 from testkit.agent_repo import CALC, open_sandbox
@@ -31,6 +32,18 @@ def test_schemas_are_openai_function_schemas():
         params = s["function"]["parameters"]
         assert params["type"] == "object" and set(params["required"]) <= set(params["properties"])
         assert s["function"]["description"]
+
+
+def test_text_values_of_typed_parameters_are_converted_as_the_xml_syntax_writes_them(sandbox, cfg):
+    def xml(**args):
+        text = "\n".join(f"<parameter={k}>\n{v}\n</parameter>" for k, v in args.items())
+        [c] = parse_tool_calls(f"<tool_call>\n<function=read_file>\n{text}\n</function>\n</tool_call>")[1]
+        return execute(sandbox, c, cfg)
+
+    out = xml(path="calc/core.py", start_line="2", end_line=" 3")
+    assert out.ok and out.observation.split("\n")[0].lstrip().startswith("2")
+    bad = xml(path="calc/core.py", start_line="two")
+    assert not bad.ok and "start_line" in bad.observation and "integer" in bad.observation
 
 
 # ---------------------------------------------------------------- read_file

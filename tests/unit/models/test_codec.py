@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from opencomposer.models.codec import format_assistant, parse_tool_calls, tools_system_prompt
+import pytest
+
+from opencomposer.models.codec import format_assistant, format_tool_call, parse_tool_calls, tools_system_prompt
 from opencomposer.harness.tools import tool_schemas
 from opencomposer.protocols import ToolCall
 
@@ -91,3 +93,51 @@ def test_tools_system_prompt_lists_every_schema():
     for schema in tool_schemas():
         assert json.dumps(schema) in prompt
     assert "<tool_call>" in prompt
+
+
+# --- the xml syntax: arguments as plain text (Qwen3-Coder's convention) ---------------------------
+
+CODE = 'def f(x):\n    """Say "hi"\\n"""\n    return {"a": x}  # <not a tag>\n'
+
+
+def test_xml_call_writes_code_unescaped_and_round_trips():
+    call = ToolCall("edit_file", {"path": "a.py", "old": "    pass\n", "new": CODE}, "c1")
+    text = format_assistant("Fix it.", [call], "xml")
+    assert CODE in text and "\\n" not in text.replace('\\\\n', '')[: text.index(CODE)]
+    assert text.startswith("Fix it.\n<tool_call>\n<function=edit_file>\n<parameter=path>\na.py\n</parameter>")
+    prose, calls = parse_tool_calls(text)
+    assert prose == "Fix it."
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("edit_file", call.arguments, None)]
+
+
+def test_xml_values_keep_inner_blank_lines_and_indentation():
+    text = "<tool_call>\n<function=write_file>\n<parameter=content>\n\n    x = 1\n\n</parameter>\n</function>\n</tool_call>"
+    [c] = parse_tool_calls(text)[1]
+    assert c.arguments == {"content": "\n    x = 1\n"}
+
+
+def test_json_and_xml_calls_parse_in_one_turn():
+    text = (block({"name": "list_dir", "arguments": {"path": "."}}) + "\n"
+            + format_tool_call(ToolCall("read_file", {"path": "a.py", "start_line": 3}, "x"), "xml"))
+    calls = parse_tool_calls(text)[1]
+    assert [(c.name, c.arguments) for c in calls] == [("list_dir", {"path": "."}),
+                                                       ("read_file", {"path": "a.py", "start_line": "3"})]
+
+
+@pytest.mark.parametrize("body, error", [
+    ("<function=>\n</function>", "needs <function=NAME>"),
+    ("<function=run>\n<parameter=command>\nls\n", "not closed"),
+    ("<function=run>\n<parameter=>\nls\n</parameter>\n</function>", "needs a name"),
+    ("<function=run>\n<parameter=command>\nls\n</parameter>\n<parameter=command>\npwd\n</parameter>\n</function>",
+     "given twice"),
+])
+def test_broken_xml_calls_are_errors_not_dropped(body, error):
+    [c] = parse_tool_calls(f"<tool_call>\n{body}\n</tool_call>")[1]
+    assert c.error and error in c.error and c.raw
+
+
+def test_xml_preamble_and_unknown_syntax():
+    text = tools_system_prompt(tool_schemas(), "xml")
+    assert "<function=example_function>" in text and all(json.dumps(t) in text for t in tool_schemas())
+    with pytest.raises(ValueError, match="tool_syntax 'yaml'"):
+        tools_system_prompt(tool_schemas(), "yaml")

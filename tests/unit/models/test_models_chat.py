@@ -16,7 +16,9 @@ from opencomposer.models.chat import (
     PromptError,
     encode_prompt,
     render_prompt,
+    set_tool_syntax,
     to_template_messages,
+    tool_syntax,
 )
 from opencomposer.models.registry import load_model, model_cache_dir
 from opencomposer.protocols import Message
@@ -104,3 +106,19 @@ def test_bad_inputs_raise_clear_errors(conversation, tools):
         to_template_messages([Message("developer", "x")], tools)
     with pytest.raises(PromptError, match="no chat template"):
         render_prompt(fresh_tokenizer(None), conversation, tools)
+
+
+def test_tool_syntax_travels_with_the_tokenizer(tmp_path, conversation, tools):
+    """xml renders calls and the preamble in that syntax; a saved tokenizer is read back speaking it."""
+    tok = fresh_tokenizer(CHATML_TEMPLATE)
+    assert tool_syntax(tok) == "json"
+    set_tool_syntax(tok, "xml")
+    prompt = render_prompt(tok, conversation, tools)
+    after_system = prompt.split("<|im_end|>", 1)[1]
+    assert "<function=example_function>" in prompt and "<function=" in after_system and '{"name":' not in after_system
+    tok.save_pretrained(tmp_path)
+    assert tool_syntax(AutoTokenizer.from_pretrained(tmp_path)) == "xml"
+    set_tool_syntax(tok, None)  # None keeps it
+    assert tool_syntax(tok) == "xml"
+    with pytest.raises(ValueError, match="tool_syntax 'yaml'"):
+        set_tool_syntax(tok, "yaml")

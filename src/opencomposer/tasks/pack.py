@@ -1,0 +1,577 @@
+"""Validated tasks and their environments in one file, for a machine with no network.
+
+    opencomposer tasks pack tasks/ -o toolz.ocpack --part-size 60M      # toolz.ocpack.part-000, ...
+    opencomposer tasks unpack toolz.ocpack -o tasks/                    # envs rebuilt with no index
+    pack_tasks(Path("tasks"), Path("toolz.ocpack"));  unpack_tasks(Path("toolz.ocpack"), Path("tasks"))
+
+A pack is a tar stream compressed with zstandard, cut into parts (one part unless
+``part_size``). The tar holds ``manifest.json`` first, then ``objects/<sha256>``: each distinct
+file content once. Tasks of one library share almost every file (each workspace is the library
+with one feature deleted), so this stores each library once; objects go in order of their path
+inside the task (every variant of ``workspace/pkg/mod.py`` side by side), which the compressor
+then turns into a small delta. The manifest lists the tasks, every file (path relative to DIR,
+sha256, size, mode), empty dirs, symlinks, the environments (``packenv.describe_env`` plus the
+wheels carried, themselves objects), the format version and the opencomposer version.
+
+Every part starts with a fixed ``HEADER``-byte header: ``MAGIC`` and a JSON line naming the pack
+(the sha256 of its manifest), the part's number, whether it is the last, and its payload's
+size and sha256. So a missing, reordered, foreign or damaged part is named before anything is read.
+
+Unpacking checks every part, then every object against the manifest (sha256 and size; an object
+not listed, or a listed one absent, is refused naming the file), and every path (relative,
+inside DIR, under a packed task or ``_envs/``; symlinks stay inside their task). It all happens in
+a staging dir beside DIR (``paths.staged_dir``: a ``.`` name no lister reads) renamed to DIR at
+the end, after the envs are rebuilt offline (``packenv.rebuild_env``): a failure at any point
+leaves no half-made task. DIR must be new or empty. Errors are ``PackError`` (a
+``TaskFormatError``), ``EnvError`` or ``ConfigError``, each naming the file, part or dir.
+
+Test: ``pytest tests/unit/tasks/test_pack.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import zstandard
+
+import opencomposer
+from opencomposer.config import ConfigError
+from opencomposer.paths import remove_stale_temps, staged_dir, temp_name
+from opencomposer.tasks import packenv
+from opencomposer.tasks.format import (
+    ENVS,
+    TASK_FORMAT_VERSION,
+    Task,
+    TaskFormatError,
+    check_task_id,
+    task_dirs,
+)
+
+PACK_FORMAT_VERSION = 1
+MAGIC = b"OCPACK\n"
+HEADER = 1024  # bytes before each part's payload: MAGIC, a JSON line, space padding
+MANIFEST = "manifest.json"
+CHUNK = 1 << 20
+
+
+class PackError(TaskFormatError):
+    """A pack that cannot be made or used; the message names the file or part and what was expected."""
+
+
+@dataclass
+class PackReport:
+    parts: list[str]
+    tasks: int = 0
+    files: int = 0
+    objects: int = 0  # distinct contents stored
+    bytes_in: int = 0  # sum of the file sizes (wheels included)
+    bytes_stored: int = 0  # sum of the distinct contents
+    bytes_out: int = 0  # the pack on disk, all parts
+    envs: dict = field(default_factory=dict)  # name -> {"python", "installed", "wheels"}
+    seconds: float = 0.0
+
+
+@dataclass
+class UnpackReport:
+    out: str
+    tasks: int = 0
+    files: int = 0
+    envs: list[str] = field(default_factory=list)  # rebuilt
+    seconds: float = 0.0
+
+
+def parse_size(text: str) -> int:
+    """``60M`` -> bytes (K, M, G are powers of 1024; a plain number is bytes)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"--part-size {text!r}: expected a size such as 60M, 1G or 500000")
+    n = int(m[1]) * 1024 ** " KMG".index((m[2] or " ").upper())
+    if n <= HEADER:
+        raise ConfigError(f"--part-size {text!r}: expected more than {HEADER} bytes (each part's header)")
+    return n
+
+
+def _sha(path: Path) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while b := f.read(CHUNK):
+            h.update(b)
+            n += len(b)
+    return h.hexdigest(), n
+
+
+def _inside(rel: str, top: str) -> bool:
+    return rel == top or rel.startswith(top + "/")
+
+
+# --------------------------------------------------------------------------- pack
+
+
+def _walk(root: Path, name: str, files: list, dirs: list, links: list, sources: dict) -> None:
+    """Add the tree at ``root`` under the pack path ``name``."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        d = Path(dirpath)
+        rel_dir = PurePosixPath(name, d.relative_to(root).as_posix()).as_posix()
+        dirs.append({"path": rel_dir, "mode": os.lstat(d).st_mode & 0o777})
+        for entry in sorted(filenames) + [x for x in dirnames if (d / x).is_symlink()]:
+            p, rel = d / entry, f"{rel_dir}/{entry}"
+            st = os.lstat(p)
+            if os.path.islink(p):
+                target = os.readlink(p)
+                where = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+                if os.path.isabs(target) or not _inside(where, name):
+                    raise PackError(f"{p}: a symlink to {target!r}, outside the task {root}; expected links "
+                                    "that stay inside their task")
+                links.append({"path": rel, "target": target})
+            elif os.path.isfile(p):
+                sha, size = _sha(p)
+                files.append({"path": rel, "sha256": sha, "size": size, "mode": st.st_mode & 0o777})
+                sources.setdefault(sha, (p, size))
+            else:
+                raise PackError(f"{p}: neither a file, a dir nor a symlink; a pack holds only those")
+        dirnames[:] = [x for x in dirnames if not (d / x).is_symlink()]
+
+
+def _env_of(src: Path, task: Task) -> str | None:
+    """The env's path inside ``_envs/`` (``toolz-1.2.0``) of ``task``, or None when it names none."""
+    env = task.meta.environment.env
+    if not env:
+        return None
+    envs = os.path.abspath(src / ENVS)
+    lexical = os.path.normpath(os.path.join(os.path.abspath(task.root), env))
+    if not lexical.startswith(envs + os.sep):
+        raise PackError(f"{task.root / 'task.toml'}: key 'environment.env': {env!r} is not under {envs}; "
+                        "a pack carries the environments of DIR/_envs (link one there: tasks.envs.adopt_env)")
+    return Path(os.path.relpath(lexical, envs)).as_posix()
+
+
+def pack_tasks(src: Path, out: Path, part_size: int | None = None, wheels: bool = True,
+               python_version: str | None = None, platform: list[str] | None = None,
+               find_links: list[Path] | None = None, level: int = 10) -> PackReport:
+    """Write the tasks of ``src`` (``task_dirs``) and their envs to ``out`` (or ``out.part-NNN``)."""
+    t0 = time.time()
+    src, out = Path(src), Path(out)
+    tasks = [Task.load(d) for d in task_dirs(src)]
+    if not tasks:
+        raise ConfigError(f"{src}: no task directories in it (expected {src}/<task>/task.toml)")
+    files: list[dict] = []
+    dirs: list[dict] = []
+    links: list[dict] = []
+    sources: dict[str, tuple[Path, int]] = {}
+    env_users: dict[str, list[Task]] = {}
+    for t in tasks:
+        _walk(t.root, t.root.name, files, dirs, links, sources)
+        name = _env_of(src, t)
+        if name is not None:
+            env_users.setdefault(name, []).append(t)
+    envs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="ocpack-wheels-") as tmp:
+        for name, users in sorted(env_users.items()):
+            env_dir = src / ENVS / name
+            rec = {"name": name, "packages": sorted({t.meta.source.package for t in users} - {""}),
+                   "python": "", "installed": [], "target_python": python_version, "platform": platform,
+                   "wheels": [], "venv": (env_dir / "pyvenv.cfg").is_file()}
+            if rec["venv"]:
+                rec.update(packenv.describe_env(env_dir))
+                rec["target_python"] = python_version or ".".join(rec["python"].split(".")[:2])
+                if wheels:
+                    wdir = Path(tmp) / f"env{len(envs)}"
+                    built = packenv.fetch_wheels(rec["installed"], wdir, python_version, platform, find_links)
+                    for whl, was_built in sorted(built.items()):
+                        sha, size = _sha(wdir / whl)
+                        rec["wheels"].append({"file": whl, "sha256": sha, "size": size, "built": was_built})
+                        sources.setdefault(sha, (wdir / whl, size))
+                for meta in sorted(env_dir.iterdir()):  # env.json, prep.json: what made it, beside the venv
+                    if meta.is_file() and not meta.is_symlink() and meta.name != "pyvenv.cfg":
+                        sha, size = _sha(meta)
+                        files.append({"path": f"{ENVS}/{name}/{meta.name}", "sha256": sha, "size": size,
+                                      "mode": meta.stat().st_mode & 0o777})
+                        sources.setdefault(sha, (meta, size))
+            envs.append(rec)
+        manifest = {"format": "opencomposer-pack", "format_version": PACK_FORMAT_VERSION,
+                    "task_format_version": TASK_FORMAT_VERSION, "opencomposer": opencomposer.__version__,
+                    "packed_with_python": sys.version.split()[0],
+                    "tasks": [t.root.name for t in tasks], "files": files, "dirs": dirs, "links": links,
+                    "envs": envs}
+        body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        first: dict[str, tuple[str, str]] = {}  # sha -> its smallest (path inside the task, path)
+        for f in files:
+            key = (f["path"].split("/", 1)[-1], f["path"])
+            first[f["sha256"]] = min(first.get(f["sha256"], key), key)
+        order = sorted(sources, key=lambda sha: first.get(sha, ("~", sha)))
+        writer = PartsWriter(out, part_size, hashlib.sha256(body).hexdigest()[:32])
+        try:
+            zw = zstandard.ZstdCompressor(level=level, write_checksum=True).stream_writer(writer, closefd=False)
+            with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                tar.addfile(_info(MANIFEST, len(body)), io.BytesIO(body))
+                for sha in order:
+                    path, size = sources[sha]
+                    with open(path, "rb") as f:
+                        src_f = _Hashing(f)
+                        tar.addfile(_info(f"objects/{sha}", size), src_f)
+                    if src_f.h.hexdigest() != sha or src_f.n != size:
+                        raise PackError(f"{path}: changed while it was being packed; pack again")
+            zw.close()
+            parts = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+    wheel_bytes = sum(w["size"] for e in envs for w in e["wheels"])
+    return PackReport(parts=[str(p) for p in parts], tasks=len(tasks), files=len(files), objects=len(sources),
+                      bytes_in=sum(f["size"] for f in files) + wheel_bytes,
+                      bytes_stored=sum(s for _, s in sources.values()),
+                      bytes_out=sum(p.stat().st_size for p in parts),
+                      envs={e["name"]: {"python": e["target_python"], "installed": len(e["installed"]),
+                                        "wheels": len(e["wheels"])} for e in envs},
+                      seconds=round(time.time() - t0, 2))
+
+
+class _Hashing:
+    """A file read through, hashed on the way (what is packed is what was listed)."""
+
+    def __init__(self, f):
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def read(self, size: int = -1) -> bytes:
+        b = self.f.read(size)
+        self.h.update(b)
+        self.n += len(b)
+        return b
+
+
+def _info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    return info
+
+
+class PartsWriter(io.RawIOBase):
+    """The pack's bytes into ``out`` (or ``out.part-000``, ``-001``... of at most ``part_size`` bytes),
+    each part behind its header; written under temp names, renamed by ``finish``."""
+
+    def __init__(self, out: Path, part_size: int | None, pack_id: str):
+        self.out, self.part_size, self.pack_id = Path(out), part_size, pack_id
+        self.tmps: list[Path] = []
+        self.finals: list[Path] = []
+        self.f = None
+
+    def writable(self) -> bool:
+        return True
+
+    def _open(self) -> None:
+        final = self.out if self.part_size is None else part_path(self.out, len(self.finals))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(final)
+        self.tmps.append(tmp)
+        self.finals.append(final)
+        self.f, self.h, self.n = open(tmp, "wb"), hashlib.sha256(), 0
+        self.f.write(b"\0" * HEADER)
+
+    def _close(self, last: bool) -> None:
+        head = MAGIC + json.dumps({"pack": self.pack_id, "part": len(self.finals) - 1, "last": last,
+                                   "size": self.n, "sha256": self.h.hexdigest(),
+                                   "format_version": PACK_FORMAT_VERSION}).encode()
+        self.f.seek(0)
+        self.f.write(head.ljust(HEADER - 1) + b"\n")
+        self.f.close()
+        self.f = None
+
+    def write(self, b) -> int:
+        mv = memoryview(b).cast("B")
+        while len(mv):
+            if self.f is None:
+                self._open()
+            elif self.part_size is not None and self.n >= self.part_size - HEADER:
+                self._close(last=False)
+                self._open()
+            room = len(mv) if self.part_size is None else self.part_size - HEADER - self.n
+            chunk = mv[:room]
+            self.f.write(chunk)
+            self.h.update(chunk)
+            self.n += len(chunk)
+            mv = mv[room:]
+        return len(b)
+
+    def finish(self) -> list[Path]:
+        if self.f is None:
+            self._open()
+        self._close(last=True)
+        for tmp, final in zip(self.tmps, self.finals):
+            os.replace(tmp, final)
+        i = len(self.finals)  # parts of an earlier, longer pack at this name would read as missing ones
+        while self.part_size is not None and part_path(self.out, i).is_file():
+            part_path(self.out, i).unlink()
+            i += 1
+        return list(self.finals)
+
+    def abort(self) -> None:
+        if self.f is not None:
+            self.f.close()
+        for tmp in self.tmps:
+            tmp.unlink(missing_ok=True)
+
+
+def part_path(out: Path, i: int) -> Path:
+    return Path(out).with_name(f"{Path(out).name}.part-{i:03d}")
+
+
+# --------------------------------------------------------------------------- unpack
+
+
+def _header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        raw = f.read(HEADER)
+    try:
+        if not raw.startswith(MAGIC) or len(raw) < HEADER:
+            raise ValueError
+        head = json.loads(raw[len(MAGIC):].decode())
+        head["size"], head["part"], head["sha256"], head["pack"]
+    except (ValueError, KeyError, TypeError):
+        raise PackError(f"{path}: not an opencomposer pack part (expected the {MAGIC!r} header of "
+                        "`opencomposer tasks pack`)") from None
+    if head.get("format_version") != PACK_FORMAT_VERSION:
+        raise PackError(f"{path}: pack format version {head.get('format_version')}; this opencomposer "
+                        f"({opencomposer.__version__}) reads version {PACK_FORMAT_VERSION}")
+    return head
+
+
+def find_parts(given: Path) -> list[Path]:
+    """The parts of the pack named by ``given`` (the file, its base name or any of its parts),
+    each checked: header, number, pack, payload size and sha256; in order."""
+    given = Path(given)
+    m = re.fullmatch(r"(.+)\.part-(\d{3,})", given.name)
+    if m is None and given.is_file():
+        head = _header(given)
+        if head["part"] != 0 or not head["last"]:
+            raise PackError(f"{given}: part {head['part']} of a split pack; expected the whole pack, its "
+                            f"base name or its .part-000")
+        _check_payload(given, head)
+        return [given]
+    base = given.with_name(m[1]) if m else given
+    if not part_path(base, 0).is_file():
+        raise PackError(f"{given}: no such pack (expected the file {base} or its parts {part_path(base, 0).name}, ...)")
+    parts: list[Path] = []
+    pack = None
+    while True:
+        p = part_path(base, len(parts))
+        if not p.is_file():
+            raise PackError(f"{p}: missing; part {len(parts) - 1:03d} of pack {pack} says more parts follow "
+                            f"(expected {p.name})")
+        head = _header(p)
+        pack = pack or head["pack"]
+        if head["pack"] != pack or head["part"] != len(parts):
+            raise PackError(f"{p}: holds part {head['part']} of pack {head['pack']}; expected part "
+                            f"{len(parts)} of pack {pack}")
+        _check_payload(p, head)
+        parts.append(p)
+        if head["last"]:
+            return parts
+
+
+def _check_payload(path: Path, head: dict) -> None:
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        f.seek(HEADER)
+        while b := f.read(CHUNK):
+            h.update(b)
+            n += len(b)
+    if n != head["size"] or h.hexdigest() != head["sha256"]:
+        raise PackError(f"{path}: damaged: {n} bytes with sha256 {h.hexdigest()[:16]}..., expected "
+                        f"{head['size']} bytes with sha256 {head['sha256'][:16]}... (copy the part again)")
+
+
+class PartsReader(io.RawIOBase):
+    """The payloads of ``parts``, one after another."""
+
+    def __init__(self, parts: list[Path]):
+        self.parts, self.f = list(parts), None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while True:
+            if self.f is None:
+                if not self.parts:
+                    return 0
+                self.f = open(self.parts.pop(0), "rb")
+                self.f.seek(HEADER)
+            n = self.f.readinto(buf)
+            if n:
+                return n
+            self.f.close()
+            self.f = None
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+        super().close()
+
+
+def _safe(rel, what: str) -> str:
+    """``rel`` if it is a relative path that stays inside DIR, else PackError naming it."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel or rel.startswith("/") or \
+            any(p in ("", ".", "..") for p in rel.split("/")):
+        raise PackError(f"{what} {rel!r}: refused; expected a relative path that stays inside DIR "
+                        "(no absolute path, no '..', '.' or empty parts)")
+    return rel
+
+
+def check_manifest(m: dict, pack: Path) -> None:
+    """Refuse a manifest of another format, or one whose paths leave DIR or their task (a pack is input)."""
+    if not isinstance(m, dict) or m.get("format") != "opencomposer-pack":
+        raise PackError(f"{pack}: {MANIFEST} is not an opencomposer pack manifest")
+    if m.get("format_version") != PACK_FORMAT_VERSION:
+        raise PackError(f"{pack}: pack format version {m.get('format_version')}; expected {PACK_FORMAT_VERSION}")
+    tasks = m.get("tasks") or []
+    for t in tasks:
+        check_task_id(t, f"{pack}: {MANIFEST}: tasks")
+    tops = set(tasks)
+    envs = {_safe(e.get("name"), f"{pack}: env") for e in m.get("envs", [])}
+    seen: set[str] = set()
+    for kind in ("dirs", "files", "links"):
+        for e in m.get(kind, []):
+            rel = _safe(e.get("path"), f"{pack}: {kind[:-1]}")
+            top = rel.split("/", 1)[0]
+            if top not in tops and not (top == ENVS and any(_inside(rel, f"{ENVS}/{n}") for n in envs)):
+                raise PackError(f"{pack}: {kind[:-1]} {rel!r}: refused; expected a path under a packed task "
+                                f"({', '.join(sorted(tops)[:3])}...) or {ENVS}/<env>")
+            if rel in seen:
+                raise PackError(f"{pack}: {rel!r} is listed twice in the manifest")
+            seen.add(rel)
+    link_paths = {e["path"] for e in m.get("links", [])}
+    for rel in seen:  # nothing is written through a link: no entry lies under one
+        parent = rel.rsplit("/", 1)[0]
+        while "/" in parent or parent in link_paths:
+            if parent in link_paths:
+                raise PackError(f"{pack}: {rel!r} lies under the symlink {parent!r}; refused")
+            parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
+    for e in m.get("links", []):
+        target, top = e.get("target"), e["path"].split("/", 1)[0]
+        where = os.path.normpath(os.path.join(os.path.dirname(e["path"]), str(target)))
+        if not isinstance(target, str) or "\0" in target or os.path.isabs(target) or not _inside(where, top):
+            raise PackError(f"{pack}: symlink {e['path']!r} -> {target!r}: refused; expected a target inside its task")
+    for kind in ("files", "wheels"):
+        for e in m.get(kind, []) if kind == "files" else [w for v in m.get("envs", []) for w in v.get("wheels", [])]:
+            if kind == "wheels":
+                _safe(e.get("file"), f"{pack}: wheel")
+                if "/" in e["file"]:
+                    raise PackError(f"{pack}: wheel {e['file']!r}: refused; expected a file name")
+            if not re.fullmatch(r"[0-9a-f]{64}", str(e.get("sha256"))) or not isinstance(e.get("size"), int):
+                raise PackError(f"{pack}: {e.get('path') or e.get('file')!r}: no valid sha256 and size in the manifest")
+
+
+def _extract(parts: list[Path], objects: Path) -> dict:
+    """Read the stream of ``parts``: the manifest, then every object into ``objects/``, each checked."""
+    pack = parts[0]
+    objects.mkdir()
+    with zstandard.ZstdDecompressor().stream_reader(PartsReader(parts), read_across_frames=True) as raw:
+        try:
+            tar = tarfile.open(fileobj=raw, mode="r|")
+            first = tar.next()
+            if first is None or first.name != MANIFEST or not first.isfile():
+                raise PackError(f"{pack}: the first member is {first.name if first else 'missing'}; expected {MANIFEST}")
+            try:
+                manifest = json.loads(tar.extractfile(first).read())
+            except ValueError as e:
+                raise PackError(f"{pack}: {MANIFEST} is not valid JSON: {e}") from None
+            check_manifest(manifest, pack)
+            want: dict[str, tuple[int, list[str]]] = {}
+            for f in manifest["files"] + [{"path": f"{ENVS}/{e['name']} wheel {w['file']}", **w}
+                                          for e in manifest["envs"] for w in e["wheels"]]:
+                want.setdefault(f["sha256"], (f["size"], []))[1].append(f["path"])
+            seen: set[str] = set()
+            while (member := tar.next()) is not None:  # not ``for``: that starts again at the manifest
+                sha = member.name.removeprefix("objects/")
+                if not member.isfile() or sha not in want or sha in seen or member.name == sha:
+                    raise PackError(f"{pack}: member {member.name!r} is not a file listed in the manifest "
+                                    "(expected only objects/<sha256> of its files, each once)")
+                size, users = want[sha]
+                h, n, src = hashlib.sha256(), 0, tar.extractfile(member)
+                with open(objects / sha, "wb") as out:
+                    while b := src.read(CHUNK):
+                        h.update(b)
+                        n += len(b)
+                        out.write(b)
+                if n != size or h.hexdigest() != sha:
+                    raise PackError(f"{users[0]}: altered or damaged in the pack: {n} bytes with sha256 "
+                                    f"{h.hexdigest()}, expected {size} bytes with sha256 {sha}")
+                seen.add(sha)
+        except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
+            raise PackError(f"{pack}: the pack's stream is damaged: {e}") from None
+    for sha in want.keys() - seen:
+        size, users = want[sha]
+        raise PackError(f"{users[0]}: missing from the pack (expected {size} bytes with sha256 {sha})")
+    return manifest
+
+
+def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.executable,
+                 timeout: float = 900.0) -> UnpackReport:
+    """Restore the pack at ``pack`` (file, base name or part) into ``dest`` (new or empty), and with
+    ``envs`` rebuild its environments from the carried wheels, offline."""
+    t0 = time.time()
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ConfigError(f"{dest}: exists and is not empty; unpack into a new or empty directory")
+    parts = find_parts(Path(pack))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(dest.parent)
+    with staged_dir(dest) as tmp:
+        objects = tmp / ".objects"
+        m = _extract(parts, objects)
+        keep = (lambda rel: True) if envs else (lambda rel: not _inside(rel, ENVS))
+        files = [f for f in m["files"] if keep(f["path"])]
+        todo = m["envs"] if envs else []
+        for e in todo:
+            if not e.get("venv"):
+                raise PackError(f"{pack}: env {e['name']}: was not a Python venv when packed, so it cannot be "
+                                "rebuilt; unpack with --no-envs and link an env into _envs/ (tasks.envs.adopt_env)")
+            if len(e["wheels"]) < len(e["installed"]):
+                raise PackError(f"{pack}: env {e['name']}: packed without wheels (--no-wheels); unpack with "
+                                "--no-envs and link a matching env into _envs/ (tasks.envs.adopt_env)")
+            wheels = tmp / ".wheels" / e["name"].replace("/", "_")
+            wheels.mkdir(parents=True)
+            for w in e["wheels"]:
+                shutil.copyfile(objects / w["sha256"], wheels / w["file"])
+        uses: dict[str, int] = {}
+        for f in files:
+            uses[f["sha256"]] = uses.get(f["sha256"], 0) + 1
+        for d in m["dirs"]:
+            if keep(d["path"]):
+                (tmp / d["path"]).mkdir(parents=True, exist_ok=True)
+        for f in files:  # links come last: no file is ever written through one
+            target = tmp / f["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            uses[f["sha256"]] -= 1
+            (os.replace if uses[f["sha256"]] == 0 else shutil.copyfile)(objects / f["sha256"], target)
+            os.chmod(target, f["mode"] & 0o777)
+        for ln in m["links"]:
+            os.symlink(ln["target"], tmp / ln["path"])
+            top = os.path.realpath(tmp / ln["path"].split("/", 1)[0])
+            real = os.path.realpath(tmp / ln["path"])
+            if not (real == top or real.startswith(top + os.sep)):
+                raise PackError(f"{pack}: symlink {ln['path']!r} -> {ln['target']!r} resolves outside its task")
+        for e in todo:
+            wheels = tmp / ".wheels" / e["name"].replace("/", "_")
+            try:
+                packenv.rebuild_env(tmp / ENVS / e["name"], wheels, e, e.get("packages", []), python, timeout)
+            except packenv.EnvError as err:  # name the env where it will be, not the staging dir
+                raise packenv.EnvError(str(err).replace(str(tmp), str(dest))) from None
+        for d in sorted((d for d in m["dirs"] if keep(d["path"])), key=lambda d: -d["path"].count("/")):
+            os.chmod(tmp / d["path"], d["mode"] & 0o777)
+        shutil.rmtree(objects)
+        shutil.rmtree(tmp / ".wheels", ignore_errors=True)
+    return UnpackReport(out=str(dest), tasks=len(m["tasks"]), files=len(files), envs=[e["name"] for e in todo],
+                        seconds=round(time.time() - t0, 2))
