@@ -15,7 +15,8 @@ solved task would be undefined. The design makes it measurable:
    order, same seeds, same steps (``rl/run.RLRun``, the ``opencomposer train`` loop);
 4. every arm is evaluated on the same episodes (every train and held-out task, ``eval.k``
    each at ``eval.temperature``): invalid-call rate, tool calls, completion tokens per
-   episode, solve rate, tokens per solved task, self-summaries, per split.
+   episode, solve rate, pass@k per task, tokens per solved task, self-summaries, and where the
+   episodes end (solved; an edit applied, tests fail; every edit refused; no edit), per split.
 
 Output (git-ignored): ``<out>/sft/result.json``, ``<out>/<arm>/result.json`` (eval
 metrics, per-step RL rows, eval transcripts under ``eval/``), ``<out>/summary.md``
@@ -91,12 +92,28 @@ def arm_config(cfg: AblationConfig, arm: str, sft_model: Path) -> RLRunConfig:
 # --------------------------------------------------------------------------- metrics
 
 
+EDITS = ("edit_file", "write_file")
+OUTCOMES = ("solved", "edited_tests_fail", "edit_refused", "no_edit")
+
+
+def outcome(traj: Trajectory, solved: bool) -> str:
+    """Where an episode ended, the first that holds: solved; an edit applied but the tests fail;
+    every edit refused (e.g. ``old`` text not copied exactly, or a broken call); no edit at all."""
+    edits = [e for s in traj.steps for e in s.tool_events if e.name in EDITS]
+    if solved:
+        return "solved"
+    if any(e.ok and not e.invalid for e in edits):
+        return "edited_tests_fail"
+    return "edit_refused" if edits else "no_edit"
+
+
 def episode_row(traj: Trajectory) -> dict:
     reward = traj.meta.get("reward") or {}
-    return {"task": traj.task_id, "solved": bool(reward.get("passed")), "turns": traj.turns,
+    solved = bool(reward.get("passed"))
+    return {"task": traj.task_id, "solved": solved, "turns": traj.turns,
             "tool_calls": traj.tool_calls, "invalid_calls": traj.invalid_calls,
             "completion_tokens": traj.completion_tokens, "summaries": traj.summaries,
-            "exit_reason": traj.exit_reason}
+            "exit_reason": traj.exit_reason, "outcome": outcome(traj, solved)}
 
 
 def split_metrics(rows: list[dict]) -> dict:
@@ -115,6 +132,7 @@ def split_metrics(rows: list[dict]) -> dict:
         "tokens_per_solve_total": tokens / len(solved) if solved else None,
         "summaries": sum(r["summaries"] for r in rows),
         "submitted": sum(r["exit_reason"] == "submitted" for r in rows),
+        "outcomes": {o: sum(r.get("outcome") == o for r in rows) for o in OUTCOMES},
         # per task: any of its episodes solved (pass@k with k = the eval's episodes per task)
         "tasks": len({r["task"] for r in rows}),
         "pass_at_k": (len({r["task"] for r in solved}) / len({r["task"] for r in rows})) if n else None,
@@ -172,7 +190,7 @@ def run_eval(run: RLRun, cfg: RLRunConfig, tasks: list[Task], train_ids: set[str
             if (save / f"{t.id}-{i}.json").exists()]
     failed = len(tasks) * cfg.eval.k - len(rows)  # episodes that raised: counted as unsolved, no tokens
     rows += [{"task": "?", "solved": False, "turns": 0, "tool_calls": 0, "invalid_calls": 0,
-              "completion_tokens": 0, "summaries": 0, "exit_reason": "error"}] * failed
+              "completion_tokens": 0, "summaries": 0, "exit_reason": "error", "outcome": "no_edit"}] * failed
     return {"metrics": eval_metrics(rows, train_ids), "episodes": rows, "eval_seconds": agg["seconds"],
             "failed_episodes": failed}
 
@@ -266,11 +284,17 @@ def _fmt(v, nd: int = 2) -> str:
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def _outcomes(counts: dict | None) -> str:
+    """``edited, tests fail / edit refused / no edit`` episode counts (results written before they were kept: n/a)."""
+    return " / ".join(str(counts[o]) for o in OUTCOMES[1:]) if counts else "n/a"
+
+
 def summary_table(results: list[dict]) -> str:
     """Markdown: one row per (arm, split) of eval metrics, then one row per arm of RL-step terms."""
     lines = ["| arm | split | solved | invalid-call rate | tool calls/ep | completion tok/ep | "
-             "tok/solved (mean of solved) | tok/solve (total/solves) | submitted | summaries |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "tok/solved (mean of solved) | tok/solve (total/solves) | submitted | summaries | "
+             "pass@k (tasks) | edited, tests fail / edit refused / no edit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for split in ("train", "heldout"):
             m = r["metrics"][split]
@@ -279,7 +303,8 @@ def summary_table(results: list[dict]) -> str:
             lines.append(f"| {r['arm']} | {split} | {m['solved']}/{m['episodes']} | {_fmt(m['invalid_call_rate'])} | "
                          f"{_fmt(m['tool_calls_per_episode'], 1)} | {_fmt(m['completion_tokens_per_episode'], 0)} | "
                          f"{_fmt(m['tokens_per_solved_mean'], 0)} | {_fmt(m['tokens_per_solve_total'], 0)} | "
-                         f"{m['submitted']}/{m['episodes']} | {m['summaries']} |")
+                         f"{m['submitted']}/{m['episodes']} | {m['summaries']} | "
+                         f"{_fmt(m.get('pass_at_k'))} ({m.get('tasks', '?')}) | {_outcomes(m.get('outcomes'))} |")
     lines += ["", "| arm | RL steps (updates) | pass@1 | shaped reward | r_length | r_invalid_calls | "
               "invalid calls/rollout | tokens/rollout | feedback points | distill KL | s/step |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]

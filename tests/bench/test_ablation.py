@@ -14,6 +14,7 @@ from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task
 from opencomposer.tasks.sources.humaneval import import_humaneval
+from opencomposer.protocols import ToolCall
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("ablation_behaviour", ROOT / "benchmarks" / "ablation_behaviour.py")
@@ -61,6 +62,26 @@ def test_episode_row_of_a_real_oracle_episode(tmp_path):
     row = ab.episode_row(res.trajectory)
     assert row["solved"] and row["exit_reason"] == "submitted" and row["invalid_calls"] == 0
     assert row["tool_calls"] == res.trajectory.tool_calls >= 4
+    assert row["outcome"] == "solved"
+    # the same episode unsolved: its edit was applied, so it ends as "edited_tests_fail"
+    assert ab.outcome(res.trajectory, solved=False) == "edited_tests_fail"
+
+
+def test_outcomes_of_a_refused_edit_and_of_no_edit(tmp_path):
+    """An edit whose ``old`` text is not in the file is refused; an episode that only reads made no edit."""
+    from opencomposer.policies.scripted import ScriptedPolicy
+
+    import_humaneval(tmp_path / "tasks", [53])
+    task = Task.load(tmp_path / "tasks" / "HumanEval_53")
+    refused = [ToolCall("edit_file", {"path": "solution.py", "old": "not in the file\n", "new": "x = 1\n"}, "a"),
+               ToolCall("submit", {"message": "done"}, "b")]
+    reads = [ToolCall("read_file", {"path": "solution.py"}, "c"), ToolCall("submit", {"message": "done"}, "d")]
+    for calls, want in ((refused, "edit_refused"), (reads, "no_edit")):
+        traj = run_task(task, ScriptedPolicy([calls]), "local").trajectory
+        row = ab.episode_row(traj)
+        assert (row["solved"], row["outcome"]) == (False, want)
+    m = ab.split_metrics([{**row, "outcome": o} for o in ("solved", "no_edit", "no_edit")])
+    assert m["outcomes"] == {"solved": 1, "edited_tests_fail": 0, "edit_refused": 0, "no_edit": 2}
 
 
 def test_a_tiny_arm_runs_end_to_end_and_is_not_rerun(tmp_path):
