@@ -193,8 +193,10 @@ def check_identity(dir: str | Path, expected: dict[str, Any]) -> str | None:
 
 
 def _trainable_names(trainer: Trainer) -> list[str]:
-    """Parameter names in the optimizer's order (its state is keyed by these positions)."""
-    return [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    """Parameter names in the optimizer's order (its state is keyed by these positions): its
+    param groups' order, which is not the model's for Muon + AdamW (``train/muon.py``)."""
+    name_of = {id(p): n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    return [name_of[id(p)] for g in trainer.optimizer.param_groups for p in g["params"]]
 
 
 def _full_optimizer_state(trainer: Trainer) -> dict:

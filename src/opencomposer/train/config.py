@@ -22,7 +22,11 @@ from opencomposer.config import Strict
 
 
 class TrainConfig(Strict):
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    lr: float = Field(1e-5, gt=0, description="learning rate (AdamW's; Muon's update is scaled to AdamW's RMS)")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="adamw | muon: Muon on the hidden layers' matrices, AdamW on the rest (train/muon.py); "
+        "not yet under torchrun")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum")
     warmup_steps: int = Field(
         0, ge=0, description="linear warm-up: step n (1-based) uses lr * min(1, n / warmup_steps); 0 = off. "
         "AdamW's first steps move every weight by about lr whatever the gradient's size")

@@ -98,10 +98,7 @@ class Trainer:
             model = distributed.shard_model(model, self.dist, self.device, self.bf16)
         self.model = model.eval()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.adam_eps,
-            weight_decay=self.cfg.weight_decay,
-        )
+        self.optimizer = self._optimizer(model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.version = 0  # optimizer steps taken; the policy_version of fresh samples
         self.base_lr, self.schedule_start = self.cfg.lr, 0  # see set_lr / lr_at
@@ -242,6 +239,20 @@ class Trainer:
         """The learning rate of the step that turns weights ``version`` into ``version + 1``."""
         w = self.cfg.warmup_steps
         return self.base_lr * min(1.0, (version - self.schedule_start + 1) / w) if w else self.base_lr
+
+    def _optimizer(self, model: Any) -> torch.optim.Optimizer:
+        """AdamW, or Muon + AdamW (``train/muon.py``) by ``cfg.optimizer``, over the trainable parameters."""
+        c = self.cfg
+        if c.optimizer == "muon":
+            if self.dist.enabled:
+                raise ValueError("train.optimizer = 'muon' is not built for sharded (torchrun) training yet: "
+                                 "use 'adamw' there")
+            from opencomposer.train.muon import MuonAdamW
+
+            return MuonAdamW(model.named_parameters(), lr=c.lr, momentum=c.muon_momentum, betas=tuple(c.betas),
+                             eps=c.adam_eps, weight_decay=c.weight_decay)
+        return torch.optim.AdamW(self.params, lr=c.lr, betas=tuple(c.betas), eps=c.adam_eps,
+                                 weight_decay=c.weight_decay)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip, step, clear gradients; a non-finite gradient skips the step (version unchanged)."""
