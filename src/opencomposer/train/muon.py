@@ -9,8 +9,9 @@ five steps of the quintic Newton-Schulz iteration ``X <- a X + (b A + c A^2) X``
 ``A = X X^T`` and the published coefficients (a, b, c) = (3.4445, -4.7750, 2.0315), run in
 the gradient's dtype after scaling ``X`` to unit Frobenius norm; its singular values land
 near 1 (between about 0.68 and 1.2; only directions far weaker than the strongest stay below),
-which is all Muon needs. Its steps do not shrink with the gradient, so a decaying learning rate
-(the trainer's schedule) is what lets it settle.
+which is all Muon needs. Its steps do not shrink with the gradient, so only a decaying learning
+rate lets it settle on a minimum (the toy test decays it; the trainer's schedule is a warm-up then
+a constant rate).
 
 The update is scaled by ``0.2 * sqrt(max(rows, cols))`` so its RMS matches AdamW's (Moonshot's
 "Muon is scalable for LLM training"): one learning rate serves both parts, and a run can switch
