@@ -29,11 +29,18 @@ def cache_dir(*parts: str) -> Path:
     return p
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file + rename: readers never see half a file."""
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temp file + rename: readers never see half a file."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     tmp.replace(path)
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``atomic_write_bytes`` of ``text`` (UTF-8)."""
+    atomic_write_bytes(path, text.encode())
 
 
 # A temp dir of another host cannot be checked for a live owner; past this age it is a leftover.

@@ -14,7 +14,7 @@ Charts (matplotlib, Agg):
   under each level).
 
 The page embeds the PNGs (so it is one file you can mail) and they are also written
-beside it (atomically: ``write_png``); a summary table and a per-task table (pass rate per
+beside it (atomically: ``paths.atomic_write_bytes``); a summary table and a per-task table (pass rate per
 run) follow.
 
 Intervals, shared with the training run's report (``pipeline/report.py``): ``task_interval``,
@@ -39,7 +39,7 @@ import numpy as np
 
 from opencomposer.eval.gate import paired_bootstrap
 from opencomposer.eval.results import load_results, pass_at_k_curve, per_task
-from opencomposer.paths import atomic_write_text
+from opencomposer.paths import atomic_write_bytes, atomic_write_text
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
@@ -73,15 +73,6 @@ def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tup
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def write_png(path: Path, data: bytes) -> Path:
-    """``data`` to ``path`` through a temp file + rename: a reader never sees half a PNG."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return path
-
-
 def build_report(results: Sequence[Mapping[str, Any] | str | Path], out: Path, title: str = "") -> Path:
     """Write ``out/index.html`` and the PNGs; returns the HTML path."""
     runs = [load_results(r) for r in results]
@@ -99,7 +90,7 @@ def build_report(results: Sequence[Mapping[str, Any] | str | Path], out: Path, t
             "pass_at_k.png": _pass_at_k(runs, names),
             "per_difficulty.png": _per_difficulty(runs, names)}
     for fname, data in pngs.items():
-        write_png(out / fname, data)
+        atomic_write_bytes(out / fname, data)
     page = out / "index.html"
     atomic_write_text(page, _html(runs, names, pngs, title))
     return page
@@ -107,10 +98,6 @@ def build_report(results: Sequence[Mapping[str, Any] | str | Path], out: Path, t
 
 def png_bytes(fig) -> bytes:
     """The figure as PNG bytes (and closed)."""
-    return _save(fig)
-
-
-def _save(fig) -> bytes:
     import io
 
     import matplotlib.pyplot as plt
@@ -158,7 +145,7 @@ def _score_vs_tokens(runs: list[dict], names: list[str]) -> bytes:
     ax.set_ylim(-0.06, 1.12)
     ax.grid(alpha=0.3)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _save(fig)
+    return png_bytes(fig)
 
 
 def _pass_at_k(runs: list[dict], names: list[str]) -> bytes:
@@ -178,7 +165,7 @@ def _pass_at_k(runs: list[dict], names: list[str]) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="best")
     fig.tight_layout()
-    return _save(fig)
+    return png_bytes(fig)
 
 
 def _per_difficulty(runs: list[dict], names: list[str]) -> bytes:
@@ -204,7 +191,7 @@ def _per_difficulty(runs: list[dict], names: list[str]) -> bytes:
     fig.legend(handles=[Patch(color=COLORS[i % len(COLORS)], label=n) for i, n in enumerate(names)],
                fontsize=9, loc="lower center", ncol=min(len(names), 4), frameon=False)
     fig.tight_layout(rect=(0, 0.06 * ((len(names) + 3) // 4), 1, 1))
-    return _save(fig)
+    return png_bytes(fig)
 
 
 def _level_order(level: str) -> tuple[int, str]:

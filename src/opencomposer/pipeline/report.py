@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opencomposer.eval.report import png_bytes, task_interval, wilson_interval, write_png
-from opencomposer.paths import atomic_write_text
+from opencomposer.eval.report import png_bytes, task_interval, wilson_interval
+from opencomposer.paths import atomic_write_bytes, atomic_write_text
 from opencomposer.rl.metrics import ROLLING, pass_at_k, train_curves
 
 HELDOUT_TB = "heldout"  # under <out>/tb
@@ -77,7 +77,7 @@ def write_report(out: Path) -> Path:
                     key=lambda c: (_STAGES.get(c.stage, 2), c.step, c.name == "rl"))
     evals = {c.name: evals[c.name] for c in points}  # stages in training order
     curves = train_curves(rows)
-    write_png(out / "report.png", _figure(curves, points))
+    atomic_write_bytes(out / "report.png", _figure(curves, points))
     _tensorboard(out / "tb" / HELDOUT_TB, points)
     md = out / "report.md"
     atomic_write_text(md, _markdown(out, rows, evals, points))

@@ -102,9 +102,11 @@ def parse_size(text: str) -> int:
     return n
 
 
-def _sha(path: Path) -> tuple[str, int]:
+def _sha(path: Path, skip: int = 0) -> tuple[str, int]:
+    """sha256 and size of ``path``'s bytes after the first ``skip``."""
     h, n = hashlib.sha256(), 0
     with open(path, "rb") as f:
+        f.seek(skip)
         while b := f.read(CHUNK):
             h.update(b)
             n += len(b)
@@ -381,14 +383,9 @@ def find_parts(given: Path) -> list[Path]:
 
 
 def _check_payload(path: Path, head: dict) -> None:
-    h, n = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        f.seek(HEADER)
-        while b := f.read(CHUNK):
-            h.update(b)
-            n += len(b)
-    if n != head["size"] or h.hexdigest() != head["sha256"]:
-        raise PackError(f"{path}: damaged: {n} bytes with sha256 {h.hexdigest()[:16]}..., expected "
+    sha, n = _sha(path, skip=HEADER)
+    if n != head["size"] or sha != head["sha256"]:
+        raise PackError(f"{path}: damaged: {n} bytes with sha256 {sha[:16]}..., expected "
                         f"{head['size']} bytes with sha256 {head['sha256'][:16]}... (copy the part again)")
 
 
