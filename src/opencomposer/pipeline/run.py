@@ -30,6 +30,7 @@ import random
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -56,21 +57,27 @@ def _write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
-def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig) -> list:
-    """Oracle episodes on training tasks, saved as transcripts (the SFT data).
+def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig, workers: int = 1) -> list:
+    """Oracle episodes on training tasks, saved as transcripts (the SFT data), ``workers`` at a time.
 
     The compact oracle batches independent calls into one turn, so its traces fit the
     short turn budgets small models get; traces that do not solve the task are dropped.
+    The traces come back in the order of ``tasks`` whatever ``workers`` is.
     """
     out.mkdir(parents=True, exist_ok=True)
-    trajs = []
-    for p in tasks:
+
+    def one(p: Path):
         task = Task.load(p)
         res = run_task(task, make_policy("oracle", task=task, compact=True), backend, cfg.agent,
                        transcript=out / f"{task.id}.json")
-        if res.reward.passed:  # only traces that solved the task teach the format
-            trajs.append(res.trajectory)
-    return trajs
+        return res.trajectory if res.reward.passed else None  # only traces that solved the task teach the format
+
+    if workers <= 1:
+        done = [one(p) for p in tasks]
+    else:
+        with ThreadPoolExecutor(workers) as ex:
+            done = list(ex.map(one, tasks))
+    return [t for t in done if t is not None]
 
 
 def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distributed.Dist,

@@ -135,6 +135,15 @@ def fetch_wheels(reqs: list[str], dest: Path, python_version: str | None = None,
     return {have[_pin(r)].name: built.get(have[_pin(r)].name, False) for r in reqs}
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without what would make pip or the env's Python see packages
+    outside the env (PYTHONPATH, user site, pip's target/prefix/user settings) or reach an index."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
+                        "PIP_TARGET", "PIP_PREFIX", "PIP_USER", "PIP_FIND_LINKS")}
+    return {**env, "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
+
+
 def rebuild_env(dest: Path, wheels: Path, record: dict, packages: list[str], python: str = sys.executable,
                 timeout: float = 900.0) -> Path:
     """A venv at ``dest`` holding exactly ``record["installed"]``, installed from ``wheels`` with the
@@ -151,13 +160,12 @@ def rebuild_env(dest: Path, wheels: Path, record: dict, packages: list[str], pyt
     if r.returncode:
         raise EnvError(f"{dest}: venv creation failed: {r.stderr.strip()[-2000:]}")
     reqs = list(record["installed"])
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
-    env.pop("PIP_INDEX_URL", None)
-    env.pop("PIP_EXTRA_INDEX_URL", None)
+    env = clean_env()
     if reqs:
+        # --ignore-installed: what a PYTHONPATH or user site shows pip is not in the env, install it anyway
         r = _run([sys.executable, "-m", "pip", "--python", str(dest / "bin" / "python"), "install", "--no-deps",
-                  "--no-index", f"--find-links={wheels}", "--no-cache-dir", "-q", "--disable-pip-version-check",
-                  *reqs], timeout, env)
+                  "--no-index", "--ignore-installed", f"--find-links={wheels}", "--no-cache-dir", "-q",
+                  "--disable-pip-version-check", *reqs], timeout, env)
         if r.returncode:
             raise EnvError(f"{dest}: installing the carried wheels (index disabled) failed:\n{r.stderr.strip()[-3000:]}")
     strip_tools(dest, reqs)
@@ -167,7 +175,7 @@ def rebuild_env(dest: Path, wheels: Path, record: dict, packages: list[str], pyt
         raise EnvError(f"{dest}: the rebuilt env differs from the packed one: extra {extra}, missing {lack}")
     for pkg in packages:
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", pkg) and \
-                _run([str(dest / "bin" / "python"), "-c", f"import {pkg}"], 120).returncode == 0:
+                _run([str(dest / "bin" / "python"), "-c", f"import {pkg}"], 120, env).returncode == 0:
             raise EnvError(f"{dest}: the library's package {pkg!r} is importable from the rebuilt env itself; "
                            "tasks would leak the deleted code")
     return dest

