@@ -3,7 +3,7 @@
 Refused: every model under each root config forbids unknown keys (``Strict``), so a key that
 no model declares is an error naming the file and key.
 
-Read: for each key a shipped config sets (``configs/<command>/*.toml``, ``configs/ablation/*.toml``,
+Read: for each key a shipped config sets (``configs/<command>/*.toml``, ``configs/ablation/*.toml``, ``configs/learn/*.toml``,
 ``configs/suites/*.toml``), and for every field of the sandbox sections whether set or not,
 an AST scan of ``src/`` and ``benchmarks/`` must find an attribute read of that field on
 that section: ``<...>.sandbox.backend``, or ``x.backend`` where ``x`` was assigned from
@@ -37,18 +37,23 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("configs/*/*.toml"))
 
 
+# configs/<folder>/ that belong to a benchmark script outside the package: (script, root model)
+BENCH_ROOTS = {"ablation": ("ablation_behaviour", "AblationConfig"), "learn": ("learn_run", "LearnConfig")}
+
+
 @cache
-def _ablation_root() -> type[BaseModel]:
-    spec = importlib.util.spec_from_file_location("ablation_behaviour", ROOT / "benchmarks" / "ablation_behaviour.py")
+def _bench_root(folder: str) -> type[BaseModel]:
+    script, name = BENCH_ROOTS[folder]
+    spec = importlib.util.spec_from_file_location(script, ROOT / "benchmarks" / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # pydantic resolves the module's annotations through sys.modules
     spec.loader.exec_module(mod)
-    return mod.AblationConfig
+    return getattr(mod, name)
 
 
 def root_of(path: Path) -> type[BaseModel]:
-    if path.parent.name == "ablation":
-        return _ablation_root()
+    if path.parent.name in BENCH_ROOTS:
+        return _bench_root(path.parent.name)
     return root_model(path)
 
 

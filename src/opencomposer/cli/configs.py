@@ -7,7 +7,8 @@
     configs/realtime/*.toml   opencomposer realtime --config                    realtime.config.RealtimeConfig
     configs/suites/*.toml     opencomposer eval --suite NAME                    eval.suite.SuiteFile
 
-(``configs/ablation/`` belongs to ``benchmarks/ablation_behaviour.py``, outside the package.)
+(``configs/ablation/`` belongs to ``benchmarks/ablation_behaviour.py`` and ``configs/learn/`` to
+``benchmarks/learn_run.py``, outside the package.)
 
     model = root_model("configs/train/demo.toml")          # RLRunConfig
     cfg = load_for("configs/train/demo.toml", RLRunConfig)  # what each command's --config calls

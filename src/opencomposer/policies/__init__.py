@@ -6,13 +6,15 @@
     make_policy("model", model="smollm2-135m", max_new_tokens=256, batch=8)   # local HF, batched
     make_policy("engine", engine=engine, temperature=1.0, seed=0)      # the built-in engine
     make_policy("server", base_url=url, tokenizer=tok, batch=8)        # an `opencomposer serve`
+    make_policy("vllm", base_url=url, tokenizer=tok, model=name)       # vLLM / SGLang ("sglang"), token ids
 
 ``spec`` is a kind of ``POLICIES``, optionally ``kind:MODEL`` (the ``model`` option). The options
 are the keyword arguments of that kind's class, checked here by name, so a typo or a missing one
 is a ``ConfigError`` naming the spec, the field and what it takes. The class is imported only when
 its kind is chosen (the registry holds import paths, as mini-swe-agent's), so an oracle run never
-loads torch. ``batch=N`` wraps a local sampler (model, engine, server) in ``BatchedPolicy`` with
-``max_batch=N``, one batch of episodes per ``generate``; ``name`` then names the batched policy.
+loads torch. ``batch=N`` wraps a local sampler (model, engine, server, vllm, sglang) in
+``BatchedPolicy`` with ``max_batch=N``, one batch of episodes per ``generate``; ``name`` then names
+the batched policy.
 
 Test: ``pytest tests/unit/policies/test_make_policy.py``.
 """
@@ -34,8 +36,10 @@ POLICIES: dict[str, str] = {
     "model": "opencomposer.policies.model:ModelPolicy",
     "engine": "opencomposer.policies.engine:EnginePolicy",
     "server": "opencomposer.policies.server:ServerPolicy",
+    "vllm": "opencomposer.policies.vllm:VLLMPolicy",
+    "sglang": "opencomposer.policies.sglang:SGLangPolicy",
 }
-BATCHABLE = ("model", "engine", "server")  # samplers of token ids, which BatchedPolicy gathers
+BATCHABLE = ("model", "engine", "server", "vllm", "sglang")  # samplers of token ids, which BatchedPolicy gathers
 # What each required option is, for the error that says it is missing.
 EXPECTED = {
     "task": "the task (a tasks.format.Task) whose gold patch the oracle replays",

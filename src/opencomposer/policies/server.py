@@ -81,8 +81,9 @@ class ServerPolicy(PromptPolicy):
         choice = self._call("POST", "/v1/completions", json=body)["choices"][0]
         got = choice.get("opencomposer")
         if not got:
-            raise ServerUnavailable(f"{self.base}/v1/completions returned no token ids: an opencomposer serve "
-                                    "is needed for RL rollouts (other servers do not return them)")
+            raise ServerUnavailable(f"{self.base}/v1/completions returned no token ids: rollout.engine='server' "
+                                    "needs an opencomposer serve; for vLLM or SGLang set [rollout] engine = "
+                                    "'vllm' or 'sglang' (policies/vllm.py, policies/sglang.py)")
         versions = got["policy_versions"]
         text = choice["text"]
         _, tool_calls = codec.parse_tool_calls(text)

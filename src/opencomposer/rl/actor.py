@@ -43,6 +43,7 @@ from opencomposer.policies import make_policy
 from opencomposer.rl.advantages import GroupSplit, advantages_for_groups, split_groups
 from opencomposer.rl.async_rollouts import RolloutsAhead
 from opencomposer.rl.config import RLRunConfig, RolloutSection
+from opencomposer.rl.external_engine import EXTERNAL, ExternalEngine
 from opencomposer.rl.feedback import detect, distill_pairs
 from opencomposer.rl.learner import TrainBatch, Weights
 from opencomposer.rl.metrics import MetricsLog, rollout_stats
@@ -105,14 +106,15 @@ def sandbox_pool(rollout: RolloutSection):
 
 def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperature: float, device: str,
                    start_model: str, base_model: bool = False,
-                   publish: Callable[[], Any] = lambda: None) -> BatchedPolicy:
+                   publish: Callable[[], Any] = lambda: None, external: ExternalEngine | None = None) -> BatchedPolicy:
     """A batched sampler on ``weights``, or (``base_model``) on a fresh load of the untrained
     model, so the base can be measured at any point of the run.
 
     ``rollout.engine = "builtin"`` samples with the inference engine, which holds its own
     copy of the weights (``Actor.sync_weights`` sends new ones after each update); "hf" samples
     with transformers ``generate`` on the trainer's model itself (one process); "server" with
-    an ``opencomposer serve`` that follows the weight store (``publish`` feeds it first).
+    an ``opencomposer serve`` that follows the weight store (``publish`` feeds it first); "vllm"
+    and "sglang" with such a server, given ``weights`` through ``external`` (``rl/external_engine.py``).
     """
     r, m = cfg.rollout, cfg.model
     sampling = dict(temperature=temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=cfg.run.seed,
@@ -126,6 +128,9 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
             policy.close()
             raise
         return policy
+    if r.engine in EXTERNAL and not base_model:  # the base model is measured locally here too
+        external = external or ExternalEngine(cfg, model_config(weights, start_model))
+        return external.policy(weights, tokenizer, temperature)
     if base_model or weights.model is None:
         model, tok = load_model(m.name if base_model else start_model, device=device)
         if not base_model:  # the engine's own copy, of the weights gathered from the shards
@@ -140,6 +145,11 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
                         max_model_len=min(int(model.config.max_position_embeddings), 8192))
         return make_policy("engine", engine=engine, **sampling)
     return make_policy("model", model=(model, tok), policy_version=version, **sampling)
+
+
+def model_config(weights: Weights, start_model: str) -> Any:
+    """The HF config of the model trained: the trainer's own, or (sharded) a fresh load's."""
+    return (weights.model or load_model(start_model))[0].config
 
 
 def _split(rollouts: list[Rollout]) -> GroupSplit:
@@ -184,6 +194,9 @@ class Actor:
             self.metrics.truncate(start_step, state.get("row"))
         # [sync]: every version goes to a weight store for remote followers
         self.publisher = self._publisher()
+        # [rollout] engine = "vllm" | "sglang": the server's checks and weight pushes
+        self.external = (ExternalEngine(cfg, model_config(weights, start_model))
+                         if cfg.rollout.engine in EXTERNAL else None)
         self.policy = self.make_policy(cfg.rollout.temperature)
         self.tools = agent_tools()
         self.pool = sandbox_pool(cfg.rollout)  # closed by close()
@@ -205,7 +218,7 @@ class Actor:
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
         """A batched sampler on the latest weights (``rollout_policy``); the evaluations use it too."""
         return rollout_policy(self.cfg, self.weights, self.tokenizer, temperature, self.device, self.start_model,
-                              base_model=base_model, publish=self.publish_to_store)
+                              base_model=base_model, publish=self.publish_to_store, external=self.external)
 
     # ------------------------------------------------------------------ weights from the learner
 
@@ -213,24 +226,29 @@ class Actor:
         """The learner's latest weights: the next policy, sync and publication use them."""
         self.weights = weights
 
-    def sync_weights(self, wait: bool = True) -> None:
+    def sync_weights(self, wait: bool = True) -> dict[str, float]:
         """Make the rollout policy sample from the latest weights (and say so).
 
         The built-in engine takes them between two decode steps, in flight if rollouts are
         running (``max_staleness``); a server gets them through the store, and ``wait=False``
-        leaves it to apply them when its follower polls (its tokens then say which version ran).
+        leaves it to apply them when its follower polls (its tokens then say which version ran);
+        a vLLM or SGLang server loads them from a directory and acknowledges the version (what
+        that cost is returned, for the step's row; {} otherwise).
         """
         w = self.weights
         if self.policy.policy_version == w.version:
-            return
+            return {}
         if self.cfg.rollout.engine == "server":  # through the weight store: publish, then wait for the server
             self.publish_to_store()
             if wait:
                 self.policy.policy.wait_for_version(w.version, self.cfg.rollout.sync_timeout_s)
+        elif self.external is not None:  # written to a directory, loaded through the server's endpoint
+            return self.external.push(self.policy, w)
         elif self.cfg.rollout.engine == "builtin":
             self.policy.policy.update_weights(w.state, w.version)
         else:  # same model object: only the label moves
             self.policy.policy_version = w.version
+        return {}
 
     def publish_to_store(self) -> dict[str, float]:
         """Send the latest version to the weight store (``[sync]``), once; the metrics row
@@ -265,8 +283,7 @@ class Actor:
         tasks, or the pool's end). Every task drawn counts as used once the batch is trained."""
         r, t0 = self.cfg.rollout, time.perf_counter()
         paths = self.sampler.issue()
-        if not r.max_staleness:
-            self.sync_weights()
+        pushed = self.sync_weights() if not r.max_staleness else {}
         gen0 = self.policy.stats.get("generate_seconds", 0.0)
         task_ids, rollouts = self._roll(paths)
         shaped = [(len(rollouts), shape_rollouts(rollouts, self.cfg.reward))]
@@ -297,7 +314,8 @@ class Actor:
         reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
         batch.times = {"time_rollout": round(t1 - t0, 2),
                        "time_generate": round(self.policy.stats.get("generate_seconds", 0.0) - gen0, 2),
-                       "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2)}
+                       "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2),
+                       **pushed}
         return batch
 
     def _roll(self, paths: list[Path]) -> tuple[list[str], list[Rollout]]:

@@ -80,7 +80,25 @@ class RolloutSection(SamplingSection):
     sandbox_pool: SandboxPoolSection | None = Field(
         None, description="e.g. {size = 16, warm = 2}: reuse reset sandboxes of a warm pool; absent: a fresh "
                           "sandbox per episode")
-    base_url: str | None = Field(None, description="rollout.engine='server': the server, e.g. http://gpu-7:8000/v1")
+    # 'vllm' / 'sglang': an external server sampling token ids, given each version through its documented
+    # update endpoint from weights_dir (policies/vllm.py, policies/sglang.py; docs/serving.md)
+    engine: Literal["hf", "builtin", "server", "vllm", "sglang"] = Field(
+        "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not re-prefilled); "
+                          "'hf': transformers generate on the model; 'server': an `opencomposer serve "
+                          "--weights-from` process (rollout.base_url, fed through [sync]); 'vllm' / 'sglang': such a "
+                          "server at rollout.base_url, token ids in and out, new weights loaded from "
+                          "rollout.weights_dir after each update")
+    base_url: str | None = Field(None, description="rollout.engine='server', 'vllm' or 'sglang': the server, e.g. "
+                                                   "http://gpu-7:8000/v1")
+    served_model: str | None = Field(None, description="rollout.engine='vllm' or 'sglang': the model the server must "
+                                                       "serve (its id or path); absent: [model] name. Another model "
+                                                       "is refused at start")
+    weights_dir: str | None = Field(None, description="rollout.engine='vllm' or 'sglang': where each version is "
+                                                      "written for the server to load (a path it can read); absent: "
+                                                      "<run.out_dir>/engine_weights")
+    allow_missing_routes: bool = Field(False, description="rollout.engine='vllm' or 'sglang' with a MoE model: train "
+                                                          "without router replay when the server returns no routes "
+                                                          "(warned at start); false: such a run is refused")
     sync_timeout_s: float = Field(300.0, gt=0, description="rollout.engine='server': how long a step waits for "
                                                            "the server to run the trainer's version")
     max_staleness: int = Field(
@@ -239,6 +257,18 @@ class RLRunConfig(Strict):
         if self.rollout.engine == "server" and (not self.rollout.base_url or self.sync is None):
             raise ValueError("rollout.engine='server' needs rollout.base_url (the server) and a [sync] store "
                              "(the server follows it: opencomposer serve --weights-from STORE)")
+        if self.rollout.engine in ("vllm", "sglang"):
+            r = self.rollout
+            if not r.base_url:
+                raise ValueError(f"rollout.engine='{r.engine}' needs rollout.base_url (the server, e.g. "
+                                 "http://gpu-7:8000/v1)")
+            if self.train.lora:
+                raise ValueError(f"rollout.engine='{r.engine}' with train.lora=true: the server loads full weights; "
+                                 "train without LoRA")
+            if r.max_staleness:
+                raise ValueError(f"rollout.engine='{r.engine}' with rollout.max_staleness >= 1: weights reach this "
+                                 "server between steps only (its tokens carry no per-token version); use "
+                                 "rollout.max_staleness = 0")
         if self.rollout.max_staleness and self.rollout.engine == "hf":
             raise ValueError("rollout.max_staleness >= 1 with rollout.engine='hf': 'hf' samples with the trainer's own "
                              "model object, which the optimizer would change under running rollouts; use "

@@ -116,7 +116,7 @@ def test_server_spec_reaches_the_url():
      "policy spec 'scripted': unknown option(s) ['temprature']; ScriptedPolicy takes turns"),
     ("openai:m", {"model": "n"}, "policy spec 'openai:m': the model is given twice"),
     ("oracle", {"task": None, "batch": 4},
-     "policy spec 'oracle': batch=4 needs a local sampler (model, engine, server)"),
+     "policy spec 'oracle': batch=4 needs a local sampler (model, engine, server, vllm, sglang)"),
     ("model", {"batch": 0}, "policy spec 'model': batch: expected an integer >= 1"),
 ])
 def test_bad_specs_say_what_is_wrong(spec, options, said):
@@ -137,4 +137,5 @@ def test_only_the_chosen_kind_is_imported():
             "print(sorted(m for m in ('torch', 'openai', 'opencomposer.policies.model') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert r.stdout.strip() == "[]"
-    assert set(POLICIES) == {"oracle", "scripted", "openai", "model", "engine", "server"}
+    assert set(POLICIES) == {"oracle", "scripted", "openai", "model", "engine", "server", "vllm",
+                             "sglang"}
