@@ -13,8 +13,9 @@ are the keyword arguments of that kind's class, checked here by name, so a typo 
 is a ``ConfigError`` naming the spec, the field and what it takes. The class is imported only when
 its kind is chosen (the registry holds import paths, as mini-swe-agent's), so an oracle run never
 loads torch. ``batch=N`` wraps a local sampler (model, engine, server, vllm, sglang) in
-``BatchedPolicy`` with ``max_batch=N``, one batch of episodes per ``generate``; ``name`` then names
-the batched policy.
+``BatchedPolicy`` with ``max_batch=N``, one batch of episodes per ``generate`` (an engine: served
+continuously, each request joining and leaving the engine's running batch on its own); ``name``
+then names the batched policy.
 
 Test: ``pytest tests/unit/policies/test_make_policy.py``.
 """

@@ -18,12 +18,18 @@ those are off), and with in-flight weight updates one turn may span two policy v
 ``policy_version`` is then the version of the turn's first token (the oldest), and
 ``PolicyOutput.policy_versions`` gives the version per token.
 
-Hook for ``rl/``: ``BatchedPolicy(EnginePolicy(engine, ...))`` works as is (it uses
-``tokenizer``, ``encode``, ``sample_batch``, ``policy_version``); where ``rl/run.py`` sets
+Hook for ``rl/``: ``BatchedPolicy(EnginePolicy(engine, ...))`` serves concurrent episodes
+continuously (its worker owns the engine: ``add_request`` with ``next_params``, ``step``,
+``output`` of each finished request); where ``rl/run.py`` sets
 ``policy.policy_version = trainer.version`` after a step (enough for ``ModelPolicy``, which
 shares the trainer's model), an engine needs ``policy.update_weights(model.state_dict(),
 version)`` instead -- setting the version alone raises, so stale weights cannot be
 mislabelled as new.
+
+Seeds (with ``seed``): row i of sampling call n draws ``seed + n * 100_003 + i`` with a
+generator of its own; a call is one ``sample_batch`` (``act`` too), or one request in
+``BatchedPolicy``'s continuous mode (``next_params``). ``_calls`` counts them, and a resumed
+RL run continues the count (``rl/run.py``).
 
 Test: ``pytest tests/unit/policies/test_engine_policy.py``.
 """
@@ -70,18 +76,30 @@ class EnginePolicy(PromptPolicy):
         self.engine.update_weights(state_dict, version)
 
     def sample_batch(self, prompts: list[list[int]]) -> list[PolicyOutput]:
-        params = []
-        for i, p in enumerate(prompts):
-            seed = None if self.seed is None else self.seed + self._calls * 100_003 + i
-            params.append(SamplingParams(max_tokens=self._budget(p), temperature=self.temperature, top_p=self.top_p,
-                                         top_k=self.top_k, seed=seed))
+        params = [self._params(p, self._seed(self._calls, i)) for i, p in enumerate(prompts)]
         self._calls += 1
-        return [self._output(c) for c in self.engine.generate(prompts, params)]
+        return [self.output(c) for c in self.engine.generate(prompts, params)]
+
+    def next_params(self, prompt_ids: list[int]) -> SamplingParams:
+        """One request's sampling params, the request counted as a call of its own (the seed
+        ``act`` would draw for it): ``BatchedPolicy``'s continuous mode adds each request to the
+        engine with these, in the order its worker takes them."""
+        params = self._params(prompt_ids, self._seed(self._calls, 0))
+        self._calls += 1
+        return params
+
+    def _seed(self, call: int, row: int) -> int | None:
+        return None if self.seed is None else self.seed + call * 100_003 + row
+
+    def _params(self, prompt_ids: list[int], seed: int | None) -> SamplingParams:
+        return SamplingParams(max_tokens=self._budget(prompt_ids), temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=seed)
 
     def _context(self) -> tuple[int, str]:
         return self.engine.max_model_len, "the engine's max_model_len"
 
-    def _output(self, c: Completion) -> PolicyOutput:
+    def output(self, c: Completion) -> PolicyOutput:
+        """The ``PolicyOutput`` of one finished engine request."""
         _, calls = codec.parse_tool_calls(c.text)
         return PolicyOutput(
             text=c.text, tool_calls=calls, prompt_tokens=len(c.prompt_token_ids), completion_tokens=len(c.token_ids),

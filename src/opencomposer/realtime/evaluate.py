@@ -5,7 +5,7 @@
 The checkpoint is loaded fresh and run through the suite of ``[gate]`` with the same
 harness that serves and trains it: the built-in engine (``gate.engine = "builtin"``) or
 transformers ``generate`` (``"hf"``), behind ``policies.batched.BatchedPolicy`` so a suite's
-episodes share batches. ``gate_decision`` then applies ``eval.gate.compare``.
+episodes share the model (the engine: continuously). ``gate_decision`` then applies ``eval.gate.compare``.
 
 Test: ``pytest tests/integration/test_realtime_cycle.py``.
 """

@@ -284,7 +284,7 @@ class Actor:
         r, t0 = self.cfg.rollout, time.perf_counter()
         paths = self.sampler.issue()
         pushed = self.sync_weights() if not r.max_staleness else {}
-        gen0 = self.policy.stats.get("generate_seconds", 0.0)
+        gen0 = dict(self.policy.stats)
         task_ids, rollouts = self._roll(paths)
         shaped = [(len(rollouts), shape_rollouts(rollouts, self.cfg.reward))]
         split = _split(rollouts)
@@ -312,8 +312,10 @@ class Actor:
                         "groups_trained": float(len(paths) - len(left_out)),
                         "groups_resampled": float(extra), "resample_rounds": float(rounds)}
         reward_s = sum(ro.result.seconds.get("reward", 0.0) for ro in rollouts if ro.result is not None)
-        batch.times = {"time_rollout": round(t1 - t0, 2),
-                       "time_generate": round(self.policy.stats.get("generate_seconds", 0.0) - gen0, 2),
+        gen = {k: v - gen0.get(k, 0) for k, v in self.policy.stats.items()}
+        batch.times = {"time_rollout": round(t1 - t0, 2), "time_generate": round(gen.get("generate_seconds", 0.0), 2),
+                       # sequences per engine step (continuous) or per batch, this step's
+                       "generate_mean_running": round(gen.get("sequence_steps", 0) / max(gen.get("batches", 0), 1), 2),
                        "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2),
                        **pushed}
         return batch
