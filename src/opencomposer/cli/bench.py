@@ -1,4 +1,4 @@
-"""`opencomposer bench sandbox|engine|moe`: measure components on this machine."""
+"""`opencomposer bench sandbox|engine|moe|sync|spec|train`: measure components on this machine."""
 
 from __future__ import annotations
 
@@ -190,6 +190,26 @@ def bench_spec(
         res = run(model, head, shape, dev, "bfloat16" if dev == "cuda" else "float32", ks, bs, ts, prompts,
                   prompt_len, max_tokens, source)
     except (*known_errors(), MTPError, ValueError) as e:
+        fail(e)
+    emit(res)
+
+
+@bench_app.command("train")
+def bench_train(
+    model: str = typer.Option("smollm2-135m", help="the model to train (smollm2-135m: the embedded one)"),
+    arms: str = typer.Option("baseline,packed_chunked,packed_chunked_ckpt",
+                             help="comma-separated; the first is what the others' speed-up is over"),
+    tokens: int = typer.Option(8192, min=16, help="micro_batch_tokens; each step trains about this many tokens"),
+    steps: int = typer.Option(2, min=1, help="timed optimizer steps per arm"),
+    warmup: int = typer.Option(1, min=0, help="untimed steps first"),
+) -> None:
+    """SFT on the CPU: tokens/s and peak RSS of the padded, whole-logits trainer path vs packed + chunked."""
+    from opencomposer.bench.train import run
+
+    try:
+        res = run(model, [a.strip() for a in arms.split(",") if a.strip()], tokens, steps, warmup,
+                  log=lambda m: err.print(m, highlight=False))
+    except (ValueError, RuntimeError) as e:
         fail(e)
     emit(res)
 

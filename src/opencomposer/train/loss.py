@@ -87,7 +87,8 @@ def grpo_loss(
     """Clipped policy-gradient loss + k1 KL, token-summed over a constant normalizer.
 
     Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``loss_mask`` are (B, T);
-    ``advantages`` is (B,). Returns the scalar loss and float stats.
+    ``advantages`` is (B,), or (B, T) per token (rows packing several sequences).
+    Returns the scalar loss and float stats.
     """
     cfg = config or LossConfig()
     if logprobs.dim() != 2:
@@ -95,7 +96,8 @@ def grpo_loss(
     bt = tuple(logprobs.shape)
     _check_shape("old_logprobs", old_logprobs, bt, "same as logprobs")
     _check_shape("loss_mask", loss_mask, bt, "same as logprobs")
-    _check_shape("advantages", advantages, bt[:1], "one per sequence of logprobs")
+    if tuple(advantages.shape) != bt:  # else one per token
+        _check_shape("advantages", advantages, bt[:1], "one per sequence of logprobs, or one per token")
     if ref_logprobs is not None:
         _check_shape("ref_logprobs", ref_logprobs, bt, "same as logprobs")
     elif cfg.kl_coef > 0:
@@ -105,7 +107,8 @@ def grpo_loss(
     maskf = mask.to(logprobs.dtype)
     tokens = int(mask.sum())
     normalizer = float(cfg.normalizer if cfg.normalizer is not None else bt[0] * bt[1])
-    adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)
+    adv = advantages.detach().to(logprobs.dtype)
+    adv = adv if adv.dim() == 2 else adv.unsqueeze(1)
 
     # where(), not multiply: padding may hold -inf log-probs, and exp(nan) * 0 is nan
     # in both the loss and its gradient. Unselected branches get exactly zero gradient.

@@ -9,13 +9,14 @@ A step is ``*_backward`` (micro-batches by token budget, one forward + backward 
 gradients accumulating) then ``optimizer_step`` (clip, AdamW, ``version += 1``); callers
 that gather samples over time may call the two halves themselves. Every micro-batch of a
 step divides by the SAME constant normaliser, so the gradient does not depend on how the
-samples were split (tested). Sequences are right-padded, not packed into shared rows:
-packing needs block-diagonal attention (flash-attn varlen), which CPU/SDPA lacks. Logits
-are computed only at positions that predict a loss token (``logits_to_keep``): prompts and
-tool outputs are most of an agent sequence, and vocab-wide logits dominate a step's cost.
+samples were split (tested). A micro-batch packs its samples end to end into one row, each
+attending only within itself (``train/micro_batches.py``, ``train/document_attention.py``;
+``pack_sequences = false``: right-padded rows). Log-probs are taken only at positions that
+predict a loss token, through the output layer a chunk of ``logits_chunk_tokens`` at a time
+(``train/head_logprobs.py``), so the [tokens, vocab] logits never exist whole (issue 32).
 
 Precision: weights and AdamW state stay fp32; on CUDA with bf16 the forward runs under
-bf16 autocast, and log-probs are always taken in fp32 (``token_logprobs``). The model is
+bf16 autocast, and log-probs are always taken in fp32 (``head_token_logprobs``). The model is
 in train mode only inside a step, so sampling from ``policy_pair()`` between steps sees
 eval mode.
 
@@ -40,14 +41,18 @@ import copy
 import inspect
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from opencomposer.models.moe_replay import pad_routes, replay_routes
+from opencomposer.models.moe_replay import replay_routes, routers
+from opencomposer.train.document_attention import document_attention
+from opencomposer.train.head_logprobs import head_token_logprobs
+from opencomposer.train.host_memory import return_freed_memory
 from opencomposer.train.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
+from opencomposer.train.micro_batches import Batch, collate, group_samples
 from opencomposer.train.samples import Sample
 from opencomposer.train import distributed
 from opencomposer.train.config import TrainConfig
@@ -81,7 +86,16 @@ class Trainer:
         self.bf16 = _use_bf16(self.cfg.bf16, self.device)
         if self.cfg.lora:
             model = _add_lora(model, self.cfg, self.device)
-        if self.cfg.gradient_checkpointing:
+        if self.device.type == "cpu" and self.cfg.return_host_memory:
+            return_freed_memory()
+        moe = bool(routers(model))
+        if self.cfg.gradient_checkpointing is True and moe:
+            # router replay's hooks live for the forward only: a recomputation in backward would route
+            # its tokens afresh and save other tensors than the forward did
+            raise ValueError("train.gradient_checkpointing=true with a mixture-of-experts model: recomputed "
+                             "layers would not replay the sampled routes; use false or 'auto' (off for MoE)")
+        if self.cfg.gradient_checkpointing is True or (self.cfg.gradient_checkpointing == "auto"
+                                                       and self.device.type == "cpu" and not moe):
             _enable_checkpointing(model)
             if self.cfg.lora:  # frozen embeddings would cut the graph before the checkpoints
                 model.enable_input_require_grads()
@@ -100,6 +114,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = self._optimizer(model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._packs = self.cfg.pack_sequences
         self.version = 0  # optimizer steps taken; the policy_version of fresh samples
         self.base_lr, self.schedule_start = self.cfg.lr, 0  # see set_lr / lr_at
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -211,10 +226,7 @@ class Trainer:
         sums = {"loss": 0.0, "tokens": 0.0, "loss_tokens": 0.0}
         with self._training():
             for b, idle in self._passes(samples):
-                # Plain NLL: fused cross-entropy skips token_logprobs' entropy, which SFT never reads.
-                logits = self._logits(self.model, b).float()
-                nll = F.cross_entropy(logits.flatten(0, 1), b.targets.flatten(), reduction="none")
-                loss = (nll.view_as(b.mask) * b.mask).sum() / normalizer
+                loss = (self._nll(b) * b.mask).sum() / normalizer
                 (loss * 0 if idle else loss).backward()
                 if idle:
                     continue
@@ -271,13 +283,16 @@ class Trainer:
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
+        # Packed: document attention until the backward passes are done too, since activation
+        # checkpointing runs the layers' forward again there.
         self.model.train()
         try:
-            yield
+            with document_attention(self.model) if self._packs else contextlib.nullcontext():
+                yield
         finally:
             self.model.eval()
 
-    def _passes(self, samples: list[Sample]) -> Iterator[tuple[_Batch, bool]]:
+    def _passes(self, samples: list[Sample]) -> Iterator[tuple[Batch, bool]]:
         """``(micro-batch, idle)`` for this rank's share of the step's ``samples``; idle passes
         (``_idle_batch``, whose loss the caller zeroes) pad it to the count of the busiest rank."""
         trainable = [s for s in samples if s.loss_tokens]  # the rest would add nothing but time
@@ -296,79 +311,71 @@ class Trainer:
         yield from [None] * (passes - len(items))
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Samples grouped so rows x longest row <= micro_batch_tokens."""
-        budget = self.cfg.micro_batch_tokens
-        order = sorted(samples, key=len, reverse=True)  # similar lengths together: less padding
-        groups: list[list[Sample]] = []
-        for s in order:
-            if groups and (len(groups[-1]) + 1) * len(groups[-1][0]) <= budget:
-                groups[-1].append(s)
-            else:
-                groups.append([s])
-        return groups
+        return group_samples(samples, self.cfg.micro_batch_tokens, self._packs)
 
-    def _idle_batch(self) -> _Batch:
+    def _idle_batch(self) -> Batch:
         """Two pad tokens, one of them a loss position: a pass that runs every layer (and so
         every FSDP2 collective) and whose loss the caller multiplies by zero."""
         return self._collate([Sample(input_ids=[self.pad_id] * 2, loss_mask=[0, 1], old_logprobs=[0.0, 0.0],
                                      advantage=0.0, task_id="(idle)")])
 
-    def _collate(self, batch: list[Sample]) -> _Batch:
-        rows, width = len(batch), max(len(s) for s in batch)
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((rows, width), dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.float32)
-        old = torch.zeros((rows, width), dtype=torch.float32)
-        for i, s in enumerate(batch):
-            n = len(s)
-            ids[i, :n] = torch.tensor(s.input_ids)
-            attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-            old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-        # Output position t predicts token t + 1; keep the positions predicting a loss token of any row.
-        keep = (mask[:, 1:].sum(0) > 0).nonzero().squeeze(1)
-        adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
-        dev = self.device
-        routes = pad_routes([s.routes for s in batch], width)
-        return _Batch(
-            ids.to(dev), attn.to(dev), keep.to(dev), ids[:, keep + 1].to(dev), mask[:, keep + 1].to(dev),
-            old[:, keep + 1].to(dev), adv.to(dev), float(attn.sum()), None if routes is None else routes.to(dev),
-        )
+    def _collate(self, batch: list[Sample]) -> Batch:
+        return collate(batch, self.pad_id, self.device, self._packs)
 
-    def _logits(self, model: Any, b: _Batch) -> torch.Tensor:
-        """(rows, len(keep), vocab) logits at the kept positions only; a MoE model's tokens go to the
-        experts the sampler chose where the samples recorded them (``models.moe_replay``)."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16), replay_routes(model, b.routes):
-            if self._keeps_logits:
-                return model(input_ids=b.ids, attention_mask=b.attn, use_cache=False, logits_to_keep=b.keep).logits
-            # older transformers: every position's logits, then the kept ones
-            return model(input_ids=b.ids, attention_mask=b.attn, use_cache=False).logits[:, b.keep]
+    def _forward(self, model: Any, b: Batch, **kw: Any) -> Any:
+        """``model``'s forward on ``b`` under autocast, packed documents attending each within itself;
+        a MoE model's tokens go to the experts the sampler chose where the samples recorded them
+        (``models.moe_replay``)."""
+        packed = document_attention(model) if b.packed else contextlib.nullcontext()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16), \
+                replay_routes(model, b.routes), packed:
+            return model(input_ids=b.ids, attention_mask=b.attn, position_ids=b.positions, use_cache=False, **kw)
 
-    def _logprobs(self, model: Any, b: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self._logits(model, b), b.targets, temperature)
+    def _logits(self, model: Any, b: Batch) -> torch.Tensor:
+        """(rows, len(keep), vocab) logits at the kept positions only."""
+        if self._keeps_logits:
+            return self._forward(model, b, logits_to_keep=b.keep).logits
+        return self._forward(model, b).logits[:, b.keep]  # older transformers: every position's logits
+
+    def _chunks_head(self, model: Any) -> torch.nn.Linear | None:
+        """The output layer, where log-probs go through it a chunk of tokens at a time
+        (``train/head_logprobs.py``): not with ``logits_chunk_tokens = 0``, a LoRA-wrapped head or a
+        sharded model (whose root weights live inside the root forward)."""
+        head = _plain_head(model)
+        return None if self.cfg.logits_chunk_tokens == 0 or self.dist.enabled else head
+
+    def _logprobs(self, model: Any, b: Batch, temperature: float, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log p(targets), entropy) at the kept positions."""
+        head = self._chunks_head(model)
+        if head is None:
+            return token_logprobs(self._logits(model, b), b.targets, temperature)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        hidden = self._forward(base.get_decoder(), b).last_hidden_state[:, b.keep]
+        dtype = torch.bfloat16 if self.bf16 else head.weight.dtype
+        return head_token_logprobs(hidden, head.weight, head.bias, b.targets, temperature,
+                                   self.cfg.logits_chunk_tokens, entropy, dtype)
+
+    def _nll(self, b: Batch) -> torch.Tensor:
+        """-log p(targets) at the kept positions; without the chunked head by cross-entropy,
+        which skips the entropy SFT never reads."""
+        if self._chunks_head(self.model) is not None:
+            return -self._logprobs(self.model, b, 1.0, entropy=False)[0]
+        logits = self._logits(self.model, b).float()
+        return F.cross_entropy(logits.flatten(0, 1), b.targets.flatten(), reduction="none").view_as(b.mask)
 
     @torch.no_grad()
-    def _reference_logprobs(self, b: _Batch, ref_model: Any) -> torch.Tensor:
+    def _reference_logprobs(self, b: Batch, ref_model: Any) -> torch.Tensor:
         t = self.cfg.logprob_temperature
         if ref_model is not None:
-            return self._logprobs(ref_model, b, t)[0]
+            return self._logprobs(ref_model, b, t, entropy=False)[0]
         with self.model.disable_adapter():  # LoRA: the base weights are the reference
-            return self._logprobs(self.model, b, t)[0]
+            return self._logprobs(self.model, b, t, entropy=False)[0]
 
 
-@dataclass
-class _Batch:
-    """One padded micro-batch; per-token fields are (rows, len(keep)), at the kept positions."""
-
-    ids: torch.Tensor
-    attn: torch.Tensor
-    keep: torch.Tensor  # output positions whose next token is a loss token in some row
-    targets: torch.Tensor
-    mask: torch.Tensor
-    old: torch.Tensor
-    adv: torch.Tensor
-    tokens: float  # real (unpadded) tokens
-    routes: torch.Tensor | None = None  # MoE: (rows, width, sparse layers, k) recorded experts, -1 = free
+def _plain_head(model: Any) -> torch.nn.Linear | None:
+    """The output layer when it is a plain ``nn.Linear`` (not LoRA-wrapped), else None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head if type(head) is torch.nn.Linear else None
 
 
 def _timed(metrics: dict[str, float], t0: float) -> dict[str, float]:

@@ -1,0 +1,129 @@
+"""SFT of a model on this machine: tokens/s and peak resident memory of the pre-issue-32 trainer
+path (right-padded rows, all kept logits at once, no activation checkpointing) against today's
+(packed rows, chunked head, checkpointing), on the same batches from the same weights.
+
+    opencomposer bench train                                   # the embedded model, 8k-token micro-batches
+    opencomposer bench train --model tiny-random --tokens 512 --steps 1 --warmup 0   # a quick check
+
+Batches are synthetic token ids shaped like oracle SFT transcripts (a ~1.1k-token system prompt
+with the tools, then turns of a 60-160-token assistant message, the loss tokens, and a 50-400-token
+tool result; 1.5k-3k tokens a sample, ~20% loss tokens, as the HumanEval oracle traces are), and
+each optimizer step trains samples filling one ``--tokens`` micro-batch of the packed path. Each
+arm runs in a fresh process (``ru_maxrss`` is a process's high-water mark), ``--warmup`` steps
+then ``--steps`` timed ones; the losses of each step must agree across arms (same weights,
+same samples: only the float summation order differs). Last line: one JSON object.
+
+Test: ``pytest tests/bench/test_train_bench.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+ARMS: dict[str, dict[str, Any]] = {
+    "baseline": {"pack_sequences": False, "logits_chunk_tokens": 0, "gradient_checkpointing": False,
+                 "return_host_memory": False},
+    "packed_chunked": {"pack_sequences": True, "logits_chunk_tokens": 1024, "gradient_checkpointing": False},
+    "packed_chunked_ckpt": {"pack_sequences": True, "logits_chunk_tokens": 1024, "gradient_checkpointing": True},
+}
+
+
+def oracle_like_samples(n_tokens: int, vocab: int, seed: int, scale: float = 1.0) -> list[Any]:
+    """Samples of about ``n_tokens`` in all, shaped like oracle SFT transcripts (module docstring);
+    ``scale`` shrinks every span (a tiny model's short context)."""
+    from opencomposer.train.samples import Sample
+
+    rng = random.Random(seed)
+
+    def span(lo: int, hi: int) -> int:
+        return max(1, int(rng.randint(lo, hi) * scale))
+
+    samples, total = [], 0
+    while True:
+        ids, mask = [], []
+        prompt = span(1000, 1300)
+        ids += [rng.randrange(vocab) for _ in range(prompt)]
+        mask += [0] * prompt
+        for turn in range(rng.randint(2, 5)):
+            if turn:
+                tool = span(50, 400)
+                ids += [rng.randrange(vocab) for _ in range(tool)]
+                mask += [0] * tool
+            reply = span(60, 160)
+            ids += [rng.randrange(vocab) for _ in range(reply)]
+            mask += [1] * reply
+        if total + len(ids) > n_tokens and samples:
+            return samples
+        samples.append(Sample(input_ids=ids, loss_mask=mask, old_logprobs=[0.0] * len(ids)))
+        total += len(ids)
+
+
+def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr: float, seed: int) -> dict[str, Any]:
+    """One arm in this process: build the trainer, train ``warmup + steps`` SFT steps."""
+    import torch
+
+    from opencomposer.models import load_model
+    from opencomposer.train.config import TrainConfig
+    from opencomposer.train.trainer import Trainer
+
+    torch.manual_seed(seed)
+    model, tok = load_model(model_name, device="cpu")
+    loaded_rss = _rss_mb()
+    cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **ARMS[arm])
+    trainer = Trainer(model, tok, cfg, name=model_name)
+    scale = min(1.0, model.config.max_position_embeddings / 3200)
+    losses, seconds, n_tokens, passes = [], [], 0.0, 0
+    for step in range(warmup + steps):
+        batch = oracle_like_samples(tokens, model.config.vocab_size, seed + step, scale)
+        t0 = time.perf_counter()
+        m = trainer.sft_step(batch)
+        losses.append(round(m["loss"], 6))
+        if step >= warmup:
+            seconds.append(time.perf_counter() - t0)
+            n_tokens += m["tokens"]
+            passes += len(trainer._micro_batches(batch))
+    total = sum(seconds)
+    return {"arm": arm, "settings": ARMS[arm], "tokens_per_second": round(n_tokens / total, 1) if total else 0.0,
+            "step_seconds": [round(s, 2) for s in seconds], "timed_tokens": int(n_tokens), "forward_passes": passes,
+            "losses": losses, "peak_rss_mb": _rss_mb(), "rss_after_load_mb": loaded_rss,
+            "threads": torch.get_num_threads()}
+
+
+def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, lr: float = 1e-4, seed: int = 0,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every arm in its own process; returns the figures and each arm's speed-up over the first."""
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; expected some of {','.join(ARMS)}")
+    results = []
+    for arm in arms:
+        log(f"bench train: {arm} ({ARMS[arm]}) ...")
+        cmd = [sys.executable, "-m", "opencomposer.bench.train", arm, model_name, str(tokens), str(steps),
+               str(warmup), str(lr), str(seed)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"bench train arm {arm} failed:\n{out.stderr[-3000:]}")
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        log(f"  {res['tokens_per_second']} tokens/s, peak RSS {res['peak_rss_mb']} MB, losses {res['losses']}")
+        results.append(res)
+    first = results[0]
+    for r in results:
+        r["speedup"] = round(r["tokens_per_second"] / first["tokens_per_second"], 2) if first["tokens_per_second"] else None
+        r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], first["losses"]))
+    return {"bench": "train", "model": model_name, "micro_batch_tokens": tokens, "steps": steps, "warmup": warmup,
+            "lr": lr, "arms": results, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def _rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+if __name__ == "__main__":  # one arm, in the fresh process ``run`` starts
+    arm, name, tokens, steps, warmup, lr, seed = sys.argv[1:8]
+    print(json.dumps(run_arm(arm, name, int(tokens), int(steps), int(warmup), float(lr), int(seed))))

@@ -1,0 +1,66 @@
+"""Attention within each document of a packed row: several samples share one row of a
+micro-batch (no padding), and no token sees another sample's tokens.
+
+    with document_attention(model):
+        out = model(input_ids=ids, position_ids=pos, use_cache=False)   # pos restarts at 0 per document
+
+A document starts wherever ``position_ids`` is 0 (so RoPE sees every document from position 0,
+as if alone). Inside the context the model's attention is this module's function, registered
+with transformers' ``AttentionInterface``: it runs SDPA with ``is_causal`` on each document's
+slice of the queries, keys and values, so the cost is the sum of the documents' squared lengths
+(a block-diagonal mask over the whole row would cost the row's squared length, and on the CPU
+there is no flash-attn varlen kernel). No mask is built: transformers skips mask creation
+for attention functions it has no mask function for. Outside the context the model is as before
+(generation keeps its padded, cached attention).
+
+Test: ``pytest tests/unit/train/test_packing.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+NAME = "opencomposer_documents"
+_registered = False
+
+
+def document_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  position_ids: torch.Tensor | None = None, **_: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: (batch, heads, tokens, dim) in, (batch, tokens, heads, dim) out."""
+    if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
+        raise ValueError("document attention needs position_ids, no attention mask and no cache "
+                         "(one packed row per forward, as the trainer builds it)")
+    rows = []
+    for b in range(query.shape[0]):
+        pos = position_ids[b if position_ids.shape[0] > 1 else 0]
+        starts = (pos == 0).nonzero().flatten().tolist()
+        bounds = (starts if starts and starts[0] == 0 else [0, *starts]) + [query.shape[2]]
+        rows.append(torch.cat([
+            F.scaled_dot_product_attention(query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
+                                           dropout_p=dropout, is_causal=True, scale=scaling,
+                                           enable_gqa=query.shape[1] != key.shape[1])
+            for s, e in zip(bounds, bounds[1:])], dim=2))
+    return torch.cat(rows).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def document_attention(model: Any) -> Iterator[None]:
+    """Within, ``model`` attends per document of each row (see the module docstring)."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(NAME, document_sdpa)
+        _registered = True
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
