@@ -44,6 +44,7 @@ from pydantic import Field, model_validator
 
 from opencomposer.config import Strict, load_config
 from opencomposer.eval.heldout import evaluate
+from opencomposer.harness.tools import EDIT_TOOLS
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import RLRunConfig
@@ -92,7 +93,7 @@ def arm_config(cfg: AblationConfig, arm: str, sft_model: Path) -> RLRunConfig:
 # --------------------------------------------------------------------------- metrics
 
 
-EDITS = ("edit_file", "write_file")
+EDITS = EDIT_TOOLS  # edit_file, replace_lines, write_file
 OUTCOMES = ("solved", "edited_tests_fail", "edit_refused", "no_edit")
 
 

@@ -46,7 +46,7 @@ def main() -> None:
     for d in task_dirs(a.tasks)[: a.n]:
         task = Task.load(d)
         msgs = run_task(task, make_policy("oracle", task=task, compact=True), "local").trajectory.messages
-        i = next(i for i, m in enumerate(msgs) if m.role == "assistant" and any(c.name == "edit_file" for c in m.tool_calls))
+        i = next(i for i, m in enumerate(msgs) if m.role == "assistant" and any(c.name in ("edit_file", "replace_lines") for c in m.tool_calls))
         row = {"task": task.id}
         for syntax in codec.SYNTAXES:
             set_tool_syntax(tok, syntax)

@@ -33,6 +33,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# The tools that change a file (harness/tools.EDIT_TOOLS); AgentConfig.edit_tools picks the ones offered.
+EditTool = Literal["edit_file", "replace_lines", "write_file"]
+
+
 class AgentConfig(Strict):
     max_turns: int = Field(50, ge=1, description="model turns before the episode is cut")
     max_tokens: int = Field(64_000, ge=1, description="total prompt+completion tokens")
@@ -43,6 +47,16 @@ class AgentConfig(Strict):
     summarize_at: int = Field(0, ge=0, description="context tokens that trigger a self-summary (0 = never)")
     summary_keep_turns: int = Field(0, ge=0, description="latest turns carried into the next segment as text")
     max_summaries: int = Field(8, ge=0, description="summaries per episode; past it the context limit applies")
+    edit_tools: list[EditTool] = Field(
+        ["edit_file", "write_file"], min_length=1,
+        description="the edit tools the agent is offered: edit_file (old text -> new), replace_lines "
+                    "(line numbers -> new), write_file (a whole file)")
+
+    @model_validator(mode="after")
+    def _edit_tools_distinct(self) -> "AgentConfig":
+        if len(set(self.edit_tools)) < len(self.edit_tools):
+            raise ValueError(f"edit_tools {self.edit_tools} names a tool twice")
+        return self
 
     @model_validator(mode="after")
     def _summary_fits(self) -> "AgentConfig":

@@ -1,4 +1,4 @@
-"""File tools: read_file, edit_file, write_file, over the Sandbox file API.
+"""File tools: read_file, edit_file, replace_lines, write_file, over the Sandbox file API.
 
 Paths reaching these functions were already normalised by ``tools.workspace_path``; the
 sandbox still raises ``PathEscape`` for symlinks that lead outside. Problems the model
@@ -6,9 +6,11 @@ can fix (missing file, ambiguous edit) raise ``ToolError``, which ``tools.execut
 into an ``Error: ...`` observation; a failed edit never changes the file.
 
 ``read_file`` output is one ``{n:>6}\\t{line}`` row per line, then notices in ``[...]``;
-``numbered_lines`` parses it back (the oracle policy relies on that).
+``numbered_lines`` parses it back (the oracle policy relies on that). ``replace_lines`` takes
+those numbers, so a model can edit without copying the old text; ``edit_file`` and
+``replace_lines`` both answer with the edited region in the same numbered rows.
 
-Test: ``pytest tests/unit/harness/test_tools.py``.
+Test: ``pytest tests/unit/harness/test_tools.py tests/unit/harness/test_replace_lines.py``.
 """
 
 from __future__ import annotations
@@ -137,6 +139,48 @@ def edit_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
         f"Edited {path}: replaced {_n_lines(old)} line(s) at line {first} with {new_lines} line(s).\n"
         f"{snippet}"
     )
+
+
+def replace_lines(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
+    """Lines ``start_line``..``end_line`` (1-based, inclusive, as read_file numbers them) become
+    ``new``; ``end_line = start_line - 1`` inserts before ``start_line``, an empty ``new`` deletes.
+    ``new`` is whole lines: a missing final newline is supplied, and a file without a newline at
+    its end keeps that."""
+    path, start, end, new = args["path"], args["start_line"], args["end_line"], args["new"]
+    text = _read_text(sandbox, path)
+    lines = text.split("\n")
+    ends_with_newline = lines[-1] == ""
+    if ends_with_newline:
+        lines.pop()
+    n = len(lines)
+    if not 1 <= start <= n + 1:
+        raise ToolError(f"start_line {start} is out of range: {path} has {n} lines, so start_line must be "
+                        f"1 to {n + 1} ({n + 1}: insert at the end); file unchanged")
+    if end > n:
+        raise ToolError(f"end_line {end} is past the end: {path} has {n} lines; file unchanged")
+    if end < start - 1:
+        raise ToolError(f"end_line {end} is before start_line {start}: give end_line >= start_line to replace "
+                        f"lines, or end_line = start_line - 1 = {start - 1} to insert before line {start}; "
+                        "file unchanged")
+    new_lines = new.split("\n")
+    if new.endswith("\n") or not new:
+        new_lines.pop()
+    after = lines[: start - 1] + new_lines + lines[end:]
+    if after == lines:
+        raise ToolError(f"new is the same as lines {start}-{end}; nothing would change" if new_lines else
+                        "new is empty and no lines are selected; nothing would change")
+    sandbox.write_file(path, ("\n".join(after) + ("\n" if ends_with_newline and after else "")).encode("utf-8"))
+    removed, added = end - start + 1, len(new_lines)
+    if not removed:
+        what = f"inserted {added} line(s) " + (f"before line {start}" if start <= n else "at the end")
+    elif not added:
+        what = f"deleted lines {start}-{end}"
+    else:
+        what = f"replaced lines {start}-{end} ({removed} line(s)) with {added} line(s)"
+    moved = f" Lines after the edit moved by {added - removed:+d}." if added != removed and end < n else ""
+    lo, hi = max(start - 3, 1), min(start + added + 2, len(after))
+    snippet = "\n".join(_rows(after[lo - 1 : hi], lo)[:40])
+    return f"Edited {path}: {what}; it now has {len(after)} lines.{moved}\n{snippet}".rstrip("\n")
 
 
 def write_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:

@@ -108,8 +108,8 @@ class Agent:
         self.sandbox = sandbox
         self.policy = policy
         self.cfg = cfg or AgentConfig()
-        self.system_prompt = system_prompt or default_system_prompt()
-        self.tools = agent_tools()
+        self.system_prompt = system_prompt or default_system_prompt(self.cfg)
+        self.tools = agent_tools(self.cfg)
         self.on_step = on_step
 
     def run(self, instruction: str, task_id: str = "") -> Trajectory:
@@ -117,6 +117,7 @@ class Agent:
             messages=[Message("system", self.system_prompt), Message("user", instruction)],
             task_id=task_id,
             policy=getattr(self.policy, "name", type(self.policy).__name__),
+            tools=[t["function"]["name"] for t in self.tools],
         )
         self._started = time.monotonic()
         self._ids: set[str] = set()
@@ -227,7 +228,7 @@ class Agent:
         try:
             if not calls:
                 step.no_call = True
-                traj.messages.append(Message("user", no_call_nudge(out.finish_reason == "length")))
+                traj.messages.append(Message("user", no_call_nudge(out.finish_reason == "length", self.cfg)))
             for i, call in enumerate(calls):
                 try:
                     outcome = execute(self.sandbox, call, self._cfg_for_now())

@@ -1,12 +1,17 @@
 """The agent's tools: read, list, search, edit, write, run, submit — the same in deployment and RL.
 
+Which edit tools the agent is offered is ``AgentConfig.edit_tools`` (``edit_file``: old text ->
+new text; ``replace_lines``: line numbers -> new text; ``write_file``: a whole file);
+``offered(cfg)`` names the tools of a config, and a call to a tool not offered is invalid,
+like a call to an unknown one.
+
 Each tool is a ``Tool``: an OpenAI function-calling schema plus a function
 ``(sandbox, args, cfg) -> observation``. ``execute(sandbox, call, cfg)`` is the one entry
 point the loop uses: it checks the call against the schema, keeps every path inside the
 workspace, runs the tool and always returns a ``ToolOutcome`` (an error observation
 rather than an exception), except for ``submit``, which raises ``Submitted``.
 
-Test: ``pytest tests/unit/harness/test_tools.py``.
+Test: ``pytest tests/unit/harness/test_tools.py tests/unit/harness/test_replace_lines.py``.
 """
 
 from __future__ import annotations
@@ -116,6 +121,20 @@ TOOLS: dict[str, Tool] = {
             fs_tools.edit_file,
         ),
         Tool(
+            "replace_lines",
+            "Replace lines start_line to end_line (inclusive, numbered as read_file shows them) of a file "
+            "with `new`. end_line = start_line - 1 inserts `new` before start_line; an empty `new` deletes "
+            "the lines. Line numbers below an edit move: read the file again before the next edit.",
+            _params(
+                ["path", "start_line", "end_line", "new"],
+                path=_PATH,
+                start_line=("integer", "first line to replace, 1-based"),
+                end_line=("integer", "last line to replace, inclusive (start_line - 1: insert, replace nothing)"),
+                new=("string", "the new lines, indentation included ('' deletes the lines)"),
+            ),
+            fs_tools.replace_lines,
+        ),
+        Tool(
             "write_file",
             "Create or overwrite a file with `content` (parent directories are created).",
             _params(["path", "content"], path=_PATH, content=("string", "the whole new file content")),
@@ -148,9 +167,20 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def tool_schemas() -> list[dict[str, Any]]:
-    """The schemas every policy is given, in a fixed order (prefix caches depend on it)."""
-    return [t.schema for t in TOOLS.values()]
+# The tools that change a file: what edit classifiers (rewards, monitors, feedback) count as an edit.
+EDIT_TOOLS = ("edit_file", "replace_lines", "write_file")
+
+
+def offered(cfg: AgentConfig | None = None) -> list[str]:
+    """The names of the tools an agent with ``cfg`` is given: every tool that edits no file, and
+    the edit tools ``cfg.edit_tools`` names; always in ``TOOLS`` order (prefix caches depend on it)."""
+    edits = (cfg or AgentConfig()).edit_tools
+    return [name for name in TOOLS if name not in EDIT_TOOLS or name in edits]
+
+
+def tool_schemas(cfg: AgentConfig | None = None) -> list[dict[str, Any]]:
+    """The schemas a policy is given under ``cfg`` (default: ``AgentConfig()``), in a fixed order."""
+    return [TOOLS[name].schema for name in offered(cfg)]
 
 
 def _json_type(v: Any) -> str:
@@ -218,8 +248,8 @@ def workspace_path(sandbox: Sandbox, path: str) -> str:
     return norm
 
 
-def _invalid(message: str, started: float) -> ToolOutcome:
-    hint = f"\nAvailable tools: {', '.join(TOOLS)}."
+def _invalid(message: str, started: float, cfg: AgentConfig) -> ToolOutcome:
+    hint = f"\nAvailable tools: {', '.join(offered(cfg))}."
     return ToolOutcome(f"Error: {message}.{hint}", ok=False, invalid=True, seconds=time.monotonic() - started)
 
 
@@ -227,14 +257,14 @@ def execute(sandbox: Sandbox, call: ToolCall, cfg: AgentConfig) -> ToolOutcome:
     """Run one tool call. Never raises, except ``Submitted`` from the submit tool."""
     started = time.monotonic()
     if call.error:
-        return _invalid(f"could not read your tool call: {call.error}", started)
-    tool = TOOLS.get(call.name)
+        return _invalid(f"could not read your tool call: {call.error}", started, cfg)
+    tool = TOOLS.get(call.name) if call.name in offered(cfg) else None
     if tool is None:
-        return _invalid(f"unknown tool '{call.name}'", started)
+        return _invalid(f"unknown tool '{call.name}'", started, cfg)
     typed = typed_args(tool, call.arguments)
     problem = check_args(tool, typed)
     if problem:
-        return _invalid(problem, started)
+        return _invalid(problem, started, cfg)
     args = {k: v for k, v in typed.items() if v is not None}
     try:
         if "path" in args:

@@ -89,6 +89,9 @@ class Trajectory:
     # messages of the earlier context segments, each ending with the summary request and
     # the summary; ``messages`` is the last (live) segment
     segments: list[list[Message]] = field(default_factory=list)
+    # the names of the tools the episode was offered (AgentConfig.edit_tools decides the edit
+    # tools); empty in transcripts from before the setting, which had the default set
+    tools: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ counts
 

@@ -40,7 +40,7 @@ from opencomposer.paths import atomic_write_text
 from opencomposer.policies import make_policy
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.episode.run import run_task
-from opencomposer.harness.prompt import agent_tools
+from opencomposer.harness.prompt import episode_tools
 from opencomposer.pipeline.report import write_report
 from opencomposer.rl.run import RLRun, refuse_unsharded_engine
 from opencomposer.train.samples import sft_samples
@@ -129,7 +129,7 @@ def pretrain_summary(res: dict) -> dict:
 
 def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str], None]) -> dict:
     tr = run.learner.trainer
-    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, agent_tools())]  # every rank renders them
+    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, episode_tools(t))]  # every rank renders them
     if not samples:
         raise RuntimeError(
             f"SFT: none of the oracle traces solved its task within agent.max_turns="

@@ -14,23 +14,32 @@ uses ordinary tool calls and decides from the observations it gets back:
    ``patch.apply_hunks`` and writes the result with ``write_file``;
 4. an import check (or a quick pytest) with ``run``, then ``submit``.
 
+Where the agent is offered ``replace_lines`` and not ``edit_file`` (``AgentConfig.edit_tools``;
+the oracle reads the tool list it is given, or takes ``edit_with``), step 2-3 go by line
+numbers instead: per hunk, it makes sure it has seen the hunk's lines numbered (the read
+before, or the last edit's answer, else it reads them), checks they are the hunk's old side,
+and replaces only the lines that change (the hunk's context trimmed), so a model learns to
+copy numbers, not text. Lines that do not match send it to step 3's whole-file rewrite
+(``write_file``, or ``replace_lines`` over every line when ``write_file`` is not offered).
+
 The script is a generator that receives each turn's observations: that is its whole
 state, and it restarts when a conversation starts over. Asked for a summary
 (``harness/summarize.py``), it lists its calls so far and keeps the pending observation,
 so the script goes on in the next segment as if the context had never been cleared.
 
-Test: ``pytest tests/unit/policies/test_oracle.py``.
+Test: ``pytest tests/unit/policies/test_oracle.py``; on real tasks: ``pytest tests/integration/test_oracle_by_lines.py``.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
-from typing import Any, Generator
+from typing import Any, Generator, Literal
 
 from opencomposer.models.codec import format_assistant
 from opencomposer.harness.fs_tools import LINE_CUT, numbered_lines
-from opencomposer.harness.patch import FilePatch, Hunk, PatchError, apply_hunks, parse_patch
+from opencomposer.harness.patch import FilePatch, Hunk, PatchError, apply_hunks, parse_patch, split_lines
 from opencomposer.harness.summarize import is_summary_request, summary_of
 from opencomposer.protocols import Message, PolicyOutput, ToolCall
 
@@ -44,8 +53,12 @@ WIDEN = 8  # lines of extra context on each side when a hunk's text is not uniqu
 class OraclePolicy:
     """Solves ``task`` (a ``tasks.format.Task``) by replaying its gold patch as tool calls."""
 
-    def __init__(self, task: Any, check_timeout: float = 60.0, compact: bool = False):
+    def __init__(self, task: Any, check_timeout: float = 60.0, compact: bool = False,
+                 edit_with: Literal["edit_file", "replace_lines"] | None = None):
         self.task = task
+        # None: edit_file when the tools it is given include it, else replace_lines when they do
+        self.edit_with = edit_with
+        self._offered: set[str] = set()  # the tool names of the last act() (empty: the default tools)
         # compact: independent calls share a turn (list_dir + search; run + submit), as a
         # good agent batches them: 4 turns for a one-hunk task instead of 6
         self.compact = compact
@@ -58,6 +71,7 @@ class OraclePolicy:
         self._pending = ""  # the observation the script was owed when the context was cleared
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
+        self._offered = {t["function"]["name"] for t in tools}
         if messages and is_summary_request(messages[-1]):
             self._pending = _last_observation(messages[:-1])
             return PolicyOutput(text=self._summary(), tool_calls=[])
@@ -74,6 +88,14 @@ class OraclePolicy:
         return PolicyOutput(text=format_assistant(prose, calls), tool_calls=calls)
 
     # ------------------------------------------------------------------ the script
+
+    def _offers(self, name: str) -> bool:
+        return not self._offered or name in self._offered
+
+    def _edit_tool(self) -> str:
+        if self.edit_with:
+            return self.edit_with
+        return "replace_lines" if not self._offers("edit_file") and self._offers("replace_lines") else "edit_file"
 
     def _call(self, name: str, **args: Any) -> ToolCall:
         self._n += 1
@@ -120,6 +142,13 @@ class OraclePolicy:
         """Apply one file's hunks; returns a problem description, or "" on success."""
         if fp.is_new:
             content = apply_hunks("", fp.hunks, fp.path)
+            if not self._offers("write_file"):  # an empty file first, then its lines
+                parent = posixpath.dirname(fp.path) or "."
+                yield f"Create {fp.path}.", [self._call(
+                    "run", command=f"mkdir -p -- {shlex.quote(parent)} && touch -- {shlex.quote(fp.path)}")]
+                yield f"Write {fp.path}.", [self._call("replace_lines", path=fp.path, start_line=1, end_line=0,
+                                                       new=content)]
+                return ""
             yield f"Create {fp.path}.", [self._call("write_file", path=fp.path, content=content)]
             return ""
         if fp.is_delete:
@@ -127,9 +156,11 @@ class OraclePolicy:
             return ""
         first = fp.hunks[0]
         lo, hi = max(1, first.old_start - 5), first.old_start + first.old_len + 5
-        yield f"Read {fp.path} around line {first.old_start}.", [
+        seen = yield f"Read {fp.path} around line {first.old_start}.", [
             self._call("read_file", path=fp.path, start_line=lo, end_line=hi)
         ]
+        if self._edit_tool() == "replace_lines":
+            return (yield from self._patch_by_lines(fp, seen))
         grown = 0  # lines earlier hunks of this file added (so later ones moved down)
         for k, hunk in enumerate(fp.hunks):
             done = False
@@ -141,18 +172,53 @@ class OraclePolicy:
             if not done:
                 done = yield from self._widened_edit(fp.path, hunk, hunk.old_start + grown)
             if not done:  # still not unique (or not found): compute the whole file instead
-                content = yield from self._read_whole(fp.path)
-                if content is None:
-                    return f"could not read {fp.path} in full"
-                try:
-                    patched = apply_hunks(content, fp.hunks[k:], fp.path)
-                except PatchError as e:
-                    return str(e)
-                yield f"Rewrite {fp.path} with the change.", [
-                    self._call("write_file", path=fp.path, content=patched)
-                ]
-                return ""
+                return (yield from self._rewrite_whole(fp, k))
             grown += hunk.new_len - hunk.old_len
+        return ""
+
+    def _patch_by_lines(self, fp: FilePatch, observation: str) -> Generator[Turn, str, str]:
+        """Apply one file's hunks with replace_lines, from the numbered lines it has seen
+        (``observation``: the read around the first hunk)."""
+        seen = _rows_seen(observation)
+        grown = 0
+        for k, hunk in enumerate(fp.hunks):
+            line = hunk.old_start + grown  # where the hunk's old side is now
+            old, new = hunk.old_lines, hunk.new_lines
+            if not old:  # nothing to find it by
+                return (yield from self._rewrite_whole(fp, k))
+            if any(line + i not in seen for i in range(len(old))):  # not seen yet (a mismatch is final)
+                obs = yield f"Read {fp.path} around line {line}.", [self._call(
+                    "read_file", path=fp.path, start_line=max(1, line - 3), end_line=line + len(old) + 2)]
+                seen = _rows_seen(obs)
+            if not _shows(seen, line, old):
+                return (yield from self._rewrite_whole(fp, k))
+            keep_head = _common_head(old, new)
+            keep_tail = _common_head(old[keep_head:][::-1], new[keep_head:][::-1])
+            start = line + keep_head
+            obs = yield f"Edit {fp.path} at line {start}.", [self._call(
+                "replace_lines", path=fp.path, start_line=start, end_line=line + len(old) - keep_tail - 1,
+                new="".join(new[keep_head : len(new) - keep_tail]))]
+            if obs.startswith("Error"):
+                return (yield from self._rewrite_whole(fp, k))
+            seen = _rows_seen(obs)
+            grown += len(new) - len(old)
+        return ""
+
+    def _rewrite_whole(self, fp: FilePatch, k: int) -> Generator[Turn, str, str]:
+        """Read the whole file, apply hunks ``k``... to it and write the result back."""
+        content = yield from self._read_whole(fp.path)
+        if content is None:
+            return f"could not read {fp.path} in full"
+        try:
+            patched = apply_hunks(content, fp.hunks[k:], fp.path)
+        except PatchError as e:
+            return str(e)
+        if self._offers("write_file") or not self._offers("replace_lines"):
+            call = self._call("write_file", path=fp.path, content=patched)
+        else:  # every line replaced: the one whole-file write replace_lines can make
+            call = self._call("replace_lines", path=fp.path, start_line=1, end_line=len(split_lines(content)),
+                              new=patched)
+        yield f"Rewrite {fp.path} with the change.", [call]
         return ""
 
     def _widened_edit(self, path: str, hunk: Hunk, line: int) -> Generator[Turn, str, bool]:
@@ -208,6 +274,23 @@ class OraclePolicy:
         if package:
             return {"command": f"python -c {shlex.quote('import ' + package)}", "timeout": self.check_timeout}
         return {"command": "python -m pytest -x -q 2>&1 | tail -n 20", "timeout": self.check_timeout}
+
+
+def _rows_seen(observation: str) -> dict[int, str]:
+    """The numbered lines an observation shows (none from an error)."""
+    return {} if observation.startswith("Error") else numbered_lines(observation)[0]
+
+
+def _shows(rows: dict[int, str], line: int, old: list[str]) -> bool:
+    """Whether ``rows`` show ``old`` (lines with their newline) from ``line`` on, uncut."""
+    return all(rows.get(line + i) == text.removesuffix("\n") for i, text in enumerate(old))
+
+
+def _common_head(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _last_observation(messages: list[Message]) -> str:

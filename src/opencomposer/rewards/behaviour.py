@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from opencomposer.harness.tools import EDIT_TOOLS
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.rewards.changes import Changes
 from opencomposer.rewards.config import BehaviourConfig
@@ -37,7 +38,7 @@ def asked_question(traj: Trajectory) -> bool:
 def did_work(traj: Trajectory, changes: Changes | None) -> bool:
     if changes is not None and not changes.error:
         return bool(changes.files)
-    return any(e.ok and e.name in ("edit_file", "write_file") for s in traj.steps for e in s.tool_events)
+    return any(e.ok and e.name in EDIT_TOOLS for s in traj.steps for e in s.tool_events)
 
 
 def behaviour_terms(traj: Trajectory, lint: LintResult | None, changes: Changes | None,

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from opencomposer.harness.tools import EDIT_TOOLS
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.protocols import RewardResult
 from opencomposer.rewards.changes import Changes
@@ -88,8 +89,8 @@ REACH = re.compile(r"^\s*(import|from)\s+(_?pytest|pluggy|_pytest\.\w+)\b|\bsys\
 SHADOWED = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "conftest", "setuptools",
                                                  "pip", "site", "sitecustomize", "usercustomize"}
 KINDS = ("tamper_tests", "hidden_paths", "reward_files", "cache_hunting", "grader_tampering")
-_PATH_TOOLS = {"read_file", "list_dir", "search", "edit_file", "write_file"}
-_WRITE_TOOLS = {"edit_file", "write_file"}
+_WRITE_TOOLS = set(EDIT_TOOLS)
+_PATH_TOOLS = {"read_file", "list_dir", "search", *_WRITE_TOOLS}
 
 
 @dataclass

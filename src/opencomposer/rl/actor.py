@@ -198,7 +198,7 @@ class Actor:
         self.external = (ExternalEngine(cfg, model_config(weights, start_model))
                          if cfg.rollout.engine in EXTERNAL else None)
         self.policy = self.make_policy(cfg.rollout.temperature)
-        self.tools = agent_tools()
+        self.tools = agent_tools(cfg.agent)  # the schemas its episodes were given
         self.pool = sandbox_pool(cfg.rollout)  # closed by close()
         self.ahead: RolloutsAhead | None = None  # the rollout thread while the run runs, if max_staleness
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opencomposer.models.codec import TOOL_CALL_BLOCK
-from opencomposer.harness.tools import TOOLS
+from opencomposer.harness.tools import EDIT_TOOLS, TOOLS, offered
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
 from opencomposer.protocols import Message
@@ -81,19 +81,19 @@ def _call_format(tool: str = "") -> str:
     return 'Write each call as <tool_call> with a JSON object of "name" and "arguments".'
 
 
-def _tool_list() -> str:
-    return f'Write each call as <tool_call> with a JSON object of "name" (one of {", ".join(TOOLS)}) and "arguments".'
+def _tool_list(names: list[str]) -> str:
+    return f'Write each call as <tool_call> with a JSON object of "name" (one of {", ".join(names)}) and "arguments".'
 
 
 _NAME = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([^"]+)"')
 
 
-def _invalid_hint(observation: str, text: str = "") -> str:
+def _invalid_hint(observation: str, text: str = "", tools: list[str] | None = None) -> str:
     """What was wrong, in general words: quoting the bad call back would make the teacher
     copy it (a hinted model prefers tokens it can see)."""
     tool = ""
     if "unknown tool" in observation:
-        return f"Hint: your next tool call must be valid; the last one failed: that tool does not exist. {_tool_list()}"
+        return f"Hint: your next tool call must be valid; the last one failed: that tool does not exist. {_tool_list(tools or offered())}"
     if "could not read your tool call" in observation:
         why = "the call was not valid JSON (in a JSON string, write a newline as \\n and a quote as \\\")."
         chosen = _NAME.findall(text)  # the right tool, badly written: keep it
@@ -113,7 +113,7 @@ def detect(traj: Trajectory, cfg: FeedbackConfig) -> list[FeedbackPoint]:
             continue  # a turn the policy did not sample cannot be trained on
         bad = next((k for k, e in enumerate(step.tool_events) if e.invalid), None)
         if "invalid_call" in on and bad is not None:
-            points[i] = FeedbackPoint(i, "invalid_call", _invalid_hint(step.tool_events[bad].observation, step.text),
+            points[i] = FeedbackPoint(i, "invalid_call", _invalid_hint(step.tool_events[bad].observation, step.text, traj.tools),
                                       call=bad)
         elif "no_call" in on and step.no_call:
             # no list of tools here: the KL covers the whole turn, and a hinted model copies names it sees
@@ -123,7 +123,7 @@ def detect(traj: Trajectory, cfg: FeedbackConfig) -> list[FeedbackPoint]:
     lint = traj.meta.get("lint") or {}
     if "lint" in on and lint.get("new_findings"):
         edits = [(i, k) for i, s in enumerate(traj.steps) if s.token_ids
-                 for k, e in enumerate(s.tool_events) if e.ok and e.name in ("edit_file", "write_file")]
+                 for k, e in enumerate(s.tool_events) if e.ok and e.name in EDIT_TOOLS]
         if edits and edits[-1][0] not in points:
             i, k = edits[-1]
             codes = ", ".join(sorted(lint.get("codes", {})))

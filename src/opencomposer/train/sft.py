@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from opencomposer.harness.prompt import agent_tools
+from opencomposer.harness.prompt import episode_tools
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models import load_model
 from opencomposer.train.samples import Sample, sft_samples
@@ -51,10 +51,9 @@ def build_sft_samples(
     trajectories: list[Trajectory], tokenizer: Any, max_tokens: int
 ) -> tuple[list[Sample], int]:
     """All SFT samples of ``trajectories`` that fit ``max_tokens``, and how many did not."""
-    tools = agent_tools()  # the tools every harness episode is given
     samples, dropped = [], 0
     for traj in trajectories:
-        for s in sft_samples(traj, tokenizer, tools):
+        for s in sft_samples(traj, tokenizer, episode_tools(traj)):  # the tools the episode was given
             if len(s) > max_tokens:
                 dropped += 1
             else:

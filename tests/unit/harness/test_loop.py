@@ -8,7 +8,7 @@ import time
 from opencomposer.harness.loop import Agent, run_episode
 from opencomposer.harness.prompt import SYSTEM_PROMPT
 from opencomposer.policies.scripted import ScriptedPolicy, tool_call
-from opencomposer.harness.tools import TOOLS, tool_schemas
+from opencomposer.harness.tools import offered, tool_schemas
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.protocols import ContextLengthError, PolicyOutput, ToolCall
 
@@ -54,7 +54,7 @@ def test_invalid_calls_are_answered_counted_and_never_dropped(sandbox, cfg):
     assert "unknown tool 'open_file'" in events[1].observation
     assert "unknown argument 'lines'" in events[2].observation
     for e in events[:3]:
-        assert "Available tools: " + ", ".join(TOOLS) in e.observation
+        assert "Available tools: " + ", ".join(offered(cfg)) + "." in e.observation
     assert "# calc" in events[3].observation
     # the model saw all four answers before its next turn
     assert sum(m.role == "tool" for m in policy.seen[1]) == 4

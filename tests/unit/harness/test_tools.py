@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from opencomposer.harness.tools import TOOLS, Submitted, execute, tool_schemas
+from opencomposer.harness.tools import Submitted, execute, offered, tool_schemas
 from opencomposer.models.codec import parse_tool_calls
 from opencomposer.protocols import ToolCall
 
@@ -232,7 +232,7 @@ def test_invalid_calls_name_the_problem_and_list_the_tools(sandbox, cfg, tool_ca
     out = execute(sandbox, tool_call, cfg)
     assert out.invalid and not out.ok
     assert expected in out.observation
-    assert "Available tools: " + ", ".join(TOOLS) in out.observation
+    assert "Available tools: " + ", ".join(offered(cfg)) + "." in out.observation
 
 
 def test_null_optional_arguments_are_treated_as_absent(sandbox, cfg):

@@ -61,16 +61,21 @@ def test_oracle_falls_back_to_write_file_when_widening_fails(tmp_path, cfg):
     assert traj.exit_reason == "submitted" and "could not" not in traj.final_message
 
 
-def test_oracle_handles_several_files_hunks_and_a_new_file(tmp_path, cfg):
+def several_files_task(root, new_file: str):
+    """Two hunks in stats.py kept apart by fillers, one in __init__.py, and ``new_file`` created."""
     fillers = "".join(f"\n\ndef f{i}():\n    return {i}\n" for i in range(6))  # keeps the hunks apart
     long_stats = STATS.split("\n\ndef span")[0] + fillers + "\n\ndef span(xs):\n    return max(xs) - min(xs)\n"
     long_deleted = STATS_DELETED.split("\n\ndef span")[0] + fillers + "\n\ndef span(xs):\n    raise NotImplementedError\n"
     original = {"mathy/__init__.py": "from mathy.stats import mean\n", "mathy/stats.py": long_stats,
-                "mathy/extra.py": "VALUE = 3\n"}
+                new_file: "VALUE = 3\n"}
     deleted = {"mathy/__init__.py": "", "mathy/stats.py": long_deleted}
     patch = (diff("mathy/stats.py", long_deleted, long_stats) + diff("mathy/__init__.py", "", original["mathy/__init__.py"])
-             + diff("mathy/extra.py", None, "VALUE = 3\n"))
-    task = make_task(tmp_path / "task", original, deleted, patch, "mathy.stats.mean")
+             + diff(new_file, None, "VALUE = 3\n"))
+    return make_task(root, original, deleted, patch, "mathy.stats.mean"), original
+
+
+def test_oracle_handles_several_files_hunks_and_a_new_file(tmp_path, cfg):
+    task, original = several_files_task(tmp_path / "task", "mathy/extra.py")
     assert len(task.gold_patch.split("@@ -")) - 1 == 4
     sb, traj = solve(task, cfg)
     with sb:
@@ -106,3 +111,73 @@ def test_compact_oracle_batches_independent_calls(tmp_path, cfg):
     assert traj.exit_reason == "submitted" and traj.turns == 4 and traj.invalid_calls == 0
     assert [e.name for e in traj.steps[0].tool_events] == ["list_dir", "search"]
     assert [e.name for e in traj.steps[-1].tool_events] == ["run", "submit"]
+
+
+# ---------------------------------------------------------------- by line numbers (AgentConfig.edit_tools)
+
+
+def test_oracle_edits_by_line_numbers_when_edit_file_is_not_offered(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"]})
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+                     {"mathy/stats.py": STATS_DELETED}, make_patch(STATS, STATS_DELETED, "mathy/stats.py"),
+                     "mathy.stats.mean")
+    sb, traj = solve(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/stats.py").decode() == STATS
+    assert traj.exit_reason == "submitted" and traj.invalid_calls == 0 and traj.failed_calls == 0
+    events = [e for s in traj.steps for e in s.tool_events]
+    assert [e.name for e in events] == ["list_dir", "search", "read_file", "replace_lines", "run", "submit"]
+    edit = events[3].arguments  # only the changed line, found by the number read_file showed it with
+    assert (edit["start_line"], edit["end_line"]) == (5, 5) and "    5\t    raise NotImplementedError" in events[2].observation
+    assert edit["new"].startswith("    if not xs:\n") and edit["new"].endswith("return sum(xs) / len(xs)\n")
+    assert traj.tools == ["read_file", "list_dir", "search", "replace_lines", "write_file", "run", "submit"]
+
+
+def test_oracle_by_lines_has_no_trouble_with_repeated_text(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"]})
+    sb, traj = solve(shapes_task(tmp_path), cfg)
+    with sb:
+        assert sb.read_file("mathy/shapes.py").decode() == SHAPES
+    assert [e.name for s in traj.steps for e in s.tool_events].count("replace_lines") == 1
+    assert traj.exit_reason == "submitted" and traj.failed_calls == 0
+
+
+def test_oracle_by_lines_alone_handles_several_files_hunks_and_a_new_file(tmp_path, cfg):
+    """With replace_lines the only edit tool: hunks moved by earlier ones are read again, and
+    the new file is created empty and filled."""
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines"]})
+    task, original = several_files_task(tmp_path / "task", "mathy/sub/extra.py")
+    sb, traj = solve(task, cfg)
+    with sb:
+        for path, text in original.items():
+            assert sb.read_file(path).decode() == text, path
+    names = [e.name for s in traj.steps for e in s.tool_events]
+    assert "edit_file" not in names and "write_file" not in names and names.count("replace_lines") == 4
+    assert traj.exit_reason == "submitted" and traj.invalid_calls == 0 and traj.failed_calls == 0
+
+
+def test_oracle_by_lines_rewrites_every_line_when_the_lines_do_not_match(tmp_path, cfg):
+    """The patch's line numbers are off (the file moved on): the oracle reads the whole file
+    and replaces all its lines with the patched text."""
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines"]})
+    moved = "# a comment the patch does not know\n" * 30
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+                     {"mathy/stats.py": moved + STATS_DELETED}, make_patch(STATS, STATS_DELETED, "mathy/stats.py"),
+                     "mathy.stats.mean")
+    sb, traj = solve(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/stats.py").decode() == moved + STATS
+    edits = [e for s in traj.steps for e in s.tool_events if e.name == "replace_lines"]
+    assert len(edits) == 1 and edits[0].arguments["start_line"] == 1 and edits[0].ok
+    assert traj.exit_reason == "submitted" and traj.failed_calls == 0
+
+
+def test_oracle_edit_with_overrides_the_tools_offered(tmp_path, cfg):
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/stats.py": STATS},
+                     {"mathy/stats.py": STATS_DELETED}, diff("mathy/stats.py", STATS_DELETED, STATS), "mathy.stats.mean")
+    cfg = cfg.model_copy(update={"edit_tools": ["edit_file", "replace_lines", "write_file"]})
+    with make_sandbox(SandboxSpec(base_dir=task.workspace), "local") as sb:
+        traj = run_episode(task.instruction, sb, OraclePolicy(task, edit_with="replace_lines"), cfg)
+        assert sb.read_file("mathy/stats.py").decode() == STATS
+    names = [e.name for s in traj.steps for e in s.tool_events]
+    assert "replace_lines" in names and "edit_file" not in names

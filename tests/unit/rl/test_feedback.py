@@ -8,7 +8,7 @@ import torch
 
 from opencomposer.models.codec import format_assistant
 from opencomposer.harness.prompt import agent_tools, system_prompt
-from opencomposer.harness.tools import TOOLS
+from opencomposer.harness.tools import TOOLS, offered
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
 from opencomposer.models.registry import load_model
@@ -45,7 +45,7 @@ def tiny_tok():
 def test_detectors_find_each_failure_point(tiny_tok):
     cfg = FeedbackConfig(enabled=True, long_message_tokens=5)
     [p] = detect(one_turn(tiny_tok, call_text("open_file"), UNKNOWN, invalid=True), cfg)
-    assert p.kind == "invalid_call" and "does not exist" in p.hint and all(t in p.hint for t in TOOLS)
+    assert p.kind == "invalid_call" and "does not exist" in p.hint and all(t in p.hint for t in offered())
     assert "open_file" not in p.hint  # never quote the bad call: the teacher would copy it
     [p] = detect(one_turn(tiny_tok, "I think I should look at the code first, then decide.", "", False, no_call=True), cfg)
     assert p.kind == "no_call"
