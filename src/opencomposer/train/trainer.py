@@ -47,7 +47,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from opencomposer.models.moe_replay import replay_routes, routers
+from opencomposer.models.moe_replay import replay_routes
 from opencomposer.train.document_attention import document_attention
 from opencomposer.train.head_logprobs import head_token_logprobs
 from opencomposer.train.host_memory import return_freed_memory
@@ -88,7 +88,7 @@ class Trainer:
             model = _add_lora(model, self.cfg, self.device)
         if self.device.type == "cpu" and self.cfg.return_host_memory:
             return_freed_memory()
-        moe = bool(routers(model))
+        moe = any(name.endswith("mlp.experts") for name, _ in model.named_modules())  # LoRA-wrapped too
         if self.cfg.gradient_checkpointing is True and moe:
             # router replay's hooks live for the forward only: a recomputation in backward would route
             # its tokens afresh and save other tensors than the forward did
