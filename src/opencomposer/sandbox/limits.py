@@ -17,7 +17,7 @@ Disk: where the host can mount (root), a namespace sandbox keeps its workspace c
 on a tmpfs of ``disk_mb`` (``cleanup.mount_disk``): a hard limit, writes past it fail with
 ENOSPC (tmpfs pages count as the sandbox's memory too). Elsewhere, and for ``gvisor``,
 the changes are watched: every 0.25 s while a command runs (killed once over
-``disk_mb`` and not shrinking) and after it (a note until files are deleted), so a burst
+``disk_mb`` and still growing) and after it (a note until files are deleted), so a burst
 can overshoot by what the disk takes in ~0.5 s. /tmp is a tmpfs of ``disk_mb`` too.
 
 A sandbox's exec server starts as ``sh`` (joins the cgroups) -> bwrap, once per sandbox
@@ -282,14 +282,15 @@ class Limiter:
 
     def disk_watch(self) -> Callable[[], str | None] | None:
         """A check for ``run_process(watch=...)``: a reason once the workspace is over its
-        limit and not shrinking (so ``rm`` of a too-large tree may still run)."""
+        limit and still growing. A command that only holds or shrinks it runs on, so an
+        ``rm`` of a too-large tree may run however long it takes to start (gVisor is slow)."""
         if self.disk_root is None or not self.limits.disk_mb or self.disk_hard:
             return None
         cap, last = self.limits.disk_mb * MiB, [float("inf")]
 
         def check() -> str | None:
             used = max(0, tree_bytes(self.disk_root) - self.disk_base)
-            growing, last[0] = used >= last[0], used
+            growing, last[0] = used > last[0], used
             if used > cap and growing:
                 return f"disk limit {self.limits.disk_mb} MiB exceeded (workspace changes use {used // MiB} MiB)"
             return None
