@@ -41,6 +41,9 @@ class AgentConfig(Strict):
     max_turns: int = Field(50, ge=1, description="model turns before the episode is cut")
     max_tokens: int = Field(64_000, ge=1, description="total prompt+completion tokens")
     max_seconds: float = Field(600.0, gt=0, description="wall clock for one episode")
+    max_idle_turns: int = Field(0, ge=0, description="consecutive turns without a tool call that end the episode "
+                                "as 'idle' (0 = never; a model that cannot call tools then costs a few turns, "
+                                "not max_turns)")
     command_timeout: float = Field(60.0, gt=0, description="seconds for one `run` call")
     max_output_chars: int = Field(16_000, ge=256, description="cap on one observation")
     search_max_results: int = Field(50, ge=1)

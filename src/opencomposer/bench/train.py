@@ -1,12 +1,13 @@
 """SFT of a model on this machine: tokens/s and peak resident memory of the pre-issue-32 trainer
 path (right-padded rows, all kept logits at once, no activation checkpointing) against today's
-(packed rows, chunked head, checkpointing), on the same batches from the same weights.
+(packed rows, chunked head, checkpointing, shared prefixes), on the same batches from the same weights.
+tokens/s counts every sample's tokens (a shared prefix in each sample that holds it).
 
     opencomposer bench train                                   # the embedded model, 8k-token micro-batches
     opencomposer bench train --model tiny-random --tokens 512 --steps 1 --warmup 0   # a quick check
 
-Batches are synthetic token ids shaped like oracle SFT transcripts (a ~1.1k-token system prompt
-with the tools, then turns of a 60-160-token assistant message, the loss tokens, and a 50-400-token
+Batches are synthetic token ids shaped like oracle SFT transcripts (the same 1,100-token system
+prompt with the tools in every sample, as the harness's, then a 40-200-token task prompt, then turns of a 60-160-token assistant message, the loss tokens, and a 50-400-token
 tool result; 1.5k-3k tokens a sample, ~20% loss tokens, as the HumanEval oracle traces are), and
 each optimizer step trains samples filling one ``--tokens`` micro-batch of the packed path. Each
 arm runs in a fresh process (``ru_maxrss`` is a process's high-water mark), ``--warmup`` steps
@@ -29,9 +30,16 @@ from typing import Any, Callable
 ARMS: dict[str, dict[str, Any]] = {
     "baseline": {"pack_sequences": False, "logits_chunk_tokens": 0, "gradient_checkpointing": False,
                  "return_host_memory": False},
-    "packed_chunked": {"pack_sequences": True, "logits_chunk_tokens": 1024, "gradient_checkpointing": False},
-    "packed_chunked_ckpt": {"pack_sequences": True, "logits_chunk_tokens": 1024, "gradient_checkpointing": True},
+    "packed_chunked": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 1024,
+                       "gradient_checkpointing": False},
+    "packed_chunked_ckpt": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 1024,
+                            "gradient_checkpointing": True},
+    "shared": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 1024,
+               "gradient_checkpointing": False},
+    "shared_ckpt": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 1024,
+                    "gradient_checkpointing": True},
 }
+SYSTEM_TOKENS = 1100  # the harness's system prompt and tool schemas: the same first tokens in every sample
 
 
 def oracle_like_samples(n_tokens: int, vocab: int, seed: int, scale: float = 1.0) -> list[Any]:
@@ -44,12 +52,12 @@ def oracle_like_samples(n_tokens: int, vocab: int, seed: int, scale: float = 1.0
     def span(lo: int, hi: int) -> int:
         return max(1, int(rng.randint(lo, hi) * scale))
 
+    system = [random.Random(-1).randrange(vocab) for _ in range(max(1, int(SYSTEM_TOKENS * scale)))]
     samples, total = [], 0
     while True:
-        ids, mask = [], []
-        prompt = span(1000, 1300)
-        ids += [rng.randrange(vocab) for _ in range(prompt)]
-        mask += [0] * prompt
+        task = span(40, 200)  # the task's prompt: different in every sample
+        ids = system + [rng.randrange(vocab) for _ in range(task)]
+        mask = [0] * len(ids)
         for turn in range(rng.randint(2, 5)):
             if turn:
                 tool = span(50, 400)

@@ -197,7 +197,7 @@ def bench_spec(
 @bench_app.command("train")
 def bench_train(
     model: str = typer.Option("smollm2-135m", help="the model to train (smollm2-135m: the embedded one)"),
-    arms: str = typer.Option("baseline,packed_chunked,packed_chunked_ckpt",
+    arms: str = typer.Option("baseline,packed_chunked,packed_chunked_ckpt,shared,shared_ckpt",
                              help="comma-separated; the first is what the others' speed-up is over"),
     tokens: int = typer.Option(8192, min=16, help="micro_batch_tokens; each step trains about this many tokens"),
     steps: int = typer.Option(2, min=1, help="timed optimizer steps per arm"),

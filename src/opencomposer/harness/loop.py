@@ -14,7 +14,8 @@ Decisions worth knowing:
   ``Trajectory.invalid_calls``, never dropped.
 - A turn without any tool call does not end the episode (only ``submit`` does, so a
   rollout cannot stop by rambling): it is answered with a nudge user message, recorded
-  as a ``no_call`` step and still counts as a turn.
+  as a ``no_call`` step and still counts as a turn. ``max_idle_turns`` such turns in a row
+  (when set) end the episode as ``idle``.
 - A policy that raises ends the episode as ``policy_error``, except when it says its
   context is full (``ContextLengthError``, ``context_length_exceeded``): that is
   ``max_tokens``, like the harness's own token budget.
@@ -144,6 +145,9 @@ class Agent:
         cfg = self.cfg
         if traj.turns >= cfg.max_turns:
             raise LimitsExceeded("max_turns", f"reached max_turns={cfg.max_turns} without submit")
+        if cfg.max_idle_turns and _idle_run(traj) >= cfg.max_idle_turns:
+            raise LimitsExceeded("idle", f"{cfg.max_idle_turns} turns in a row without a tool call "
+                                         f"(max_idle_turns={cfg.max_idle_turns})")
         if traj.context_tokens >= cfg.max_tokens and not self._should_summarize(traj):
             raise LimitsExceeded("max_tokens", f"conversation is {traj.context_tokens} tokens >= max_tokens={cfg.max_tokens}")
         elapsed = time.monotonic() - self._started
@@ -274,6 +278,18 @@ class Agent:
         if left >= self.cfg.command_timeout:
             return self.cfg
         return self.cfg.model_copy(update={"command_timeout": max(left, MIN_COMMAND_SECONDS)})
+
+
+def _idle_run(traj: Trajectory) -> int:
+    """Turns without a tool call at the end of ``traj`` (summary turns skipped)."""
+    n = 0
+    for step in reversed(traj.steps):
+        if step.summary:
+            continue
+        if not step.no_call:
+            break
+        n += 1
+    return n
 
 
 def run_episode(

@@ -22,7 +22,7 @@ from typing import Any
 from opencomposer.protocols import Message, ToolCall
 
 TRAJECTORY_FORMAT = "opencomposer.trajectory/1"
-EXIT_REASONS = ("submitted", "max_turns", "max_tokens", "timeout", "policy_error")
+EXIT_REASONS = ("submitted", "max_turns", "max_tokens", "timeout", "idle", "policy_error")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from opencomposer.config import ConfigError
+from opencomposer.episode.progress import duration
 from opencomposer.eval.heldout import evaluate
 from opencomposer.paths import atomic_write_text
 from opencomposer.policies import make_policy
@@ -137,11 +138,19 @@ def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str
     tr.set_lr(cfg.sft.lr)
     rng = random.Random(cfg.run.seed)
     losses, t0, batch = [], time.perf_counter(), 4
+    total = -(-len(samples) // batch) * cfg.sft.epochs
+    done_tokens, said = 0, t0
     for epoch in range(cfg.sft.epochs):
         rng.shuffle(samples)
         for i in range(0, len(samples), batch):
             m = tr.sft_step(samples[i:i + batch])
             losses.append(m["loss"])
+            done_tokens += m["tokens"]
+            now = time.perf_counter()
+            if now - said >= 20 and len(losses) < total:  # never silent for minutes on a slow machine
+                said = now
+                log(f"  SFT step {len(losses)}/{total}: loss {losses[-1]:.3f}, {done_tokens / (now - t0):.0f} tok/s, "
+                    f"elapsed {duration(now - t0)}, eta {duration((now - t0) * (total - len(losses)) / len(losses))}")
         log(f"  SFT epoch {epoch + 1}/{cfg.sft.epochs}: loss {losses[-1]:.3f}")
     # RL starts with a fresh optimizer at its own learning rate
     tr.optimizer.state.clear()

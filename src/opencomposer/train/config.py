@@ -40,6 +40,10 @@ class TrainConfig(Strict):
     pack_sequences: bool = Field(
         True, description="pack a micro-batch's samples into one row, each attending only within itself; "
         "false: one right-padded row per sample")
+    share_prefixes: bool = Field(
+        True, description="packed rows: a sample that begins like the row's first (the system prompt and tools, "
+        "a GRPO group's prompt) is laid down without those tokens and attends to the first's copy; exact, and "
+        "~1.1k fewer tokens a sample for the harness's prompt")
     logits_chunk_tokens: int = Field(
         1024, ge=0, description="tokens whose vocabulary-wide logits exist at once when taking log-probs "
         "(recomputed in backward); 0 = all of a micro-batch's at once")

@@ -5,7 +5,10 @@ micro-batch (no padding), and no token sees another sample's tokens.
         out = model(input_ids=ids, position_ids=pos, use_cache=False)   # pos restarts at 0 per document
 
 A document starts wherever ``position_ids`` is 0 (so RoPE sees every document from position 0,
-as if alone). Inside the context the model's attention is this module's function, registered
+as if alone). A piece that starts at a position q > 0 (where the positions do not go on by one)
+is the rest of a document whose first q tokens are those of the row's last document that
+started at 0 (``micro_batches``' shared prefixes): its queries attend to those q keys and
+values, then causally to its own, as they would in the whole document. Inside the context the model's attention is this module's function, registered
 with transformers' ``AttentionInterface``: it runs SDPA with ``is_causal`` on each document's
 slice of the queries, keys and values, so the cost is the sum of the documents' squared lengths
 (a block-diagonal mask over the whole row would cost the row's squared length, and on the CPU
@@ -35,16 +38,33 @@ def document_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         raise ValueError("document attention needs position_ids, no attention mask and no cache "
                          "(one packed row per forward, as the trainer builds it)")
+    gqa = query.shape[1] != key.shape[1]
     rows = []
     for b in range(query.shape[0]):
         pos = position_ids[b if position_ids.shape[0] > 1 else 0]
-        starts = (pos == 0).nonzero().flatten().tolist()
-        bounds = (starts if starts and starts[0] == 0 else [0, *starts]) + [query.shape[2]]
-        rows.append(torch.cat([
-            F.scaled_dot_product_attention(query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
-                                           dropout_p=dropout, is_causal=True, scale=scaling,
-                                           enable_gqa=query.shape[1] != key.shape[1])
-            for s, e in zip(bounds, bounds[1:])], dim=2))
+        n = query.shape[2]
+        breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
+        bounds = [0, *breaks, n]
+        firsts = pos[bounds[:-1]].tolist()
+        root = 0  # where the last document starting at position 0 starts in the row
+        pieces = []
+        for s, e, first in zip(bounds, bounds[1:], firsts):
+            q, k, v = query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e]
+            if first == 0:
+                root = s
+                pieces.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                             scale=scaling, enable_gqa=gqa))
+                continue
+            if root + first > s:
+                raise ValueError(f"document attention: a piece at row position {s} goes on from position {first}, "
+                                 f"but the document it shares a prefix with has only {s - root} tokens")
+            k = torch.cat([key[b:b + 1, :, root:root + first], k], dim=2)
+            v = torch.cat([value[b:b + 1, :, root:root + first], v], dim=2)
+            # causal aligned to the bottom right: query i sees the shared prefix and its own 0..i
+            allowed = torch.ones(e - s, first + e - s, dtype=torch.bool, device=q.device).tril(diagonal=first)
+            pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
+                                                         scale=scaling, enable_gqa=gqa))
+        rows.append(torch.cat(pieces, dim=2))
     return torch.cat(rows).transpose(1, 2).contiguous(), None
 
 

@@ -11,7 +11,9 @@ that gather samples over time may call the two halves themselves. Every micro-ba
 step divides by the SAME constant normaliser, so the gradient does not depend on how the
 samples were split (tested). A micro-batch packs its samples end to end into one row, each
 attending only within itself (``train/micro_batches.py``, ``train/document_attention.py``;
-``pack_sequences = false``: right-padded rows). Log-probs are taken only at positions that
+``pack_sequences = false``: right-padded rows); a sample beginning with the tokens the row's
+first begins with (the harness's system prompt, a group's prompt) is laid down without them and
+attends to the first's copy (``share_prefixes``, exact). Log-probs are taken only at positions that
 predict a loss token, through the output layer a chunk of ``logits_chunk_tokens`` at a time
 (``train/head_logprobs.py``), so the [tokens, vocab] logits never exist whole (issue 32).
 
@@ -311,7 +313,7 @@ class Trainer:
         yield from [None] * (passes - len(items))
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        return group_samples(samples, self.cfg.micro_batch_tokens, self._packs)
+        return group_samples(samples, self.cfg.micro_batch_tokens, self._packs, self.cfg.share_prefixes)
 
     def _idle_batch(self) -> Batch:
         """Two pad tokens, one of them a loss position: a pass that runs every layer (and so
@@ -320,7 +322,7 @@ class Trainer:
                                      advantage=0.0, task_id="(idle)")])
 
     def _collate(self, batch: list[Sample]) -> Batch:
-        return collate(batch, self.pad_id, self.device, self._packs)
+        return collate(batch, self.pad_id, self.device, self._packs, self.cfg.share_prefixes)
 
     def _forward(self, model: Any, b: Batch, **kw: Any) -> Any:
         """``model``'s forward on ``b`` under autocast, packed documents attending each within itself;

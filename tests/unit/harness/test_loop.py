@@ -76,6 +76,17 @@ def test_max_turns(sandbox, cfg):
     assert traj.exit_reason == "max_turns" and traj.turns == 3 and len(policy.seen) == 3
 
 
+def test_max_idle_turns_ends_a_run_of_turns_without_calls_and_a_call_resets_it(sandbox, cfg):
+    cfg = cfg.model_copy(update={"max_turns": 20, "max_idle_turns": 2})
+    policy = ScriptedPolicy(["Thinking.", [tool_call("list_dir")], "Still thinking.", "Hmm."] + ["x"] * 10)
+    traj = run_episode("Idle.", sandbox, policy, cfg)
+    assert traj.exit_reason == "idle" and "2 turns in a row without a tool call" in traj.error
+    assert traj.turns == 4 and [s.no_call for s in traj.steps] == [True, False, True, True]
+    never = run_episode("Idle.", sandbox, ScriptedPolicy(["x"] * 5), cfg.model_copy(update={"max_turns": 5,
+                                                                                            "max_idle_turns": 0}))
+    assert never.exit_reason == "max_turns" and never.turns == 5
+
+
 def test_max_tokens_uses_the_policy_counts(sandbox, cfg):
     cfg = cfg.model_copy(update={"max_tokens": 2500})
     policy = ScriptedPolicy([

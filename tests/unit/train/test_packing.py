@@ -14,7 +14,7 @@ from opencomposer.models import load_model
 from opencomposer.train import TrainConfig, Trainer
 from opencomposer.train.host_memory import return_freed_memory
 from opencomposer.train.loss import LossConfig
-from opencomposer.train.micro_batches import group_samples
+from opencomposer.train.micro_batches import group_samples, shared_length
 from opencomposer.train.samples import Sample
 
 from testkit.train_data import grads
@@ -113,3 +113,79 @@ def test_a_mixture_of_experts_model_is_not_checkpointed():
     assert not any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
     with pytest.raises(ValueError, match="gradient_checkpointing=true with a mixture-of-experts"):
         Trainer(*load_model("tiny-random-moe"), TrainConfig(bf16=False, gradient_checkpointing=True))
+
+
+def _sharing_samples(vocab: int) -> list[Sample]:
+    """A root, two samples sharing 10 and 14 of its first tokens (the second's 14 equal the first's
+    length, so its piece would go on by one from the first's: it must share one token less), and
+    one sharing nothing."""
+    g = torch.Generator().manual_seed(2)
+    root = torch.randint(0, vocab, (30,), generator=g).tolist()
+
+    def sample(prefix: int, n: int, first_loss: int, adv: float) -> Sample:
+        ids = root[:prefix] + torch.randint(0, vocab, (n - prefix,), generator=g).tolist()
+        if prefix < len(root) and ids[prefix] == root[prefix]:
+            ids[prefix] = (ids[prefix] + 1) % vocab
+        mask = [0] * first_loss + [int(i % 4 != 0) for i in range(first_loss, n)]
+        return Sample(input_ids=ids, loss_mask=mask, old_logprobs=(-torch.rand(n, generator=g)).tolist(), advantage=adv)
+
+    return [Sample(input_ids=root, loss_mask=[0] * 5 + [1] * 25, old_logprobs=[0.0] * 30, advantage=1.0),
+            sample(10, 14, 11, -0.5), sample(25, 28, 15, 2.0), sample(0, 12, 3, 0.25)]
+
+
+def test_shared_prefixes_are_laid_down_once_and_every_token_scores_as_alone(tiny):
+    model, tok = tiny
+    trainer = Trainer(model, tok, TrainConfig(bf16=False, logits_chunk_tokens=5))
+    samples = _sharing_samples(model.config.vocab_size)
+    with torch.no_grad():
+        shared = trainer._collate(samples)
+        # root whole, then 10 and 13 tokens shared (14 would read as the 14-token piece's continuation)
+        assert shared.positions[0].tolist() == (list(range(30)) + list(range(10, 14)) + list(range(13, 28))
+                                                + list(range(12)))
+        assert shared.tokens == 30 + 14 + 28 + 12 and shared.computed == 30 + 4 + 15 + 12
+        alone = [trainer._collate([s]) for s in samples]
+        torch.testing.assert_close(trainer._nll(shared)[0], torch.cat([trainer._nll(b)[0] for b in alone]),
+                                   rtol=1e-5, atol=1e-5)
+        lp, _ = trainer._logprobs(model, shared, 1.0)
+        torch.testing.assert_close(lp[0], torch.cat([trainer._logprobs(model, b, 1.0)[0][0] for b in alone]),
+                                   rtol=1e-5, atol=1e-5)
+        unshared = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, share_prefixes=False))._collate(samples)
+        assert unshared.computed == unshared.tokens == shared.tokens
+
+
+@pytest.mark.parametrize("step", ["sft", "rl"])
+def test_shared_prefixes_give_the_unshared_gradient(tiny, step):
+    samples = _sharing_samples(tiny[0].config.vocab_size)
+    plain = Trainer(*tiny, TrainConfig(bf16=False, share_prefixes=False, micro_batch_tokens=200))
+    shared = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, micro_batch_tokens=200,
+                                                             gradient_checkpointing=True))
+    if step == "sft":
+        m1, m2 = (t.sft_backward(samples, normalizer=50.0) for t in (plain, shared))
+    else:  # the sampler's log-probs from these very weights: ratios near 1, nothing clipped
+        with torch.no_grad():
+            for s in samples:
+                lp = plain._logprobs(plain.model, plain._collate([s]), 1.0)[0][0].tolist()
+                s.old_logprobs = [0.0] + [lp.pop(0) if m else 0.0 for m in s.loss_mask[1:]]
+        m1, m2 = (t.rl_backward(samples, LossConfig(), normalizer=50.0) for t in (plain, shared))
+    assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7) and m1["tokens"] == m2["tokens"]
+    g1, g2 = grads(plain.model), grads(shared.model)
+    assert max(float(g.abs().max()) for g in g1.values()) > 1e-3  # a gradient worth comparing
+    assert g1.keys() == g2.keys() and g1
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_a_row_counts_shared_samples_at_their_unshared_length_and_routes_share_nothing():
+    prefix = list(range(2, 62))
+
+    def s(n: int, routed: bool = False) -> Sample:
+        ids = prefix + [100 + n] * (n - len(prefix))
+        routes = torch.zeros((n - 1, 1, 1), dtype=torch.long) if routed else None
+        return Sample(input_ids=ids, loss_mask=[0] * 61 + [1] * (n - 61), old_logprobs=[0.0] * n, routes=routes)
+
+    batch = [s(90), s(80), s(70)]  # 90 + 20 + 10 with the 60 shared tokens laid down once
+    assert [len(g) for g in group_samples(batch, budget=120, packed=True, share=True)] == [3]
+    assert [len(g) for g in group_samples(batch, budget=120, packed=True)] == [1, 1, 1]
+    routed = [s(90, True), s(80, True)]
+    assert [len(g) for g in group_samples(routed, budget=120, packed=True, share=True)] == [1, 1]
+    assert shared_length(routed[0], routed[1]) == 0 and shared_length(batch[0], batch[1]) == 60
