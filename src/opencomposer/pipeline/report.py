@@ -14,8 +14,8 @@ transcripts under ``evals/<checkpoint>/`` and (when the run had a ``[pretrain]``
 * (b) held-out pass@1 and pass@K (K = the evaluation's samples per task) per evaluated
   checkpoint, in training order (base, SFT, RL: ``evals.json`` keys ``base``, ``sft``, ``rl``,
   and ``rl@N`` / entries with a ``step`` for RL every N updates), each with its 95% interval:
-  a bootstrap over tasks from the transcripts' outcomes, or (no transcripts, or fewer than 5
-  tasks) a Wilson interval over episodes (pass@1) or tasks (pass@K);
+  a bootstrap over tasks from the transcripts' outcomes, or (no transcripts, fewer than 5
+  tasks, or every task alike) a Wilson interval over episodes (pass@1) or tasks (pass@K);
 * (c) completion tokens per episode per update (and its rolling mean);
 * (d) invalid-call rate per update: invalid tool calls / all tool calls.
 
@@ -80,14 +80,15 @@ def write_report(out: Path) -> Path:
     atomic_write_bytes(out / "report.png", _figure(curves, points))
     _tensorboard(out / "tb" / HELDOUT_TB, points)
     md = out / "report.md"
-    atomic_write_text(md, _markdown(out, rows, evals, points))
+    paired = paired_differences(out, evals)
+    atomic_write_text(md, _markdown(out, rows, evals, points, paired))
     cpt = _pretrain(out)
     extra = {"pretrain": {k: cpt[k] for k in ("steps", "before", "after", "model_dir")}} if cpt else {}
     heldout = {c.name: {"stage": c.stage, "step": c.step, "k": c.k, "pass@1": c.pass1, "pass@1_ci95": list(c.ci1),
                         f"pass@{c.k}": c.passk, f"pass@{c.k}_ci95": list(c.cik), "interval": c.method}
                for c in points}
-    atomic_write_text(out / "report.json", json.dumps({"evals": evals, "heldout": heldout, "steps": rows, **extra},
-                                                      indent=1))
+    atomic_write_text(out / "report.json", json.dumps({"evals": evals, "heldout": heldout, "paired": paired,
+                                                       "steps": rows, **extra}, indent=1))
     return md
 
 
@@ -109,7 +110,9 @@ def checkpoint(name: str, entry: Mapping[str, Any], transcripts: Path, last_step
         vk = [pass_at_k(k, c, k) for c in counts]
         # the transcripts' own figures: the same episodes as the entry's
         p1, pk = sum(v1) / len(v1), sum(vk) / len(vk)
-        if len(counts) >= MIN_BOOTSTRAP_TASKS:
+        # every task alike (all failed, say): a bootstrap over tasks has zero width, which claims a
+        # certainty ten tasks cannot give; Wilson's interval says how little 0/10 rules out
+        if len(counts) >= MIN_BOOTSTRAP_TASKS and len(set(v1)) > 1:
             return Checkpoint(name, stage, step, k, p1, pk, task_interval(v1), task_interval(vk),
                               f"bootstrap over {len(counts)} tasks")
         # a bootstrap over one or two tasks says nothing (a single task: a zero-width interval)
@@ -125,21 +128,60 @@ def _task_counts(folder: Path, entry: Mapping[str, Any], k: int) -> list[int]:
     """Passing episodes per task (of ``k``) from an evaluation's transcripts; a task none of
     whose episodes left one (they broke before grading) counts 0. [] when the folder does not
     match the entry (missing, or more transcripts than episodes: not this evaluation's)."""
+    passed = _task_passes(folder, entry, k)
+    if passed is None:
+        return []
+    return list(passed.values()) + [0] * (int(entry.get("tasks", 0)) - len(passed))
+
+
+def _task_passes(folder: Path, entry: Mapping[str, Any], k: int) -> dict[str, int] | None:
+    """Task id -> passing episodes (of ``k``) of the tasks that left a transcript; None when the
+    folder does not match the entry (see ``_task_counts``)."""
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     tasks, rollouts = int(entry.get("tasks", 0)), int(entry.get("rollouts", 0))
     if not files or not tasks or len(files) > rollouts:
-        return []
+        return None
     passed: dict[str, int] = {}
     for f in files:
         try:
             t = json.loads(f.read_text())
             tid, ok = t["task_id"], bool(t["meta"]["reward"]["passed"])
         except (OSError, ValueError, KeyError, TypeError):
-            return []
+            return None
         passed[tid] = passed.get(tid, 0) + ok
     if len(passed) > tasks or any(c > k for c in passed.values()):
-        return []
-    return list(passed.values()) + [0] * (tasks - len(passed))
+        return None
+    return passed
+
+
+def paired_differences(out: Path, evals: Mapping[str, Mapping[str, Any]], n_boot: int = 10_000,
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """pass@1 of each later checkpoint minus an earlier one's (base -> sft, base -> rl, sft -> rl,
+    where both were evaluated on the same tasks with transcripts kept): the mean over tasks of the
+    per-task difference and its paired-bootstrap 95% interval (``eval.gate.paired_bootstrap``). A
+    task without a transcript on one side counts as failed there, as in ``_task_counts``."""
+    import numpy as np
+
+    from opencomposer.eval.gate import paired_bootstrap
+
+    rates: dict[str, dict[str, float]] = {}
+    for name, e in evals.items():
+        k = int(e.get("k", 1))
+        passed = _task_passes(out / "evals" / name, e, k)
+        if passed is not None:
+            rates[name] = {t: c / k for t, c in passed.items()}
+    found = []
+    for a, b in (("base", "sft"), ("base", "rl"), ("sft", "rl")):
+        if a not in rates or b not in rates or evals[a].get("tasks") != evals[b].get("tasks"):
+            continue
+        ids = sorted(set(rates[a]) | set(rates[b]))
+        d = np.array([rates[b].get(t, 0.0) - rates[a].get(t, 0.0) for t in ids], dtype=float)
+        tasks = int(evals[a]["tasks"])
+        d = np.concatenate([d, np.zeros(max(tasks - len(ids), 0))])  # neither side left a transcript
+        lo, hi = paired_bootstrap(d, n_boot, seed, 0.95)
+        found.append({"from": a, "to": b, "tasks": len(d), "delta_pass@1": float(d.mean()), "ci95": [lo, hi],
+                      "better": int((d > 0).sum()), "worse": int((d < 0).sum())})
+    return found
 
 
 # --------------------------------------------------------------------------- the PNG
@@ -266,15 +308,25 @@ def _pretrain(out: Path) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def _markdown(out: Path, rows: list[dict], evals: dict, points: list[Checkpoint]) -> str:
+def _markdown(out: Path, rows: list[dict], evals: dict, points: list[Checkpoint],
+              paired: list[dict] | None = None) -> str:
     lines = ["# opencomposer run report", "", f"run dir: `{out}`", "", "## Held-out pass@k", "",
-             "| checkpoint | update | tasks | k | pass@1 [95% CI] | pass@k [95% CI] | interval | invalid calls/ep "
-             "| tokens/ep | s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| checkpoint | update | tasks | k | pass@1 [95% CI] | pass@k [95% CI] | interval | tool calls/ep "
+             "| invalid calls/ep | tokens/ep | s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in points:
         e = evals[c.name]
         lines.append(f"| {c.name} | {c.step} | {e.get('tasks')} | {c.k} | {c.pass1:.3f} [{c.ci1[0]:.2f}, {c.ci1[1]:.2f}] | "
-                     f"{c.passk:.3f} [{c.cik[0]:.2f}, {c.cik[1]:.2f}] | {c.method} | {e.get('invalid_calls', 0):.2f} | "
+                     f"{c.passk:.3f} [{c.cik[0]:.2f}, {c.cik[1]:.2f}] | {c.method} | {e.get('tool_calls', 0):.2f} | "
+                     f"{e.get('invalid_calls', 0):.2f} | "
                      f"{e.get('mean_completion_tokens', 0):.0f} | {e.get('seconds')} |")
+    if paired:
+        lines += ["", "Paired on the same tasks (per-task pass@1 difference, bootstrap over tasks, 10,000 resamples):",
+                  "", "| from -> to | tasks | delta pass@1 [95% CI] | tasks better / worse |", "|---|---|---|---|"]
+        for p in paired:
+            ci = (f"[{p['ci95'][0]:+.2f}, {p['ci95'][1]:+.2f}]" if p["better"] or p["worse"]
+                  else "(no task changed)")
+            lines.append(f"| {p['from']} -> {p['to']} | {p['tasks']} | {p['delta_pass@1']:+.3f} {ci} | "
+                         f"{p['better']} / {p['worse']} |")
     cpt = _pretrain(out)
     if cpt:
         lines += ["", "## Continued pretraining", "",

@@ -233,3 +233,16 @@ def test_update_weights_rejects_unknown_keys_and_shapes(hf):
     with pytest.raises(ValueError, match=r"shape \(3,\), expected \(64,\)"):
         engine.update_weights({"model.norm.weight": torch.zeros(3)}, version=1)
     assert engine.policy_version == 0
+
+
+def test_the_cpu_kv_budget_is_an_eighth_of_available_memory_within_1_to_4_gib(tmp_path):
+    from opencomposer.inference.engine.build import cpu_kv_bytes
+
+    def budget(kib: int | None) -> int:
+        f = tmp_path / "meminfo"
+        f.write_text("MemTotal:       24000000 kB\n" + (f"MemAvailable:   {kib} kB\n" if kib is not None else ""))
+        return cpu_kv_bytes(str(f))
+
+    assert budget(16 * 2**20) == 2 << 30  # 16 GiB available -> 2 GiB
+    assert budget(2 * 2**20) == 1 << 30 and budget(None) == 1 << 30 and cpu_kv_bytes(str(tmp_path / "no")) == 1 << 30
+    assert budget(64 * 2**20) == 4 << 30

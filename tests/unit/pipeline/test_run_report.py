@@ -128,3 +128,35 @@ def test_too_few_tasks_to_bootstrap_get_wilson_intervals(tmp_path):
         (folder / f"t-{j}.json").write_text(json.dumps({"task_id": "t", "meta": {"reward": {"passed": False}}}))
     c = checkpoint("rl", {"tasks": 1, "k": 2, "rollouts": 2, "pass@1": 0.0, "pass@2": 0.0}, folder, last_step=3)
     assert c.method == "Wilson" and c.ci1[0] == 0.0 and c.ci1[1] > 0.5 and c.cik[1] > 0.5
+
+
+def test_paired_differences_between_checkpoints_on_the_same_tasks(tmp_path):
+    synthetic_run(tmp_path)
+    # the base's transcripts: task i passes one sample where i is 0 or 8, none elsewhere; task 9 left none
+    folder = tmp_path / "evals" / "base"
+    folder.mkdir(parents=True)
+    for i in range(9):
+        for j in range(K):
+            traj = {"task_id": f"held-{i}", "meta": {"reward": {"passed": i in (0, 8) and j == 0}}}
+            (folder / f"held-{i}-{j}.json").write_text(json.dumps(traj))
+    write_report(tmp_path)
+    rep = json.loads((tmp_path / "report.json").read_text())
+    (pair,) = rep["paired"]  # sft has no transcripts: only base -> rl can be paired
+    rl = [i // 2 / K for i in range(9)] + [0.0]
+    base = [0.25 if i in (0, 8) else 0.0 for i in range(9)] + [0.0]
+    d = np.array(rl) - np.array(base)
+    assert (pair["from"], pair["to"], pair["tasks"]) == ("base", "rl", 10)
+    assert pair["delta_pass@1"] == pytest.approx(d.mean())
+    assert pair["better"] == int((d > 0).sum()) and pair["worse"] == int((d < 0).sum()) == 1
+    lo, hi = pair["ci95"]
+    assert lo < d.mean() < hi and lo > 0  # 6 tasks better, 1 worse: the interval stays above zero
+    assert f"| base -> rl | 10 | {d.mean():+.3f} [" in (tmp_path / "report.md").read_text()
+
+
+def test_tasks_all_alike_get_wilson_intervals_not_a_zero_width_bootstrap(tmp_path):
+    folder = tmp_path / "rl"
+    folder.mkdir()
+    for i in range(10):  # ten held-out tasks, k = 1, none passes
+        (folder / f"t{i}-0.json").write_text(json.dumps({"task_id": f"t{i}", "meta": {"reward": {"passed": False}}}))
+    c = checkpoint("rl", {"tasks": 10, "k": 1, "rollouts": 10, "pass@1": 0.0}, folder, last_step=1)
+    assert c.method == "Wilson" and c.ci1[0] == pytest.approx(0.0, abs=1e-12) and 0.25 < c.ci1[1] < 0.32

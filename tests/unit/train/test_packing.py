@@ -31,6 +31,17 @@ def _samples(vocab: int) -> list[Sample]:
     return out
 
 
+def scores_as_alone(trainer: Trainer, row, samples: list[Sample], temperature: float) -> None:
+    """Every loss token of the packed ``row`` has the NLL and log-prob it has in its sample alone
+    (the row's order is that of ``samples``)."""
+    alone = [trainer._collate([s]) for s in samples]
+    torch.testing.assert_close(trainer._nll(row)[0], torch.cat([trainer._nll(b)[0] for b in alone]),
+                               rtol=1e-5, atol=1e-5)
+    lp, _ = trainer._logprobs(trainer.model, row, temperature)
+    torch.testing.assert_close(lp[0], torch.cat([trainer._logprobs(trainer.model, b, temperature)[0][0]
+                                                 for b in alone]), rtol=1e-5, atol=1e-5)
+
+
 def test_a_packed_rows_token_losses_equal_each_sample_alone(tiny):
     model, tok = tiny
     trainer = Trainer(model, tok, TrainConfig(bf16=False, logits_chunk_tokens=5))
@@ -38,12 +49,7 @@ def test_a_packed_rows_token_losses_equal_each_sample_alone(tiny):
     with torch.no_grad():
         packed = trainer._collate(samples)
         assert packed.ids.shape == (1, sum(len(s) for s in samples)) and packed.attn is None
-        alone = [trainer._collate([s]) for s in samples]
-        torch.testing.assert_close(trainer._nll(packed)[0], torch.cat([trainer._nll(b)[0] for b in alone]),
-                                   rtol=1e-5, atol=1e-5)
-        lp, ent = trainer._logprobs(model, packed, 0.7)
-        torch.testing.assert_close(lp[0], torch.cat([trainer._logprobs(model, b, 0.7)[0][0] for b in alone]),
-                                   rtol=1e-5, atol=1e-5)
+        scores_as_alone(trainer, packed, samples, 0.7)
         assert packed.adv[0].tolist() == [s.advantage for s in samples for m in s.loss_mask[1:] if m]
     # and the same as a plain forward of each sample with the model's own attention
     with torch.no_grad():
@@ -143,12 +149,7 @@ def test_shared_prefixes_are_laid_down_once_and_every_token_scores_as_alone(tiny
         assert shared.positions[0].tolist() == (list(range(30)) + list(range(10, 14)) + list(range(13, 28))
                                                 + list(range(12)))
         assert shared.tokens == 30 + 14 + 28 + 12 and shared.computed == 30 + 4 + 15 + 12
-        alone = [trainer._collate([s]) for s in samples]
-        torch.testing.assert_close(trainer._nll(shared)[0], torch.cat([trainer._nll(b)[0] for b in alone]),
-                                   rtol=1e-5, atol=1e-5)
-        lp, _ = trainer._logprobs(model, shared, 1.0)
-        torch.testing.assert_close(lp[0], torch.cat([trainer._logprobs(model, b, 1.0)[0][0] for b in alone]),
-                                   rtol=1e-5, atol=1e-5)
+        scores_as_alone(trainer, shared, samples, 1.0)
         unshared = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, share_prefixes=False))._collate(samples)
         assert unshared.computed == unshared.tokens == shared.tokens
 
