@@ -48,7 +48,7 @@ from opencomposer.harness.tools import EDIT_TOOLS
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.pipeline.run import oracle_traces, sft_warm_start
+from opencomposer.pipeline.warm_start import oracle_traces, sft_warm_start
 from opencomposer.rl.run import RLRun
 from opencomposer.tasks.format import Task
 from opencomposer.train.export import export_model
@@ -238,7 +238,7 @@ def sft_stage(cfg: AblationConfig, train: list[Path], tasks: list[Task], train_i
     try:
         log(f"SFT: oracle traces of {len(train[: cfg.sft.max_traces])} train tasks, {cfg.sft.epochs} epochs ...")
         trajs = oracle_traces(train[: cfg.sft.max_traces], cfg.rollout.backend, out / "sft" / "traces", scfg)
-        sft = sft_warm_start(run, trajs, scfg, log)
+        sft = sft_warm_start(run.learner.trainer, trajs, scfg, log)
         export_model(model_dir, run.learner.trainer)
         log(f"SFT: loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f} in {sft['seconds']}s; evaluating ...")
         ev = run_eval(run, scfg, tasks, train_ids, out / "sft")

@@ -8,10 +8,14 @@
 #     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
 #     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs (out/factory2k -> train.ocpack,
 #                           out/heldout-libs -> heldout.ocpack, wheels for Python 3.12 included)
+#     .gput/                with TRACE_SETS='run|;replace-lines|--set agent.edit_tools=["replace_lines","write_file"]':
+#                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session)
 #   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
 #     carry [.gpuw, .gpua] / [.gpub, .gpup1] / [.gpuc, .gpup2] / [.gpup3, .gpup4] / ...:
 #                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
+#   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
+#   (benchmarks/learn_run.py --set, one per `;`).
 #   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
 #   it again to resume) and 0
 #   when the config's stages are done; its results come back under $OUT (summary, per-stage results, log).
@@ -32,14 +36,37 @@ if [ "${1:-}" = prepare ]; then
     grep -q "^/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude
     rm -rf $d && mkdir -p $d && cp "$f" $d/
   done
-  du -sh .gpuw .gpua .gpub .gpuc .gpup*
+  # the SFT oracle traces of each arm (TRACE_SETS: "out_dir|--set ...;" pairs), made here on the CPU
+  # with the pack's tasks: the GPU run reads them back instead of spending minutes making them
+  if [ -n "${TRACE_SETS:-}" ]; then
+    mkdir -p runs/learn-gpu/tasks .gput
+    grep -q "^/.gput/" .git/info/exclude || echo "/.gput/" >> .git/info/exclude
+    [ -d runs/learn-gpu/tasks/factory ] || .venv/bin/opencomposer tasks unpack out/packs/train.ocpack \
+        -o runs/learn-gpu/tasks/factory --no-envs
+    [ -e runs/learn-gpu/tasks/factory/_envs ] || ln -s "$PWD/out/factory2k/_envs" runs/learn-gpu/tasks/factory/_envs
+    dirs=()
+    IFS=';' read -ra arms <<< "$TRACE_SETS"
+    for arm in "${arms[@]}"; do
+      out=${arm%%|*}; read -ra extra <<< "${arm#*|}"
+      .venv/bin/python benchmarks/learn_run.py --config $CFG --set 'model.device="cpu"' \
+        --set 'learn.heldout_library_dirs=[]' --set "run.out_dir=\"runs/learn-gpu/$out\"" "${extra[@]}" --traces-only
+      dirs+=("$out/sft/traces")
+    done
+    tar -czf .gput/traces.tgz -C runs/learn-gpu "${dirs[@]}"
+  fi
+  du -sh .gpuw .gpua .gpub .gpuc .gpup* .gput 2>/dev/null
   exit 0
 fi
 
 # ---- on the device: keep what this call carried
-mkdir -p $L/wheels $L/packs $L/gguf
-for d in .gpuw .gpua .gpub .gpuc .gpup*; do
-  if [ -d "$d" ]; then case $d in .gpuw) cp -n $d/* $L/wheels/ ;; .gpup*) cp -n $d/* $L/packs/ ;; *) cp -n $d/* $L/gguf/ ;; esac; fi
+mkdir -p $L/wheels $L/packs $L/gguf $L/run
+for d in .gpuw .gpua .gpub .gpuc .gpup* .gput; do
+  if [ -d "$d" ]; then case $d in
+    .gpuw) cp -n $d/* $L/wheels/ ;;
+    .gpup*) cp -n $d/* $L/packs/ ;;
+    .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
+    *) cp -n $d/* $L/gguf/ ;;
+  esac; fi
 done
 ls $L/wheels | wc -l | sed 's/^/wheels: /'; ls $L/gguf $L/packs
 [ "${1:-}" = stash ] && exit 0
@@ -61,6 +88,9 @@ mkdir -p $L/run runs && { [ -e $RUN ] || ln -s $L/run $RUN; }  # survives betwee
 T=$RUN/tasks
 for pair in train:factory heldout:heldout-libs; do
   pack=${pair%%:*}; dest=$T/${pair##*:}
+  if [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
+    echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue
+  fi
   if [ ! -f $dest/.unpacked ]; then
     rm -rf $dest  # what a failed unpack left
     python3 -m opencomposer.cli tasks unpack $L/packs/$pack.ocpack -o $dest 2>&1 | tail -3
@@ -76,12 +106,19 @@ if [ ! -x $E/bin/python ] || ! $E/bin/python -m pytest --version >/dev/null 2>&1
 fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 
-# ---- the run, stopped between units of work before the call's limit
+# ---- the run, stopped between units of work before the call's limit; SET="a.b=v;c.d=w" -> --set a.b=v --set c.d=w
+LEARN_SET=()
+IFS=';' read -ra sets <<< "${SET:-}"
+for x in "${sets[@]}"; do [ -n "$x" ] && LEARN_SET+=(--set "$x"); done
 set +e
-python3 benchmarks/learn_run.py --config $CFG --humaneval-data $L/wheels/HumanEval.jsonl.gz \
-  --deadline-s $(( ${BUDGET_S:-550} - ($(date +%s) - START) )) 2>&1 | grep -v "Loading weights" | tee -a $L/device.log
+# the script stops itself between units before --deadline-s; `timeout` is the backstop that still
+# leaves time to copy what was done to $OUT when a unit runs long
+LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
+timeout --kill-after=5 $(( LEFT + 15 )) python3 benchmarks/learn_run.py --config $CFG "${LEARN_SET[@]}" \
+  --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $LEFT 2>&1 | grep --line-buffered -v "Loading weights" | tee -a $L/device.log
 rc=${PIPESTATUS[0]}
-RD=$(python3 -c "import tomllib; print(tomllib.load(open('$CFG', 'rb'))['run']['out_dir'])")
+RD=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import learn_run as L
+print(L.config_with(sys.argv[1], sys.argv[2:]).run.out_dir)" $CFG "${sets[@]}")
 if [ -n "${OUT:-}" ]; then
   cp $L/device.log "$OUT/" 2>/dev/null
   for f in summary.md summary.json splits.json; do [ -f "$RD/$f" ] && cp "$RD/$f" "$OUT/"; done

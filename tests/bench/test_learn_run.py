@@ -112,3 +112,33 @@ def test_the_deadline_stops_before_work(tmp_path, toolz_tasks, capsys):
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["stopped_before"] == "sft"
     assert not list(out.glob("*/*/results.json"))
+
+
+def test_settings_set_on_the_command_line(tmp_path):
+    shipped = str(ROOT / "configs" / "learn" / "gpu.toml")
+    cfg = lr.config_with(shipped, ['agent.edit_tools=["replace_lines", "write_file"]', 'learn.eval_splits=["validation"]',
+                                   'run.out_dir="runs/x"'])
+    assert cfg.agent.edit_tools == ["replace_lines", "write_file"] and cfg.run.out_dir == "runs/x"
+    assert lr.evaluated(cfg) == ["validation"]
+    assert lr.evaluated(load_config(shipped, lr.LearnConfig)) == list(lr.EVAL_SPLITS)
+    with pytest.raises(ConfigError, match="expected SECTION.KEY=VALUE"):
+        lr.config_with(shipped, ["max_turns=8"])
+    with pytest.raises(ConfigError, match="'replace' is not a TOML value"):
+        lr.config_with(shipped, ["agent.edit_tools=replace"])
+    with pytest.raises(ConfigError, match="key 'agent.nope': unknown key"):
+        lr.config_with(shipped, ["agent.nope=1"])
+    with pytest.raises(ConfigError, match="learn.eval_splits"):
+        lr.config_with(shipped, ['learn.eval_splits=["train"]'])  # never an evaluation of what is trained on
+
+
+def test_traces_made_without_a_model_are_read_back(tmp_path, toolz_tasks, capsys):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    assert lr.main(["--config", str(cfg), "--traces-only"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["traces"] >= 1 and not (out / "sft_model").exists()
+    made = {p: p.stat().st_mtime_ns for p in (out / "sft" / "traces").glob("*.json")}
+    assert len(made) == last["train"]
+    assert lr.main(["--config", str(cfg), "--set", 'eval.stages=["sft"]']) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "sft" / "traces").glob("*.json")} == made
+    assert (out / "sft_model" / "config.json").exists() and not (out / "sft" / "ckpt").exists()

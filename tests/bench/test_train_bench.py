@@ -25,3 +25,8 @@ def test_bench_train_tiny_through_the_cli():
 def test_bench_train_refuses_an_unknown_arm():
     r = CliRunner().invoke(app, ["bench", "train", "--model", "tiny-random", "--arms", "baseline,fastest"])
     assert r.exit_code != 0 and "unknown arm(s) fastest" in r.output
+
+
+def test_bench_train_refuses_an_unknown_device():
+    r = CliRunner().invoke(app, ["bench", "train", "--model", "tiny-random", "--device", "tpu"])
+    assert r.exit_code != 0 and "--device 'tpu': expected cpu, cuda or cuda:N" in r.output

@@ -1,6 +1,6 @@
 """The compact oracle edits real tasks by line numbers when the agent is offered replace_lines
 and not edit_file (``[agent] edit_tools``), and its traces still solve them: HumanEval problems
-and tasks made from a real PyPI library (toolz), through ``pipeline.run.oracle_traces`` as the
+and tasks made from a real PyPI library (toolz), through ``pipeline.warm_start.oracle_traces`` as the
 SFT stage makes them, then rendered for SFT with the tools the episodes were given.
 
 Run: ``pytest tests/integration/test_oracle_by_lines.py`` (about two minutes; needs PyPI).
@@ -14,7 +14,7 @@ import pytest
 
 from opencomposer.harness.prompt import episode_tools
 from opencomposer.models.chat import render_prompt
-from opencomposer.pipeline.run import oracle_traces
+from opencomposer.pipeline.warm_start import oracle_traces
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.tasks.format import find_tasks
 from opencomposer.tasks.sources.humaneval import import_humaneval

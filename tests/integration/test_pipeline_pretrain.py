@@ -132,9 +132,9 @@ def test_sft_and_rl_start_from_the_pretrained_model_and_resume_skips_it(tasks, c
     seen: list[dict] = []
     sft = pipeline.sft_warm_start
 
-    def spy(run, *args):
-        seen.append(_weights(run.learner.trainer.model))
-        return sft(run, *args)
+    def spy(trainer, *args, **kw):
+        seen.append(_weights(trainer.model))
+        return sft(trainer, *args, **kw)
 
     monkeypatch.setattr(pipeline, "sft_warm_start", spy)
     logs: list[str] = []

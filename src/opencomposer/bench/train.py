@@ -5,6 +5,11 @@ tokens/s counts every sample's tokens (a shared prefix in each sample that holds
 
     opencomposer bench train                                   # the embedded model, 8k-token micro-batches
     opencomposer bench train --model tiny-random --tokens 512 --steps 1 --warmup 0   # a quick check
+    opencomposer bench train --device cuda --tokens 16384 --arms baseline,packed_whole,shared_whole,shared
+
+On a GPU (``--device cuda``) each step is timed to the end of its kernels and the peak of
+allocated GPU memory is reported too; bf16 autocast where native, so losses agree to bf16's
+precision there, not fp32's.
 
 Batches are synthetic token ids shaped like oracle SFT transcripts (the same 1,100-token system
 prompt with the tools in every sample, as the harness's, then a 40-200-token task prompt, then
@@ -39,6 +44,11 @@ ARMS: dict[str, dict[str, Any]] = {
                "gradient_checkpointing": False},
     "shared_ckpt": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 1024,
                     "gradient_checkpointing": True},
+    # for GPUs, where memory is plenty and the head's recomputation is only cost
+    "packed_whole": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
+                     "gradient_checkpointing": False},
+    "shared_whole": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
+                     "gradient_checkpointing": False},
 }
 SYSTEM_TOKENS = 1100  # the harness's system prompt and tool schemas: the same first tokens in every sample
 
@@ -73,7 +83,8 @@ def oracle_like_samples(n_tokens: int, vocab: int, seed: int, scale: float = 1.0
         total += len(ids)
 
 
-def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr: float, seed: int) -> dict[str, Any]:
+def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr: float, seed: int,
+            device: str = "cpu") -> dict[str, Any]:
     """One arm in this process: build the trainer, train ``warmup + steps`` SFT steps."""
     import torch
 
@@ -82,7 +93,8 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
     from opencomposer.train.trainer import Trainer
 
     torch.manual_seed(seed)
-    model, tok = load_model(model_name, device="cpu")
+    model, tok = load_model(model_name, device=device)
+    cuda = device.startswith("cuda")
     loaded_rss = _rss_mb()
     cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **ARMS[arm])
     trainer = Trainer(model, tok, cfg, name=model_name)
@@ -92,6 +104,8 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
         batch = oracle_like_samples(tokens, model.config.vocab_size, seed + step, scale)
         t0 = time.perf_counter()
         m = trainer.sft_step(batch)
+        if cuda:
+            torch.cuda.synchronize()  # the step's kernels done, not only queued
         losses.append(round(m["loss"], 6))
         if step >= warmup:
             seconds.append(time.perf_counter() - t0)
@@ -101,11 +115,13 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
     return {"arm": arm, "settings": ARMS[arm], "tokens_per_second": round(n_tokens / total, 1) if total else 0.0,
             "step_seconds": [round(s, 2) for s in seconds], "timed_tokens": int(n_tokens), "forward_passes": passes,
             "losses": losses, "peak_rss_mb": _rss_mb(), "rss_after_load_mb": loaded_rss,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "bf16": trainer.bf16,
+            **({"peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if cuda else {})}
 
 
 def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, lr: float = 1e-4, seed: int = 0,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        log: Callable[[str], None] = print, device: str = "cpu") -> dict[str, Any]:
     """Every arm in its own process; returns the figures and each arm's speed-up over the first."""
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
@@ -114,18 +130,19 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
     for arm in arms:
         log(f"bench train: {arm} ({ARMS[arm]}) ...")
         cmd = [sys.executable, "-m", "opencomposer.bench.train", arm, model_name, str(tokens), str(steps),
-               str(warmup), str(lr), str(seed)]
+               str(warmup), str(lr), str(seed), device]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"bench train arm {arm} failed:\n{out.stderr[-3000:]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
-        log(f"  {res['tokens_per_second']} tokens/s, peak RSS {res['peak_rss_mb']} MB, losses {res['losses']}")
+        gpu = f", peak GPU {res['peak_gpu_mb']} MB" if "peak_gpu_mb" in res else ""
+        log(f"  {res['tokens_per_second']} tokens/s, peak RSS {res['peak_rss_mb']} MB{gpu}, losses {res['losses']}")
         results.append(res)
     first = results[0]
     for r in results:
         r["speedup"] = round(r["tokens_per_second"] / first["tokens_per_second"], 2) if first["tokens_per_second"] else None
         r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], first["losses"]))
-    return {"bench": "train", "model": model_name, "micro_batch_tokens": tokens, "steps": steps, "warmup": warmup,
+    return {"bench": "train", "model": model_name, "device": device, "micro_batch_tokens": tokens, "steps": steps, "warmup": warmup,
             "lr": lr, "arms": results, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
@@ -134,5 +151,5 @@ def _rss_mb() -> float:
 
 
 if __name__ == "__main__":  # one arm, in the fresh process ``run`` starts
-    arm, name, tokens, steps, warmup, lr, seed = sys.argv[1:8]
-    print(json.dumps(run_arm(arm, name, int(tokens), int(steps), int(warmup), float(lr), int(seed))))
+    arm, name, tokens, steps, warmup, lr, seed, device = sys.argv[1:9]
+    print(json.dumps(run_arm(arm, name, int(tokens), int(steps), int(warmup), float(lr), int(seed), device)))

@@ -202,13 +202,16 @@ def bench_train(
     tokens: int = typer.Option(8192, min=16, help="micro_batch_tokens; each step trains about this many tokens"),
     steps: int = typer.Option(2, min=1, help="timed optimizer steps per arm"),
     warmup: int = typer.Option(1, min=0, help="untimed steps first"),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N"),
 ) -> None:
-    """SFT on the CPU: tokens/s and peak RSS of the padded, whole-logits trainer path vs packed + chunked."""
+    """SFT: tokens/s and peak memory of the padded, whole-logits trainer path vs packed + chunked + shared."""
     from opencomposer.bench.train import run
 
+    if device != "cpu" and not device.startswith("cuda"):
+        fail(ValueError(f"--device {device!r}: expected cpu, cuda or cuda:N"))
     try:
         res = run(model, [a.strip() for a in arms.split(",") if a.strip()], tokens, steps, warmup,
-                  log=lambda m: err.print(m, highlight=False))
+                  log=lambda m: err.print(m, highlight=False), device=device)
     except (ValueError, RuntimeError) as e:
         fail(e)
     emit(res)

@@ -26,25 +26,19 @@ Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_pipeline_
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 from opencomposer.config import ConfigError
-from opencomposer.episode.progress import duration
 from opencomposer.eval.heldout import evaluate
 from opencomposer.paths import atomic_write_text
-from opencomposer.policies import make_policy
 from opencomposer.rl.config import RLRunConfig
-from opencomposer.episode.run import run_task
-from opencomposer.harness.prompt import episode_tools
 from opencomposer.pipeline.report import write_report
+from opencomposer.pipeline.warm_start import oracle_traces, sft_warm_start
 from opencomposer.rl.run import RLRun, refuse_unsharded_engine
-from opencomposer.train.samples import sft_samples
 from opencomposer.rl.taskpool import ensure_tasks, split_tasks
 from opencomposer.tasks.format import Task
 from opencomposer.train import distributed
@@ -56,29 +50,6 @@ from opencomposer.train.pretrain import run_pretrain_config
 
 def _write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))
-
-
-def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig, workers: int = 1) -> list:
-    """Oracle episodes on training tasks, saved as transcripts (the SFT data), ``workers`` at a time.
-
-    The compact oracle batches independent calls into one turn, so its traces fit the
-    short turn budgets small models get; traces that do not solve the task are dropped.
-    The traces come back in the order of ``tasks`` whatever ``workers`` is.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-
-    def one(p: Path):
-        task = Task.load(p)
-        res = run_task(task, make_policy("oracle", task=task, compact=True), backend, cfg.agent,
-                       transcript=out / f"{task.id}.json")
-        return res.trajectory if res.reward.passed else None  # only traces that solved the task teach the format
-
-    if workers <= 1:
-        done = [one(p) for p in tasks]
-    else:
-        with ThreadPoolExecutor(workers) as ex:
-            done = list(ex.map(one, tasks))
-    return [t for t in done if t is not None]
 
 
 def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distributed.Dist,
@@ -128,39 +99,6 @@ def pretrain_summary(res: dict) -> dict:
             "loss_after": {k: res["after"][k]["loss"] for k in sets}}
 
 
-def sft_warm_start(run: RLRun, trajs: list, cfg: RLRunConfig, log: Callable[[str], None]) -> dict:
-    tr = run.learner.trainer
-    samples = [s for t in trajs for s in sft_samples(t, tr.tokenizer, episode_tools(t))]  # every rank renders them
-    if not samples:
-        raise RuntimeError(
-            f"SFT: none of the oracle traces solved its task within agent.max_turns="
-            f"{cfg.agent.max_turns} (the compact oracle needs 4 turns for a one-hunk task)")
-    tr.set_lr(cfg.sft.lr)
-    rng = random.Random(cfg.run.seed)
-    losses, t0, batch = [], time.perf_counter(), 4
-    total = -(-len(samples) // batch) * cfg.sft.epochs
-    done_tokens, said = 0, t0
-    for epoch in range(cfg.sft.epochs):
-        rng.shuffle(samples)
-        for i in range(0, len(samples), batch):
-            m = tr.sft_step(samples[i:i + batch])
-            losses.append(m["loss"])
-            done_tokens += m["tokens"]
-            now = time.perf_counter()
-            if now - said >= 20 and len(losses) < total:  # never silent for minutes on a slow machine
-                said = now
-                log(f"  SFT step {len(losses)}/{total}: loss {losses[-1]:.3f}, {done_tokens / (now - t0):.0f} tok/s, "
-                    f"elapsed {duration(now - t0)}, eta {duration((now - t0) * (total - len(losses)) / len(losses))}")
-        log(f"  SFT epoch {epoch + 1}/{cfg.sft.epochs}: loss {losses[-1]:.3f}")
-    # RL starts with a fresh optimizer at its own learning rate
-    tr.optimizer.state.clear()
-    tr.set_lr(cfg.train.lr)
-    tokens = sum(len(s.input_ids) for s in samples) * cfg.sft.epochs
-    secs = time.perf_counter() - t0
-    return {"traces": len(trajs), "samples": len(samples), "steps": len(losses), "loss_first": losses[0],
-            "loss_last": losses[-1], "seconds": round(secs, 1), "tokens_per_second": round(tokens / max(secs, 1e-9), 1)}
-
-
 def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], None] = print,
                  on_step: Callable[[dict], None] | None = None) -> dict:
     out = Path(cfg.run.out_dir)
@@ -200,11 +138,15 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     if run.start_step == 0:
         if cfg.sft.enabled and not (resume and sft_path.exists()):
             log("SFT warm start on oracle traces" + (f", from {start_model}" if cpt else "") + " ...")
+            if not resume:  # a new run: nothing of an earlier one's SFT is read back
+                distributed.main_does(dist, lambda: [shutil.rmtree(out / d, ignore_errors=True)
+                                                     for d in ("traces", "sft_ckpt")])
             trajs = distributed.on_main(dist, lambda: oracle_traces(train[: cfg.sft.max_traces], backend,
                                                                     out / "traces", cfg),
                                         "rank 0 could not make the oracle traces")
-            sft = sft_warm_start(run, trajs, cfg, log)
+            sft = sft_warm_start(run.learner.trainer, trajs, cfg, log, ckpt_dir=out / "sft_ckpt")
             export_model(out / "sft_model", run.learner.trainer)
+            distributed.main_does(dist, lambda: shutil.rmtree(out / "sft_ckpt", ignore_errors=True))
             # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
             # RL checkpoint resumes from them instead of from the base model
             save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, run.actor_state(None) or {}, 0,

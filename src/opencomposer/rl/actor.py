@@ -423,7 +423,8 @@ class Actor:
             **batch.groups, **self.sampler.metrics(),
             "task_ids": batch.task_ids,
             "samples": int(train["samples"]), "train_tokens": train.get("tokens", 0.0),
-            **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction") if k in train},
+            **{k: train[k] for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clip_fraction",
+                                     "mismatch_kl", "mismatch_max", "is_corrected_fraction") if k in train},
             **{k: v for k, v in train.items() if k.startswith("distill_")}, **feedback,
             "replayed_route_tokens": train.get("replayed_route_tokens", 0.0),  # MoE: router replay
             "update_skipped": bool(train.get("skipped", 0.0)),

@@ -23,6 +23,7 @@ Test: ``pytest tests/unit/train/test_packing.py``.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -42,11 +43,7 @@ def document_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     gqa = query.shape[1] != key.shape[1]
     rows = []
     for b in range(query.shape[0]):
-        pos = position_ids[b if position_ids.shape[0] > 1 else 0]
-        n = query.shape[2]
-        breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
-        bounds = [0, *breaks, n]
-        firsts = pos[bounds[:-1]].tolist()
+        bounds, firsts = _layout(position_ids, b if position_ids.shape[0] > 1 else 0)
         root = 0  # where the last document starting at position 0 starts in the row
         pieces = []
         for s, e, first in zip(bounds, bounds[1:], firsts):
@@ -67,6 +64,28 @@ def document_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
                                                          scale=scaling, enable_gqa=gqa))
         rows.append(torch.cat(pieces, dim=2))
     return torch.cat(rows).transpose(1, 2).contiguous(), None
+
+
+# id(position_ids) -> each row's (bounds, firsts): every layer of a forward (and its recomputation
+# in backward) gets the same position_ids tensor, so its layout is read off it once, not once a
+# layer (on a GPU each read is a device-to-host sync). An entry goes when its tensor does, so a
+# later tensor at the same address never meets it.
+_layouts: dict[int, dict[int, tuple[list[int], list[int]]]] = {}
+
+
+def _layout(position_ids: torch.Tensor, row: int) -> tuple[list[int], list[int]]:
+    """Where row ``row``'s pieces start and end (``bounds``) and each piece's first position."""
+    key = id(position_ids)
+    rows = _layouts.get(key)
+    if rows is None:
+        rows = _layouts[key] = {}
+        weakref.finalize(position_ids, _layouts.pop, key, None)
+    if row not in rows:
+        pos = position_ids[row]
+        breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
+        bounds = [0, *breaks, pos.shape[0]]
+        rows[row] = (bounds, pos[bounds[:-1]].tolist())
+    return rows[row]
 
 
 @contextlib.contextmanager

@@ -25,6 +25,17 @@ Choices that follow the Composer 2 report (Cursor, 2026) rather than GRPO's pape
     loss, stats = grpo_loss(logprobs, old_logprobs, advantages, loss_mask)
     loss.backward()
 
+Train-inference mismatch (``is_correction``): the sampler (an inference engine, bf16, maybe a
+few versions behind in async RL) and the trainer disagree on the same tokens' log-probs. Every
+call measures it: ``mismatch_kl``, the mean of ``log p_sampler - log p_trainer`` over loss tokens
+(the k1 estimate of KL(sampler || trainer); exact 0 when the two agree). ``"none"`` (default)
+takes the ratio to the sampler's log-probs, so clipping bounds mismatch and policy change
+together. ``"truncate"`` and ``"mask"`` decouple them (AReaL's decoupled PPO; TIS / MIS as in
+verl): the ratio is taken to the trainer's own log-probs before the update (one optimizer step a
+batch: those are ``logprobs`` detached), and each token is weighted by ``p_trainer / p_sampler``,
+capped at ``is_cap`` (truncate) or zeroed outside ``[1/is_cap, is_cap]`` (mask); the share of
+tokens so treated is ``is_corrected_fraction``.
+
 ``token_logprobs(logits, target_ids)`` turns model logits into the ``logprobs`` input.
 Test: ``pytest tests/unit/train/test_loss.py``.
 """
@@ -47,6 +58,8 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k3"] = "k1"
     normalizer: float | None = None  # None -> B * T of each batch (see module docstring)
+    is_correction: Literal["none", "truncate", "mask"] = "none"  # see "Train-inference mismatch" above
+    is_cap: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_low < 1.0 or self.clip_high < 0.0:
@@ -57,6 +70,10 @@ class LossConfig:
             raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.normalizer is not None and not self.normalizer > 0:
             raise ValueError(f"normalizer must be > 0 or None, got {self.normalizer}")
+        if self.is_correction not in ("none", "truncate", "mask"):
+            raise ValueError(f"is_correction must be 'none', 'truncate' or 'mask', got {self.is_correction!r}")
+        if not self.is_cap > 1.0:
+            raise ValueError(f"is_cap must be > 1, got {self.is_cap}")
 
 
 def kl_per_token(
@@ -112,13 +129,31 @@ def grpo_loss(
 
     # where(), not multiply: padding may hold -inf log-probs, and exp(nan) * 0 is nan
     # in both the loss and its gradient. Unselected branches get exactly zero gradient.
-    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), 0.0)
+    behaviour = old_logprobs.detach()
+    # sampler vs trainer on the same tokens: log(p_sampler / p_trainer), whose mean is the k1
+    # estimate of KL(sampler || trainer) (engine numerics, bf16, staleness)
+    mismatch = torch.where(mask, behaviour - logprobs.detach(), 0.0)
+    weight = torch.ones_like(mismatch)
+    corrected = torch.zeros_like(mask)
+    if cfg.is_correction != "none":
+        # decoupled: the ratio is taken to the trainer's own log-probs (the proximal policy:
+        # the weights this update starts from), and the sampler's tokens are reweighted by
+        # p_trainer / p_sampler, truncated at is_cap or, outside [1/is_cap, is_cap], dropped
+        behaviour = logprobs.detach()
+        w = torch.exp(torch.where(mask, -mismatch, 0.0))
+        if cfg.is_correction == "truncate":
+            corrected = mask & (w > cfg.is_cap)
+            weight = torch.clamp(w, max=cfg.is_cap)
+        else:
+            corrected = mask & ((w > cfg.is_cap) | (w < 1.0 / cfg.is_cap))
+            weight = torch.where(corrected, 0.0, w)
+    log_ratio = torch.where(mask, logprobs - behaviour, 0.0)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     # Pessimistic bound: once the ratio is past the bound in A's direction the clipped
     # (constant) term is the minimum and the token has no gradient, so a step cannot
     # push it further; moves back toward the old policy are never clipped.
-    pg_tok = -torch.minimum(ratio * adv, clipped * adv)
+    pg_tok = -weight * torch.minimum(ratio * adv, clipped * adv)
     pg_loss = (pg_tok * maskf).sum() / normalizer
 
     loss = pg_loss
@@ -148,6 +183,9 @@ def grpo_loss(
             "clip_fraction": clip_fraction,
             "ratio_mean": float(masked_ratio.mean()) if tokens else 1.0,
             "ratio_max": float(masked_ratio.max()) if tokens else 1.0,
+            "mismatch_kl": float(mismatch.sum()) / max(tokens, 1),
+            "mismatch_max": float(mismatch[mask].abs().max()) if tokens else 0.0,
+            "is_corrected_fraction": float(corrected.sum()) / max(tokens, 1),
             "tokens": float(tokens),
         }
     return loss, stats

@@ -164,8 +164,9 @@ class Trainer:
         if use_ref and ref_model is None and not self.cfg.lora:
             raise ValueError("kl_coef > 0 with full fine-tuning needs ref_model=frozen_copy(initial model)")
         cfg = replace(loss_cfg, normalizer=normalizer)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "ratio_mean"), 0.0)
-        sums.update(ratio_max=0.0, tokens=0.0, loss_tokens=0.0)
+        means = ("kl", "clip_fraction", "ratio_mean", "mismatch_kl", "is_corrected_fraction")  # token-weighted
+        sums = dict.fromkeys(("loss", "pg_loss", "entropy", *means), 0.0)
+        sums.update(ratio_max=0.0, mismatch_max=0.0, tokens=0.0, loss_tokens=0.0)
         # MoE: tokens whose experts the sampler recorded, routed there again (models/moe_replay.py)
         sums["replayed_route_tokens"] = float(sum(s.routes.shape[0] for s in samples
                                                   if s.routes is not None and s.loss_tokens))
@@ -180,15 +181,16 @@ class Trainer:
                 n = stats["tokens"]
                 sums["loss"] += stats["loss"]
                 sums["pg_loss"] += stats["pg_loss"]
-                for key in ("kl", "clip_fraction", "ratio_mean"):  # token-weighted means
+                for key in means:
                     sums[key] += stats[key] * n
                 sums["entropy"] += float((ent * b.mask).sum())
-                sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
+                for key in ("ratio_max", "mismatch_max"):
+                    sums[key] = max(sums[key], stats[key])
                 sums["tokens"] += b.tokens
                 sums["loss_tokens"] += n
-        sums = distributed.reduce_metrics(sums, self.dist, maxed=("ratio_max",))
+        sums = distributed.reduce_metrics(sums, self.dist, maxed=("ratio_max", "mismatch_max"))
         n = max(sums["loss_tokens"], 1.0)
-        for key in ("kl", "clip_fraction", "ratio_mean", "entropy"):
+        for key in (*means, "entropy"):
             sums[key] /= n
         return sums
 

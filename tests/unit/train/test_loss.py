@@ -130,3 +130,47 @@ def test_token_logprobs_handles_masked_vocab():
     lp, ent = token_logprobs(logits, torch.tensor([[1]]))
     assert lp.item() == pytest.approx(math.log(0.5))
     assert ent.item() == pytest.approx(math.log(2))
+
+
+def test_mismatch_is_measured_and_corrected_by_importance_weights():
+    # trainer vs sampler log-probs on 4 tokens: p_trainer / p_sampler = 1, 1.5, 4, 0.25
+    w = torch.tensor([[1.0, 1.5, 4.0, 0.25]])
+    old = torch.full((1, 4), -2.0)
+    lp = old + torch.log(w)
+    mask = torch.ones(1, 4)
+    adv = torch.tensor([1.0])
+    norm = LossConfig(normalizer=10.0)
+
+    # none: the ratio is to the sampler, so the 1.5 and 4 tokens are clipped (A > 0) and have no gradient
+    grad, _, stats = _grad(lp, old, adv, mask, config=norm)
+    assert stats["mismatch_kl"] == pytest.approx(-float(torch.log(w).mean()))  # mean log(p_sampler / p_trainer)
+    assert stats["mismatch_max"] == pytest.approx(math.log(4))
+    assert stats["is_corrected_fraction"] == 0.0
+    assert grad[0, 1] == 0.0 and grad[0, 2] == 0.0 and grad[0, 0] != 0.0
+
+    # truncate: the ratio is to the trainer's own log-probs (1 everywhere, nothing clipped) and each
+    # token's gradient -A * w / normalizer has w capped at 2
+    cfg = LossConfig(normalizer=10.0, is_correction="truncate", is_cap=2.0)
+    grad, loss, stats = _grad(lp, old, adv, mask, config=cfg)
+    assert torch.allclose(grad, -torch.tensor([[1.0, 1.5, 2.0, 0.25]]) / 10.0)
+    assert loss.item() == pytest.approx(-(1.0 + 1.5 + 2.0 + 0.25) / 10.0)
+    assert stats["is_corrected_fraction"] == pytest.approx(1 / 4) and stats["clip_fraction"] == 0.0
+    assert stats["mismatch_kl"] == pytest.approx(-float(torch.log(w).mean()))  # measured the same way
+
+    # mask: tokens whose weight is outside [1/2, 2] are dropped, the others weighted
+    cfg = LossConfig(normalizer=10.0, is_correction="mask", is_cap=2.0)
+    grad, _, stats = _grad(lp, old, adv, mask, config=cfg)
+    assert torch.allclose(grad, -torch.tensor([[1.0, 1.5, 0.0, 0.0]]) / 10.0)
+    assert stats["is_corrected_fraction"] == pytest.approx(2 / 4)
+
+    # sampler and trainer in agreement: every mode is the plain policy gradient, mismatch 0
+    for mode in ("none", "truncate", "mask"):
+        grad, _, stats = _grad(old, old, adv, mask, config=LossConfig(normalizer=10.0, is_correction=mode))
+        assert torch.allclose(grad, torch.full((1, 4), -0.1)) and stats["mismatch_kl"] == 0.0
+
+
+def test_bad_importance_settings_are_refused():
+    with pytest.raises(ValueError, match="is_cap must be > 1, got 1.0"):
+        LossConfig(is_correction="truncate", is_cap=1.0)
+    with pytest.raises(ValueError, match="is_correction must be 'none', 'truncate' or 'mask', got 'clip'"):
+        LossConfig(is_correction="clip")

@@ -134,3 +134,22 @@ def test_warmup_ramps_the_learning_rate_linearly(tiny):
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
     warm.set_lr(2e-3)  # a new stage (RL after SFT) warms up again from its own start
     assert [warm.sft_step(samples)["lr"] for _ in range(2)] == pytest.approx([5e-4, 1e-3])
+
+
+def test_the_sampler_trainer_mismatch_is_logged_and_corrected(tiny):
+    """A sampler that gave every generated token a quarter of the trainer's probability (as a
+    drifted engine would): the step logs that mismatch, and truncated importance weights (cap 2)
+    touch every generated token."""
+    import dataclasses
+
+    trainer = Trainer(*tiny, TrainConfig(bf16=False, lr=1e-3, temperature=1.0))
+    samples = rollout_samples(*trainer.policy_pair(), n=2, temperature=1.0)
+    drifted = [dataclasses.replace(s, old_logprobs=[lp - math.log(4) if m else lp
+                                                    for lp, m in zip(s.old_logprobs, s.loss_mask)]) for s in samples]
+    m = trainer.rl_backward(samples, LossConfig(), normalizer=64.0)
+    assert abs(m["mismatch_kl"]) < 1e-4 and m["is_corrected_fraction"] == 0.0
+    trainer.optimizer.zero_grad(set_to_none=True)
+    m = trainer.rl_backward(drifted, LossConfig(is_correction="truncate", is_cap=2.0), normalizer=64.0)
+    assert m["mismatch_kl"] == pytest.approx(-math.log(4), abs=1e-3)
+    assert m["mismatch_max"] == pytest.approx(math.log(4), abs=1e-3)
+    assert m["is_corrected_fraction"] == 1.0 and m["clip_fraction"] == 0.0
