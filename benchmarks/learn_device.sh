@@ -14,6 +14,11 @@
 #     carry [.gpuw, .gpua] / [.gpub, .gpup1] / [.gpuc, .gpup2] / [.gpup3, .gpup4] / ...:
 #                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
+#     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`)
+#   A directory that must outlive the session (an SFT model, LoRA RL checkpoints) comes back 60 MiB a call:
+#     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
+#   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
+#   session; `stash` copies them in and set-up restores the directory before the run reads it)
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
 #   (benchmarks/learn_run.py --set, one per `;`).
 #   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
@@ -59,11 +64,12 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 # ---- on the device: keep what this call carried
-mkdir -p $L/wheels $L/packs $L/gguf $L/run
-for d in .gpuw .gpua .gpub .gpuc .gpup* .gput; do
+mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
+for d in .gpuw .gpua .gpub .gpuc .gpup* .gput .gpuz*; do
   if [ -d "$d" ]; then case $d in
     .gpuw) cp -n $d/* $L/wheels/ ;;
     .gpup*) cp -n $d/* $L/packs/ ;;
+    .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
     .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
     *) cp -n $d/* $L/gguf/ ;;
   esac; fi
@@ -85,6 +91,12 @@ if [ ! -f "$G" ]; then
 fi
 RUN=runs/learn-gpu
 mkdir -p $L/run runs && { [ -e $RUN ] || ln -s $L/run $RUN; }  # survives between calls while the machine is held
+# an SFT model or RL checkpoints shipped back by an earlier session, put in place (checksums checked)
+ls $L/incoming/*.manifest.json >/dev/null 2>&1 && python3 benchmarks/carry_parts.py restore $L/incoming $L/run
+if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-gpu) back through $OUT, 4 parts a call
+  python3 benchmarks/carry_parts.py ship $L/run/$2 $L/ship/${2//\//__} ${OUT:-/tmp/out} --group $3 --run $L/run ${@:4}
+  exit $?
+fi
 T=$RUN/tasks
 for pair in train:factory heldout:heldout-libs; do
   pack=${pair%%:*}; dest=$T/${pair##*:}
@@ -105,6 +117,11 @@ if [ ! -x $E/bin/python ] || ! $E/bin/python -m pytest --version >/dev/null 2>&1
   $E/bin/python -m pytest --version
 fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+if [ "${1:-}" = bench ]; then  # the trainer's paths on this GPU, on SFT-shaped batches of the embedded model
+  python3 -m opencomposer.cli bench train --device cuda --tokens 16384 --steps 3 --warmup 1 \
+    --arms baseline,packed_whole,shared_whole,shared 2>&1 | tee ${OUT:-/tmp}/bench-train.log
+  exit ${PIPESTATUS[0]}
+fi
 
 # ---- the run, stopped between units of work before the call's limit; SET="a.b=v;c.d=w" -> --set a.b=v --set c.d=w
 LEARN_SET=()

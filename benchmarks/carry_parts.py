@@ -1,0 +1,211 @@
+"""A run directory's big pieces (an SFT model, an RL run's checkpoints) across device-machine
+calls that each bring back at most 8 files of 16 MiB (64 MiB) and carry at most 64 MiB in.
+
+    # on the device machine, once per group (0, 1, ...) until "left" is 0:
+    python benchmarks/carry_parts.py ship RUN/replace-lines/sft_model WORK $OUT --group G [--bf16 [--in-place]]
+    # here, with every call's returned files:
+    python benchmarks/carry_parts.py gather FILE... --into .gpuz-sft        # -> .gpuz-sft1/, .gpuz-sft2/, ...
+    # on the next machine, after the .gpuz* folders were carried to INCOMING:
+    python benchmarks/carry_parts.py restore INCOMING RUN
+
+``ship`` tars the directory once (``--bf16``: every floating tensor of its ``*.safetensors`` cast
+to bfloat16 first, which halves an fp32 model; the loader casts back to the trainer's float32),
+splits the tar into 15 MiB parts with a manifest (the directory's path under the run, the parts,
+the whole tar's sha256), and copies the group's parts (4 a call) and the manifest to ``$OUT``.
+``gather`` puts the returned files into folders of at most 56 MiB to carry; ``restore`` checks
+that every part is there and the checksum holds, then unpacks the directory to its place under
+the run (atomically; a directory already there is left alone). Every command prints one JSON line.
+
+Used by ``benchmarks/learn_device.sh`` (``ship``, ``stash``). Test:
+``pytest tests/bench/test_carry_parts.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+PART_BYTES = 15 << 20  # under the 16 MiB a returned file may have
+PER_CALL = 4  # parts a call returns: 60 MiB of the 64
+CARRY_BYTES = 56 << 20  # a carried folder, leaving room for the tree beside it
+MANIFEST = "manifest.json"
+
+
+class PartsError(Exception):
+    pass
+
+
+def _sha256(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _bf16_copy(src: Path, dest: Path) -> None:
+    """``src`` copied to ``dest`` with every safetensors file's floating tensors in bfloat16."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    for f in sorted(dest.glob("*.safetensors")):
+        sd = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in load_file(f).items()}
+        save_file(sd, f, metadata={"format": "pt"})
+
+
+def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False) -> dict:
+    """The parts and manifest of ``src`` in ``work`` (made once; atomically)."""
+    manifest = work / MANIFEST
+    if manifest.is_file():
+        return json.loads(manifest.read_text())
+    if not src.is_dir():
+        raise PartsError(f"{src}: no such directory to ship")
+    tmp = work.with_name(work.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    root = src
+    if bf16:
+        root = tmp / "bf16" / src.name
+        _bf16_copy(src, root)
+    tar = tmp / "payload.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(root, arcname=".")
+    parts, data = [], tar.read_bytes()
+    for i in range(0, len(data), PART_BYTES):
+        name = f"part-{i // PART_BYTES:03d}"
+        (tmp / name).write_bytes(data[i:i + PART_BYTES])
+        parts.append(name)
+    dest = str(src.relative_to(run)) if run is not None else src.name
+    info = {"dest": dest, "parts": parts, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "bf16": bf16, "slug": dest.replace("/", "__")}
+    tar.unlink()
+    shutil.rmtree(tmp / "bf16", ignore_errors=True)
+    (tmp / MANIFEST).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    tmp.rename(work)
+    return info
+
+
+def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, bf16: bool = False,
+         in_place: bool = False) -> dict:
+    info = prepare(src, work, run, bf16)
+    if in_place and info["bf16"] and not (src / ".shipped").exists():
+        # src becomes what was shipped, so this machine goes on from exactly what a later one restores
+        _unpack([work / n for n in info["parts"]], src.with_name(src.name + ".shipped"))
+        (src.with_name(src.name + ".shipped") / ".shipped").write_text(info["sha256"])
+        old = src.with_name(src.name + ".before-ship")
+        src.rename(old)
+        src.with_name(src.name + ".shipped").rename(src)
+        shutil.rmtree(old)
+    groups = -(-len(info["parts"]) // PER_CALL)
+    if not 0 <= group < groups:
+        raise PartsError(f"--group {group}: {src} has {len(info['parts'])} parts, groups 0..{groups - 1}")
+    names = info["parts"][group * PER_CALL:(group + 1) * PER_CALL]
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = f"{info['slug']}."  # several directories' parts may come back in one place
+    for n in [*names, MANIFEST]:
+        shutil.copy2(work / n, out / (prefix + n))
+    return {"ship": info["dest"], "group": group, "groups": groups, "left": groups - group - 1,
+            "files": [prefix + n for n in [*names, MANIFEST]], "bytes": info["bytes"]}
+
+
+def gather(files: list[Path], into: str) -> dict:
+    """Returned files -> folders ``<into>1``, ``<into>2``, ... of at most ``CARRY_BYTES`` each."""
+    files = sorted(set(files), key=lambda p: p.name)
+    if not any(f.name.endswith(MANIFEST) for f in files):
+        raise PartsError(f"no {MANIFEST} among the {len(files)} files given")
+    for old in Path(into).parent.glob(Path(into).name + "*"):
+        shutil.rmtree(old)
+    dirs, size, k = [], CARRY_BYTES + 1, 0
+    for f in files:
+        n = f.stat().st_size
+        if size + n > CARRY_BYTES:
+            k += 1
+            dirs.append(Path(f"{into}{k}"))
+            dirs[-1].mkdir(parents=True)
+            size = 0
+        shutil.copy2(f, dirs[-1] / f.name)
+        size += n
+    return {"gathered": len(files), "dirs": [str(d) for d in dirs]}
+
+
+def _unpack(parts: list[Path], dest: Path) -> None:
+    """The tar cut into ``parts``, unpacked as ``dest`` (made beside it, then renamed)."""
+    tmp = dest.with_name(dest.name + ".restoring")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tar = tmp / ".payload.tar"
+    with tar.open("wb") as w:
+        for p in parts:
+            w.write(p.read_bytes())
+    with tarfile.open(tar) as t:
+        t.extractall(tmp, filter="data")
+    tar.unlink()
+    tmp.rename(dest)
+
+
+def restore(incoming: Path, run: Path) -> dict:
+    """Every complete shipped directory in ``incoming`` unpacked under ``run``."""
+    done, skipped = [], []
+    for m in sorted(incoming.glob(f"*.{MANIFEST}")):
+        info = json.loads(m.read_text())
+        prefix = m.name[: -len(MANIFEST)]
+        dest = run / info["dest"]
+        if dest.exists():
+            skipped.append(info["dest"])
+            continue
+        parts = [incoming / (prefix + n) for n in info["parts"]]
+        missing = [p.name for p in parts if not p.is_file()]
+        if missing:
+            raise PartsError(f"{m}: {len(missing)} of {len(parts)} parts not carried yet ({', '.join(missing[:4])})")
+        got = _sha256(parts)
+        if got != info["sha256"]:
+            raise PartsError(f"{m}: the parts' sha256 is {got}, the manifest says {info['sha256']}: a part is "
+                             f"damaged or from another shipment")
+        _unpack(parts, dest)
+        done.append(info["dest"])
+    return {"restored": done, "already_there": skipped}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("ship")
+    s.add_argument("src", type=Path)
+    s.add_argument("work", type=Path, help="where the parts are made once")
+    s.add_argument("out", type=Path)
+    s.add_argument("--group", type=int, default=0)
+    s.add_argument("--run", type=Path, default=None, help="the run directory src lies under (default: src's parent)")
+    s.add_argument("--bf16", action="store_true")
+    s.add_argument("--in-place", action="store_true",
+                   help="with --bf16: src becomes the bf16 copy, so this machine goes on from what is restored later")
+    g = sub.add_parser("gather")
+    g.add_argument("files", type=Path, nargs="+")
+    g.add_argument("--into", required=True)
+    r = sub.add_parser("restore")
+    r.add_argument("incoming", type=Path)
+    r.add_argument("run", type=Path)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "ship":
+            res = ship(a.src, a.work, a.out, a.group, a.run or a.src.parent, a.bf16, a.in_place)
+        elif a.cmd == "gather":
+            res = gather(a.files, a.into)
+        else:
+            res = restore(a.incoming, a.run)
+    except PartsError as e:
+        print(json.dumps({"error": str(e)}))
+        return 2
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""benchmarks/carry_parts.py: a model directory shipped in parts over several calls, gathered into
+carry folders, restored on the far side as bf16 weights the loader reads back; a missing or
+damaged part is refused naming it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opencomposer.models import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("carry_parts", ROOT / "benchmarks" / "carry_parts.py")
+cp = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = cp
+spec.loader.exec_module(cp)
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    model, tok = load_model("tiny-random")
+    d = tmp_path / "run" / "arm" / "sft_model"
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_a_model_goes_over_in_parts_and_comes_back_in_bf16(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(cp, "PART_BYTES", 1_500_000)  # tiny-random in bf16 is ~8 MB: 6 parts, two calls
+    monkeypatch.setattr(cp, "CARRY_BYTES", 4_000_000)
+    run, work = tmp_path / "run", tmp_path / "work"
+    shutil.copytree(model_dir, tmp_path / "fp32")
+    returned, left, group = [], 1, 0
+    while left:  # one device call each
+        out = tmp_path / f"out{group}"
+        res = cp.ship(model_dir, work, out, group, run, bf16=True, in_place=True)
+        assert len(res["files"]) <= cp.PER_CALL + 1 and res["ship"] == "arm/sft_model"
+        returned += sorted(out.iterdir())
+        left, group = res["left"], group + 1
+    assert group >= 2
+    g = cp.gather(returned, str(tmp_path / "carry" / ".gpuz-sft"))
+    assert len(g["dirs"]) >= 2
+    incoming = tmp_path / "incoming"  # the next machine: every carried folder copied into one place
+    incoming.mkdir()
+    for d in g["dirs"]:
+        for f in Path(d).iterdir():
+            (incoming / f.name).write_bytes(f.read_bytes())
+    far = tmp_path / "far"
+    assert cp.restore(incoming, far) == {"restored": ["arm/sft_model"], "already_there": []}
+    assert cp.restore(incoming, far)["already_there"] == ["arm/sft_model"]
+
+    original, _ = load_model(str(tmp_path / "fp32"))
+    back, _ = load_model(str(far / "arm" / "sft_model"))
+    here, _ = load_model(str(model_dir))  # --in-place: the shipping machine goes on from the same weights
+    assert all(torch.equal(here.state_dict()[k], v) for k, v in back.state_dict().items())
+    a, b = original.state_dict(), back.state_dict()
+    assert set(a) == set(b)
+    for k in a:
+        assert b[k].dtype == torch.float32  # loaded for training as float32
+        assert torch.equal(b[k], a[k].to(torch.bfloat16).float()), k
+
+
+def test_a_missing_or_damaged_part_is_refused(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(cp, "PART_BYTES", 8_000_000)
+    out = tmp_path / "out"
+    res = cp.ship(model_dir, tmp_path / "work", out, 0, tmp_path / "run")
+    manifest = json.loads((out / f"arm__sft_model.{cp.MANIFEST}").read_text())
+    assert len(manifest["parts"]) > 1 and not manifest["bf16"]
+    first = out / res["files"][0]
+    first.unlink()
+    with pytest.raises(cp.PartsError, match=r"1 of \d+ parts not carried yet \(arm__sft_model.part-000"):
+        cp.restore(out, tmp_path / "far")
+    first.write_bytes(b"not the part")
+    with pytest.raises(cp.PartsError, match="sha256 is .*, the manifest says"):
+        cp.restore(out, tmp_path / "far")
+    assert not (tmp_path / "far" / "arm" / "sft_model").exists()  # nothing half-made is left to be read
+    with pytest.raises(cp.PartsError, match=r"--group 9: .* groups 0..0"):
+        cp.ship(model_dir, tmp_path / "work", out, 9, tmp_path / "run")
