@@ -92,6 +92,9 @@ class LearnSection(Strict):
     eval_every: int = Field(0, ge=0, description="every N RL steps, evaluate the validation split; 0: never")
     eval_concurrency: int = Field(256, ge=1, description="episodes in flight during an evaluation")
     oracle_workers: int = Field(8, ge=1, description="oracle episodes in parallel when making SFT traces")
+    rl_lora: bool = Field(False, description="RL trains LoRA adapters ([train] lora_r, ...) on the SFT model even "
+                                             "where SFT was full fine-tuning: a few tens of MiB of state, which "
+                                             "can come back from a machine and resume there next session")
     eval_splits: list[EvalSplit] = Field(list(EVAL_SPLITS), min_length=1,
                                          description="the splits each stage evaluates (a settings arm: validation)")
 
@@ -328,6 +331,10 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
         seed_all(cfg.run.seed)
         rcfg = sub_config(cfg, rl_out, steps=end)
         rcfg.sft.enabled = False
+        if cfg.learn.rl_lora:  # validated again: the checks across keys (engine, staleness) see LoRA
+            data = rcfg.model_dump()
+            data["train"]["lora"] = True
+            rcfg = RLRunConfig.model_validate(data)
         run = RLRun(rcfg, splits["train"], rl_out, resume=True, start_model=str(sft_model),
                     on_step=lambda r: log(f"  RL step {r['step']}: pass@1 {r['pass@1']:.2f} shaped "
                                           f"{r['shaped_reward_mean']:+.3f} invalid {r['invalid_calls']:.2f} "

@@ -142,3 +142,15 @@ def test_traces_made_without_a_model_are_read_back(tmp_path, toolz_tasks, capsys
     assert lr.main(["--config", str(cfg), "--set", 'eval.stages=["sft"]']) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "sft" / "traces").glob("*.json")} == made
     assert (out / "sft_model" / "config.json").exists() and not (out / "sft" / "ckpt").exists()
+
+
+def test_rl_on_lora_adapters_after_full_sft(tmp_path, toolz_tasks, capsys):
+    """[learn] rl_lora: SFT trains every weight, RL only adapters; the RL checkpoint holds the adapter alone."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    assert lr.main(["--config", str(cfg), "--set", 'eval.stages=["sft", "rl"]', "--set", "learn.rl_lora=true",
+                    "--set", 'learn.eval_splits=["validation"]']) == 0
+    step = next((out / "rl_run" / "checkpoints").glob("step-*"))
+    assert (step / "model" / "adapter_model.safetensors").is_file()
+    assert not list((step / "model").glob("model*.safetensors"))  # no full weights in the RL state
+    assert (out / "rl" / "validation" / "results.json").exists() and not (out / "rl" / "heldout_functions").exists()

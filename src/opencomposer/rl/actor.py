@@ -131,9 +131,9 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
     if r.engine in EXTERNAL and not base_model:  # the base model is measured locally here too
         external = external or ExternalEngine(cfg, model_config(weights, start_model))
         return external.policy(weights, tokenizer, temperature)
-    if base_model or weights.model is None:
+    if base_model or weights.model is None or (r.engine == "builtin" and cfg.train.lora):
         model, tok = load_model(m.name if base_model else start_model, device=device)
-        if not base_model:  # the engine's own copy, of the weights gathered from the shards
+        if not base_model:  # the engine's own copy, of the weights gathered from the shards (or LoRA's, merged)
             model.load_state_dict(weights.state)
     else:
         model, tok = weights.model

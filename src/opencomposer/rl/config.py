@@ -251,9 +251,10 @@ class RLRunConfig(Strict):
 
     @model_validator(mode="after")
     def _engine_needs_plain_weights(self) -> "RLRunConfig":
-        if self.rollout.engine == "builtin" and self.train.lora:
-            raise ValueError("rollout.engine='builtin' with train.lora=true: the engine takes full weights; "
-                             "use rollout.engine='hf' for LoRA runs")
+        if self.rollout.engine == "builtin" and self.train.lora and self.rollout.max_staleness:
+            raise ValueError("rollout.engine='builtin' with train.lora=true and rollout.max_staleness >= 1: the "
+                             "engine takes LoRA's weights merged between steps only (not yet in flight); use "
+                             "rollout.max_staleness = 0 or train without LoRA")
         if self.rollout.engine == "server" and (not self.rollout.base_url or self.sync is None):
             raise ValueError("rollout.engine='server' needs rollout.base_url (the server) and a [sync] store "
                              "(the server follows it: opencomposer serve --weights-from STORE)")

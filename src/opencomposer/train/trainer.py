@@ -130,11 +130,11 @@ class Trainer:
         return self.model, self.tokenizer
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's whole weights under HF names (for an engine, an export, a weight store).
-        Sharded: a collective (every rank must call it); rank 0 gets the tensors on the CPU, the
+        """The model's whole weights under HF names (for an engine, an export, a weight store);
+        LoRA: each adapted weight with its adapters' product added (``merged_lora_state``). Sharded: a collective (every rank must call it); rank 0 gets the tensors on the CPU, the
         other ranks an empty dict."""
         if not self.dist.enabled:
-            return self.model.state_dict()
+            return merged_lora_state(self.model) if self.cfg.lora else self.model.state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -425,3 +425,30 @@ def _add_lora(model: Any, cfg: TrainConfig, device: torch.device) -> Any:
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)
         return get_peft_model(model, lora)
+
+
+def merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
+    """A PEFT LoRA model's weights as the plain model's state dict: every adapted layer's weight
+    plus its active adapters' ``B @ A * scaling``, under the base model's own names. Computed
+    beside the weights (never merged in place, which would move the trained base weights by
+    rounding on every unmerge)."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer) and not module.merged:
+                active = [a for a in module.active_adapters if a in module.lora_A]
+                if active:
+                    deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in active)
+        out = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            plain = key.replace(".base_layer.", ".")
+            out[plain] = value + deltas[plain].to(value.dtype) if plain in deltas else value
+    missing = set(deltas) - set(out)
+    if missing:
+        raise ValueError(f"LoRA layers without a base weight under the plain names: {sorted(missing)[:3]}")
+    return out

@@ -153,3 +153,25 @@ def test_the_sampler_trainer_mismatch_is_logged_and_corrected(tiny):
     assert m["mismatch_kl"] == pytest.approx(-math.log(4), abs=1e-3)
     assert m["mismatch_max"] == pytest.approx(math.log(4), abs=1e-3)
     assert m["is_corrected_fraction"] == 1.0 and m["clip_fraction"] == 0.0
+
+
+def test_lora_weights_reach_an_engine_merged_under_the_plain_names():
+    import copy
+
+    from opencomposer.models import load_model
+    from opencomposer.train.trainer import merged_lora_state
+
+    model, tok = load_model("tiny-random")  # its own copy: LoRA wraps the model it is given
+    plain = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(model, tok, TrainConfig(bf16=False, lr=1e-2, lora=True, lora_r=4, temperature=1.0))
+    samples = rollout_samples(*trainer.policy_pair(), n=2)
+    trainer.rl_backward(samples, LossConfig(), normalizer=64.0)
+    trainer.optimizer_step()  # B is no longer zero: the adapters change the weights
+    merged = trainer.full_state_dict()
+    want = copy.deepcopy(trainer.model).merge_and_unload().state_dict()
+    assert set(merged) == set(want) == set(plain)
+    assert all(torch.allclose(merged[k], want[k], atol=1e-6) for k in want)
+    assert any(not torch.equal(merged[k], plain[k]) for k in want)  # the update is in them
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    merged_lora_state(trainer.model)
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())  # nothing merged in place
