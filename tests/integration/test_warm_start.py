@@ -91,7 +91,10 @@ def test_sft_resumed_from_its_checkpoint_ends_where_an_unbroken_run_does(tasks, 
     assert again.base_lr == cfg.train.lr and not again.optimizer.state  # RL starts afresh, as after an unbroken run
 
     # the same checkpoint under another plan is refused, naming what changed
+    fresh = trainer()
+    untouched = {k: v.clone() for k, v in fresh.model.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"\[sft\] lr"):
-        sft_warm_start(trainer(), trajs, config(tmp_path, lr=5e-4), logs.append, ckpt_dir=ckpt)
+        sft_warm_start(fresh, trajs, config(tmp_path, lr=5e-4), logs.append, ckpt_dir=ckpt)
+    assert all(torch.equal(v, untouched[k]) for k, v in fresh.model.state_dict().items())  # refused before loading
     with pytest.raises(CheckpointError, match="the traces"):
         sft_warm_start(trainer(), trajs[:-1], cfg, logs.append, ckpt_dir=ckpt)

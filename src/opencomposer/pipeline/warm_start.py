@@ -38,6 +38,9 @@ from opencomposer.train.checkpoint_files import CheckpointError
 from opencomposer.train.samples import sft_samples
 
 SFT_BATCH = 4  # samples an SFT step
+# what a resumed SFT must share with its checkpoint, and the setting that decides each
+_PLAN_SETTING = {"samples": "the traces", "tokens": "the traces", "epochs": "[sft] epochs", "lr": "[sft] lr",
+                 "batch": "the SFT batch", "seed": "[run] seed"}
 _VERDICT = ".verdict"
 
 
@@ -103,14 +106,13 @@ def sft_warm_start(trainer: Any, trajs: list[Trajectory], cfg: RLRunConfig, log:
             "lr": cfg.sft.lr, "batch": SFT_BATCH, "seed": cfg.run.seed}
     epoch, start, losses, done_tokens, before = 0, 0, [], 0, 0.0
     if ckpt_dir is not None and _has_checkpoint(ckpt_dir):
-        state = load_checkpoint(ckpt_dir, trainer)
-        saved = state.get("sft_plan", {})
-        for key, value in plan.items():
+        saved = json.loads((resolve_checkpoint(ckpt_dir) / "state.json").read_text()).get("sft_plan", {})
+        for key, value in plan.items():  # before any weight is loaded
             if saved.get(key) != value:
                 raise CheckpointError(
                     f"{ckpt_dir}: an SFT checkpoint of another plan ({key} {saved.get(key)!r} there, {value!r} now: "
-                    f"{'[sft] ' + key if key in ('epochs', 'lr') else '[run] seed' if key == 'seed' else 'the traces'}"
-                    f" changed); delete {ckpt_dir} to start SFT over")
+                    f"{_PLAN_SETTING[key]} changed); delete {ckpt_dir} to start SFT over")
+        state = load_checkpoint(ckpt_dir, trainer)
         epoch, start = int(state["sft_epoch"]), int(state["sft_next"])
         losses, done_tokens, before = list(state["sft_losses"]), int(state["sft_tokens"]), float(state["sft_seconds"])
         log(f"  SFT: resuming at epoch {epoch + 1}, step {len(losses)} (checkpoint {resolve_checkpoint(ckpt_dir).name})")
