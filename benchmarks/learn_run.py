@@ -233,9 +233,11 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def sub_config(cfg: LearnConfig, out_dir: Path, **run) -> RLRunConfig:
+def sub_config(cfg: LearnConfig, out_dir: Path, lora: bool = False, **run) -> RLRunConfig:
+    """The run config of one stage; ``lora``: its trainer trains LoRA adapters whatever ``[train] lora`` says."""
     data = cfg.model_dump(exclude={"learn"})
     data["run"]["out_dir"] = str(out_dir)
+    data["train"]["lora"] = data["train"]["lora"] or lora
     data["run"].update(run)
     return RLRunConfig.model_validate(data)
 
@@ -329,12 +331,8 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
         if val_done and (not final or not _missing(cfg, out, "rl", splits)):
             continue
         seed_all(cfg.run.seed)
-        rcfg = sub_config(cfg, rl_out, steps=end)
+        rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=end)
         rcfg.sft.enabled = False
-        if cfg.learn.rl_lora:  # validated again: the checks across keys (engine, staleness) see LoRA
-            data = rcfg.model_dump()
-            data["train"]["lora"] = True
-            rcfg = RLRunConfig.model_validate(data)
         run = RLRun(rcfg, splits["train"], rl_out, resume=True, start_model=str(sft_model),
                     on_step=lambda r: log(f"  RL step {r['step']}: pass@1 {r['pass@1']:.2f} shaped "
                                           f"{r['shaped_reward_mean']:+.3f} invalid {r['invalid_calls']:.2f} "

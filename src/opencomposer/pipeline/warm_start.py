@@ -34,7 +34,7 @@ from opencomposer.policies import make_policy
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.tasks.format import Task
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
-from opencomposer.train.checkpoint_files import CheckpointError
+from opencomposer.train.checkpoint_files import CheckpointError, read_json
 from opencomposer.train.samples import sft_samples
 
 SFT_BATCH = 4  # samples an SFT step
@@ -105,8 +105,9 @@ def sft_warm_start(trainer: Any, trajs: list[Trajectory], cfg: RLRunConfig, log:
     plan = {"samples": len(samples), "tokens": sum(len(s.input_ids) for s in samples), "epochs": cfg.sft.epochs,
             "lr": cfg.sft.lr, "batch": SFT_BATCH, "seed": cfg.run.seed}
     epoch, start, losses, done_tokens, before = 0, 0, [], 0, 0.0
-    if ckpt_dir is not None and _has_checkpoint(ckpt_dir):
-        saved = json.loads((resolve_checkpoint(ckpt_dir) / "state.json").read_text()).get("sft_plan", {})
+    resumed = ckpt_dir is not None and _has_checkpoint(ckpt_dir)
+    if resumed:
+        saved = read_json(resolve_checkpoint(ckpt_dir) / "state.json").get("sft_plan", {})
         for key, value in plan.items():  # before any weight is loaded
             if saved.get(key) != value:
                 raise CheckpointError(
@@ -122,7 +123,7 @@ def sft_warm_start(trainer: Any, trajs: list[Trajectory], cfg: RLRunConfig, log:
     t0 = time.perf_counter()
     said = t0
 
-    saved_at = [len(losses) if ckpt_dir is not None and _has_checkpoint(ckpt_dir) else -1]
+    saved_at = [len(losses) if resumed else -1]
 
     def save(next_epoch: int, next_start: int) -> None:
         if ckpt_dir is None or saved_at[0] == len(losses):  # nothing done since the last checkpoint
