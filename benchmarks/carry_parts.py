@@ -9,11 +9,12 @@ calls that each bring back at most 8 files of 16 MiB (64 MiB) and carry at most 
     python benchmarks/carry_parts.py restore INCOMING RUN
 
 ``ship`` tars the directory once (``--bf16``: every floating tensor of its ``*.safetensors`` cast
-to bfloat16 first, which halves an fp32 model; the loader casts back to the trainer's float32),
-splits the tar into 15 MiB parts with a manifest (the directory's path under the run, the parts,
-the whole tar's sha256), and copies the group's parts (4 a call) and the manifest to ``$OUT``.
+to bfloat16 first, which halves an fp32 model; the loader casts back to the trainer's float32)
+into 15 MiB parts as ``opencomposer tasks pack`` cuts its packs (``tasks.pack.PartsWriter``: each
+part behind a header with its number and sha256), with a manifest (the directory's path under the
+run, the parts), and copies the group's parts (4 a call) and the manifest to ``$OUT``.
 ``gather`` puts the returned files into folders of at most 56 MiB to carry; ``restore`` checks
-that every part is there and the checksum holds, then unpacks the directory to its place under
+that every part is there and each part's checksum holds (``tasks.pack.find_parts``), then unpacks the directory to its place under
 the run (atomically; a directory already there is left alone). Every command prints one JSON line.
 
 Used by ``benchmarks/learn_device.sh`` (``ship``, ``stash``). Test:
@@ -23,30 +24,23 @@ Used by ``benchmarks/learn_device.sh`` (``ship``, ``stash``). Test:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 import tarfile
 from pathlib import Path
 
-PART_BYTES = 15 << 20  # under the 16 MiB a returned file may have
+from opencomposer.tasks.pack import HEADER, PackError, PartsReader, PartsWriter, find_parts
+
+PART_BYTES = 15 << 20  # under the 16 MiB a returned file may have (each part: header + payload)
 PER_CALL = 4  # parts a call returns: 60 MiB of the 64
 CARRY_BYTES = 56 << 20  # a carried folder, leaving room for the tree beside it
 MANIFEST = "manifest.json"
+PAYLOAD = "payload.tar"  # its parts: payload.tar.part-000, ... (``tasks.pack.PartsWriter``: each checked by its header)
 
 
 class PartsError(Exception):
     pass
-
-
-def _sha256(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def _bf16_copy(src: Path, dest: Path) -> None:
@@ -74,18 +68,13 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False) 
     if bf16:
         root = tmp / "bf16" / src.name
         _bf16_copy(src, root)
-    tar = tmp / "payload.tar"
-    with tarfile.open(tar, "w") as t:
-        t.add(root, arcname=".")
-    parts, data = [], tar.read_bytes()
-    for i in range(0, len(data), PART_BYTES):
-        name = f"part-{i // PART_BYTES:03d}"
-        (tmp / name).write_bytes(data[i:i + PART_BYTES])
-        parts.append(name)
     dest = str(src.relative_to(run)) if run is not None else src.name
-    info = {"dest": dest, "parts": parts, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+    writer = PartsWriter(tmp / PAYLOAD, PART_BYTES, pack_id=f"carry:{dest}")
+    with tarfile.open(fileobj=writer, mode="w|") as t:
+        t.add(root, arcname=".")
+    parts = [f.name for f in writer.finish()]
+    info = {"dest": dest, "parts": parts, "bytes": sum((tmp / n).stat().st_size - HEADER for n in parts),
             "bf16": bf16, "slug": dest.replace("/", "__")}
-    tar.unlink()
     shutil.rmtree(tmp / "bf16", ignore_errors=True)
     (tmp / MANIFEST).write_text(json.dumps(info, indent=1))
     shutil.rmtree(work, ignore_errors=True)
@@ -98,8 +87,8 @@ def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, 
     info = prepare(src, work, run, bf16)
     if in_place and info["bf16"] and not (src / ".shipped").exists():
         # src becomes what was shipped, so this machine goes on from exactly what a later one restores
-        _unpack([work / n for n in info["parts"]], src.with_name(src.name + ".shipped"))
-        (src.with_name(src.name + ".shipped") / ".shipped").write_text(info["sha256"])
+        _unpack(work / PAYLOAD, src.with_name(src.name + ".shipped"))
+        (src.with_name(src.name + ".shipped") / ".shipped").write_text(info["dest"])
         old = src.with_name(src.name + ".before-ship")
         src.rename(old)
         src.with_name(src.name + ".shipped").rename(src)
@@ -136,18 +125,17 @@ def gather(files: list[Path], into: str) -> dict:
     return {"gathered": len(files), "dirs": [str(d) for d in dirs]}
 
 
-def _unpack(parts: list[Path], dest: Path) -> None:
-    """The tar cut into ``parts``, unpacked as ``dest`` (made beside it, then renamed)."""
+def _unpack(payload: Path, dest: Path) -> None:
+    """The tar cut into ``payload``'s parts, each checked first, unpacked as ``dest`` (made beside it, then renamed)."""
+    try:
+        parts = find_parts(payload)
+    except PackError as e:
+        raise PartsError(str(e)) from None
     tmp = dest.with_name(dest.name + ".restoring")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tar = tmp / ".payload.tar"
-    with tar.open("wb") as w:
-        for p in parts:
-            w.write(p.read_bytes())
-    with tarfile.open(tar) as t:
+    with tarfile.open(fileobj=PartsReader(parts), mode="r|") as t:
         t.extractall(tmp, filter="data")
-    tar.unlink()
     tmp.rename(dest)
 
 
@@ -161,15 +149,11 @@ def restore(incoming: Path, run: Path) -> dict:
         if dest.exists():
             skipped.append(info["dest"])
             continue
-        parts = [incoming / (prefix + n) for n in info["parts"]]
-        missing = [p.name for p in parts if not p.is_file()]
+        missing = [prefix + n for n in info["parts"] if not (incoming / (prefix + n)).is_file()]
         if missing:
-            raise PartsError(f"{m}: {len(missing)} of {len(parts)} parts not carried yet ({', '.join(missing[:4])})")
-        got = _sha256(parts)
-        if got != info["sha256"]:
-            raise PartsError(f"{m}: the parts' sha256 is {got}, the manifest says {info['sha256']}: a part is "
-                             f"damaged or from another shipment")
-        _unpack(parts, dest)
+            raise PartsError(f"{m}: {len(missing)} of {len(info['parts'])} parts not carried yet "
+                             f"({', '.join(missing[:4])})")
+        _unpack(incoming / (prefix + PAYLOAD), dest)
         done.append(info["dest"])
     return {"restored": done, "already_there": skipped}
 

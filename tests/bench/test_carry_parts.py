@@ -73,11 +73,13 @@ def test_a_missing_or_damaged_part_is_refused(model_dir, tmp_path, monkeypatch):
     manifest = json.loads((out / f"arm__sft_model.{cp.MANIFEST}").read_text())
     assert len(manifest["parts"]) > 1 and not manifest["bf16"]
     first = out / res["files"][0]
+    data = bytearray(first.read_bytes())
     first.unlink()
-    with pytest.raises(cp.PartsError, match=r"1 of \d+ parts not carried yet \(arm__sft_model.part-000"):
+    with pytest.raises(cp.PartsError, match=r"1 of \d+ parts not carried yet \(arm__sft_model.payload.tar.part-000"):
         cp.restore(out, tmp_path / "far")
-    first.write_bytes(b"not the part")
-    with pytest.raises(cp.PartsError, match="sha256 is .*, the manifest says"):
+    data[-1] ^= 0xFF  # one byte of the payload flipped
+    first.write_bytes(bytes(data))
+    with pytest.raises(cp.PartsError, match=r"payload.tar.part-000: damaged: .* sha256"):
         cp.restore(out, tmp_path / "far")
     assert not (tmp_path / "far" / "arm" / "sft_model").exists()  # nothing half-made is left to be read
     with pytest.raises(cp.PartsError, match=r"--group 9: .* groups 0..0"):
