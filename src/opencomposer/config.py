@@ -45,6 +45,10 @@ class AgentConfig(Strict):
                                 "as 'idle' (0 = never; a model that cannot call tools then costs a few turns, "
                                 "not max_turns)")
     command_timeout: float = Field(60.0, gt=0, description="seconds for one `run` call")
+    grade_timeout: float | None = Field(
+        None, gt=0, description="seconds the hidden tests may run when the episode is graded, when below the task's "
+        "[tests] timeout (unset: the task's). An edit that makes the tests hang costs its batch this long; a test "
+        "run cut short earns no reward")
     max_output_chars: int = Field(16_000, ge=256, description="cap on one observation")
     search_max_results: int = Field(50, ge=1)
     summarize_at: int = Field(0, ge=0, description="context tokens that trigger a self-summary (0 = never)")

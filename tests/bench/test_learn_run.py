@@ -120,7 +120,10 @@ def test_settings_set_on_the_command_line(tmp_path):
                                    'run.out_dir="runs/x"'])
     assert cfg.agent.edit_tools == ["replace_lines", "write_file"] and cfg.run.out_dir == "runs/x"
     assert lr.evaluated(cfg) == ["validation"]
-    assert lr.evaluated(load_config(shipped, lr.LearnConfig)) == list(lr.EVAL_SPLITS)
+    assert lr.evaluated(load_config(shipped, lr.LearnConfig)) == ["validation"]  # while RL trains (the config says)
+    every = json.dumps(list(reversed(lr.EVAL_SPLITS)))
+    assert lr.evaluated(lr.config_with(shipped, [f"learn.eval_splits={every}"])) == list(lr.EVAL_SPLITS)
+    assert lr.LearnSection.model_fields["eval_splits"].default == list(lr.EVAL_SPLITS)  # unset: every split
     with pytest.raises(ConfigError, match="expected SECTION.KEY=VALUE"):
         lr.config_with(shipped, ["max_turns=8"])
     with pytest.raises(ConfigError, match="'replace' is not a TOML value"):

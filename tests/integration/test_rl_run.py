@@ -202,6 +202,9 @@ coef = 1.0
     for key in ("r_task", "r_length", "r_invalid_calls", "r_lint", "r_final_message", "r_question", "r_hacking",
                 "shaped_reward_mean", "hacking_flagged", "feedback_points", "feedback_no_call"):
         assert key in row, key
+    # where the step's time went: the episodes' parts and the built-in engine's own counts
+    assert row["episode_s_max"] >= row["episode_s_mean"] > 0 and row["episode_policy_s_mean"] > 0
+    assert row["engine_generated_tokens"] > 0 and row["engine_prefill_s"] > 0 and 0 <= row["prefix_hit_fraction"] < 1
     assert row["reward_mean"] == 0.0 and row["r_length"] > 0  # tiny-random solves nothing, but pays for length
     assert row["feedback_points"] >= 1 and row["distill_kl"] > 0 and not row["update_skipped"]
     base, tok = load_model("tiny-random")

@@ -100,7 +100,8 @@ def run_task(task: Task, policy: Policy, backend: str = "auto", cfg: AgentConfig
         traj.meta["changes"] = changes.to_dict()
         traj.meta["lint"] = lint_delta(task.workspace, sb, changes).to_dict()
         carry = collect(task.workspace, sb, changes)
-    reward = grade(task, carry, open_sandbox)
+    agent = cfg or AgentConfig()
+    reward = grade(task, carry, open_sandbox, timeout=agent.grade_timeout)
     t3 = time.time()
     report = monitor(traj, changes, carry=carry, base=task.workspace, grader=reward.details,
                      allowed=task.gold_patch)

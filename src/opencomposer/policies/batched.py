@@ -29,7 +29,8 @@ sequence finishes, so nobody waits for a batch's longest turn or for a batch to 
 after it carry the new version (``PolicyOutput.policy_versions``). ``stats`` then counts
 engine steps as ``batches``, sequences in the engine summed over steps as
 ``sequence_steps`` (``mean_running`` = their ratio), and ``generate_seconds`` is the wall time
-with any request in the engine; ``batch_sizes`` is the histogram of sequences per step. A
+with any request in the engine; ``queue_seconds`` sums the time requests waited for room in
+the engine (``max_batch``); ``batch_sizes`` is the histogram of sequences per step. A
 failed engine step fails the requests then in the engine (``BatchGenerationError``), which are
 aborted, and the worker goes on serving later ones.
 
@@ -95,7 +96,8 @@ class BatchedPolicy:
         self.max_batch, self.max_wait = max_batch, max_wait
         self.batch_sizes: Counter[int] = Counter()  # histogram: batch size -> batches run
         # Running totals for step reports; a caller may reset any of them to 0 between steps.
-        self.stats: dict[str, float] = {"generate_seconds": 0.0, "batches": 0, "requests": 0, "sequence_steps": 0}
+        self.stats: dict[str, float] = {"generate_seconds": 0.0, "batches": 0, "requests": 0, "sequence_steps": 0,
+                                        "queue_seconds": 0.0}
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._live = 0
@@ -242,6 +244,8 @@ class BatchedPolicy:
                 return None
             room = max(self.max_batch - len(running), 0)
             joining, self._pending = self._pending[:room], self._pending[room:]
+            now = time.monotonic()  # how long each waited for room in the engine (max_batch)
+            self.stats["queue_seconds"] += sum(now - r.arrived for r in joining)
             return joining
 
     def _add(self, engine: Any, request: _Request, running: dict[str, _Request]) -> None:

@@ -46,11 +46,14 @@ from opencomposer.rl.config import RLRunConfig, RolloutSection
 from opencomposer.rl.external_engine import EXTERNAL, ExternalEngine
 from opencomposer.rl.feedback import detect, distill_pairs
 from opencomposer.rl.learner import TrainBatch, Weights
-from opencomposer.rl.metrics import MetricsLog, rollout_stats
+from opencomposer.rl.metrics import MetricsLog, rollout_stats, rollout_times
 from opencomposer.rl.sampler import TaskSampler
 from opencomposer.rl.staleness import oldest_version, versions_per_rollout
 from opencomposer.rl.taskpool import HarderTasks, task_sampler
 from opencomposer.train.samples import Sample, trajectory_samples
+
+ENGINE_COUNTS = ("prompt_tokens", "prefill_tokens_computed", "generated_tokens", "steps", "prefill_seconds",
+                 "decode_seconds")
 
 
 @dataclass
@@ -284,7 +287,7 @@ class Actor:
         r, t0 = self.cfg.rollout, time.perf_counter()
         paths = self.sampler.issue()
         pushed = self.sync_weights() if not r.max_staleness else {}
-        gen0 = dict(self.policy.stats)
+        gen0, eng0 = dict(self.policy.stats), self._engine_counts()
         task_ids, rollouts = self._roll(paths)
         shaped = [(len(rollouts), shape_rollouts(rollouts, self.cfg.reward))]
         split = _split(rollouts)
@@ -317,8 +320,16 @@ class Actor:
                        # sequences per engine step (continuous) or per batch, this step's
                        "generate_mean_running": round(gen.get("sequence_steps", 0) / max(gen.get("batches", 0), 1), 2),
                        "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2),
-                       **pushed}
+                       **rollout_times(rollouts, gen, self._engine_counts(eng0)), **pushed}
         return batch
+
+    def _engine_counts(self, since: dict[str, float] | None = None) -> dict[str, float] | None:
+        """The built-in engine's running counts (``Engine.stats``; None without one), minus ``since``."""
+        engine = getattr(getattr(self.policy, "policy", None), "engine", None)
+        if engine is None or not hasattr(engine, "stats"):
+            return None
+        now = {k: float(v) for k, v in engine.stats().items() if k in ENGINE_COUNTS}
+        return now if since is None else {k: v - since.get(k, 0.0) for k, v in now.items()}
 
     def _roll(self, paths: list[Path]) -> tuple[list[str], list[Rollout]]:
         """K rollouts of each task (group-major) and the tasks' ids."""

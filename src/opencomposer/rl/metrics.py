@@ -9,6 +9,7 @@ equivalent product ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``.
     pass_at_k(n=8, c=2, k=4)                                  # 0.7857...
     summarize_groups({"t1": [1.0, 0.0, 0.0], "t2": [0.0] * 3}, k=2)
     rollout_stats(rollouts, k=4)                 # + tokens, tool calls, turns per rollout
+    rollout_times(rollouts, policy_stats, engine_stats)   # where the batch's time went
     MetricsLog(out).write(row)                   # a step's row to metrics.jsonl (and TensorBoard)
     train_curves(rows)                           # the report's per-update curves (pipeline/report.py)
 
@@ -125,6 +126,38 @@ def rollout_stats(rollouts: list[Rollout], k: int) -> dict[str, float]:
         "submitted": sum(t.exit_reason == "submitted" for t in trajs) / n,
         "failed_rollouts": sum(r.result is None for r in rollouts),
     }
+
+
+def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
+                  engine_stats: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Where a rollout batch's time went, per episode and in the engine (this batch's deltas).
+
+    Per episode (means; ``episode_s_max``: the slowest, which the step waits for): ``sandbox``
+    set-up, the agent loop split into ``policy`` (waiting for generation, queue included) and
+    ``tools`` (the rest: commands, edits), and ``reward`` (grading in a fresh sandbox).
+    ``queue_s_mean``: a request's wait for room in the engine (``[rollout] max_batch``). Engine
+    (the built-in one): prefill and decode seconds, prompt tokens and those the prefix cache
+    spared (``prefix_hit_fraction``), generated tokens, steps."""
+    eps = [r.result for r in rollouts if r.result is not None]
+    n = max(len(eps), 1)
+    policy = [sum(s.policy_seconds for s in e.trajectory.steps) for e in eps]
+    agent = [e.seconds.get("episode", 0.0) for e in eps]
+    total = [e.seconds.get("total", 0.0) for e in eps]
+    out = {"episode_s_mean": sum(total) / n, "episode_s_max": max(total, default=0.0),
+           "episode_sandbox_s_mean": sum(e.seconds.get("sandbox", 0.0) for e in eps) / n,
+           "episode_policy_s_mean": sum(policy) / n,
+           "episode_tools_s_mean": sum(max(a - p, 0.0) for a, p in zip(agent, policy)) / n,
+           "episode_reward_s_mean": sum(e.seconds.get("reward", 0.0) for e in eps) / n,
+           "queue_s_mean": _ratio(float(policy_stats.get("queue_seconds", 0.0)), float(policy_stats.get("requests", 0)))}
+    if engine_stats:
+        prompt = float(engine_stats.get("prompt_tokens", 0))
+        out.update({"engine_prefill_s": float(engine_stats.get("prefill_seconds", 0.0)),
+                    "engine_decode_s": float(engine_stats.get("decode_seconds", 0.0)),
+                    "engine_prompt_tokens": prompt,
+                    "prefix_hit_fraction": _ratio(prompt - float(engine_stats.get("prefill_tokens_computed", 0)), prompt),
+                    "engine_generated_tokens": float(engine_stats.get("generated_tokens", 0)),
+                    "engine_steps": float(engine_stats.get("steps", 0))})
+    return {k: round(v, 4) for k, v in out.items()}
 
 
 def _ratio(a: float, b: float) -> float:

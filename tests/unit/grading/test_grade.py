@@ -94,3 +94,34 @@ def test_the_canary_copy_fails_even_when_its_original_returns_early():
         space["test_orig_again"](1)
     assert "@pytest.mark.parametrize('n', [1, 2])\ndef test_orig_again(n, tmp=None):" in clone
     assert _clone_source("async def test_a():\n    pass\n", "test_a", "test_b", "assert 0") is None  # plain canary then
+
+
+def test_a_hanging_test_run_is_cut_at_the_grade_timeout(minicalc_task):
+    """An edit whose code never returns: the grade ends at ``timeout`` (not the task's 300 s), unrewarded."""
+    import time
+    task = minicalc_task
+    hang = b"\n\ndef clamp(x, lo, hi):\n    while True:\n        pass\n"
+    init = b"from .ops import add, clamp, mul\n"
+    t0 = time.monotonic()
+    res = grade(task, Carry(files={"minicalc/ops.py": ops(task) + hang, "minicalc/__init__.py": init}),
+                opener("local"), timeout=3)
+    took = time.monotonic() - t0
+    assert task.meta.tests.timeout > 60 and took < 30, took
+    assert res.reward == 0.0 and not res.passed
+    assert "timed out" in res.details["report"], res.details
+
+
+def test_an_episode_is_graded_under_the_agent_configs_grade_timeout(minicalc_task):
+    """``[agent] grade_timeout`` reaches the grader through ``run_task``, the path of eval and RL rollouts."""
+    import time
+    from opencomposer.config import AgentConfig
+    from opencomposer.episode.run import run_task
+    from opencomposer.policies.scripted import ScriptedPolicy, tool_call
+    task = minicalc_task
+    hang = (ops(task) + b"\n\ndef clamp(x, lo, hi):\n    while True:\n        pass\n").decode()
+    init = "from .ops import add, clamp, mul\n"
+    turns = [[tool_call("write_file", path="minicalc/ops.py", content=hang)],
+             [tool_call("write_file", path="minicalc/__init__.py", content=init)], [tool_call("submit", message="done")]]
+    ep = run_task(task, ScriptedPolicy(turns), "local", AgentConfig(max_turns=4, grade_timeout=3))
+    assert ep.reward.reward == 0.0 and ep.seconds["reward"] < 30, ep.seconds
+    assert "timed out" in ep.reward.details["report"], ep.reward.details

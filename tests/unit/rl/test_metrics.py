@@ -52,3 +52,28 @@ def test_summarize_groups_threshold_and_errors():
     assert s["pass@1"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="'short'.*fewer than k=4"):
         summarize_groups({"short": [1.0, 0.0]}, k=4)
+
+
+def test_rollout_times_split_an_episode_into_sandbox_policy_tools_and_grading():
+    from opencomposer.episode.run import EpisodeResult, Rollout
+    from opencomposer.harness.trajectory import Step, Trajectory
+    from opencomposer.protocols import RewardResult
+    from opencomposer.rl.metrics import rollout_times
+
+    def ro(policy_s: list[float], secs: dict[str, float]) -> Rollout:
+        traj = Trajectory(messages=[], steps=[Step(turn=i, text="", policy_seconds=p) for i, p in enumerate(policy_s)])
+        res = EpisodeResult("t", traj, RewardResult(reward=0.0, passed=False, details={}), secs)
+        return Rollout("t", 0, 0, res)
+
+    rollouts = [ro([1.0, 2.0], {"sandbox": 0.5, "episode": 5.0, "reward": 2.0, "total": 7.5}),
+                ro([4.0], {"sandbox": 1.5, "episode": 4.0, "reward": 60.0, "total": 65.5}),
+                Rollout("t", 0, 2, None)]  # a failed episode has no times and is not counted
+    engine = {"prompt_tokens": 1000, "prefill_tokens_computed": 250, "generated_tokens": 80, "steps": 40,
+              "prefill_seconds": 1.5, "decode_seconds": 2.5}
+    t = rollout_times(rollouts, {"queue_seconds": 3.0, "requests": 6}, engine)
+    assert t["episode_s_mean"] == pytest.approx(36.5) and t["episode_s_max"] == 65.5
+    assert t["episode_sandbox_s_mean"] == 1.0 and t["episode_reward_s_mean"] == 31.0
+    assert t["episode_policy_s_mean"] == 3.5 and t["episode_tools_s_mean"] == 1.0  # (5 - 3) and (4 - 4)
+    assert t["queue_s_mean"] == 0.5 and t["prefix_hit_fraction"] == 0.75
+    assert t["engine_prefill_s"] == 1.5 and t["engine_generated_tokens"] == 80
+    assert "engine_prefill_s" not in rollout_times(rollouts, {})  # no built-in engine: no engine figures
