@@ -19,6 +19,8 @@
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
 #   session; `stash` copies them in and set-up restores the directory before the run reads it)
+#   Evaluations that came back (results.tgz) are not run again: put them in .gpur/<out_dir under runs/learn-gpu>.tgz
+#   (e.g. .gpur/replace-lines.tgz holding sft/validation/results.json) and carry .gpur with a `stash`.
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
 #   (benchmarks/learn_run.py --set, one per `;`).
 #   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
@@ -65,12 +67,14 @@ fi
 
 # ---- on the device: keep what this call carried
 mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
-for d in .gpuw .gpua .gpub .gpuc .gpup* .gput .gpuz*; do
+for d in .gpuw .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz*; do
   if [ -d "$d" ]; then case $d in
     .gpuw) cp -n $d/* $L/wheels/ ;;
     .gpup*) cp -n $d/* $L/packs/ ;;
     .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
     .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
+    .gpur) for f in $d/*.tgz; do  # results that came back (results.tgz of an out_dir, named <out_dir under runs/learn-gpu>.tgz)
+             mkdir -p "$L/run/$(basename "$f" .tgz)" && tar -xzf "$f" --skip-old-files -C "$L/run/$(basename "$f" .tgz)"; done ;;
     *) cp -n $d/* $L/gguf/ ;;
   esac; fi
 done
