@@ -122,7 +122,7 @@ if [ ! -x $E/bin/python ] || ! $E/bin/python -m pytest --version >/dev/null 2>&1
 fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ "${1:-}" = bench ]; then  # the trainer's paths on this GPU, on SFT-shaped batches of the embedded model
-  python3 -m opencomposer.cli bench train --device cuda --tokens 16384 --steps 3 --warmup 1 \
+  python3 -m opencomposer.cli bench train --device cuda --tokens 16384 --steps 12 --warmup 3 \
     --arms baseline,packed_whole,shared_whole,shared 2>&1 | tee ${OUT:-/tmp}/bench-train.log
   exit ${PIPESTATUS[0]}
 fi
