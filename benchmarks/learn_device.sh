@@ -142,7 +142,7 @@ RD=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import learn_run 
 print(L.config_with(sys.argv[1], sys.argv[2:]).run.out_dir)" $CFG "${sets[@]}")
 if [ -n "${OUT:-}" ]; then
   cp $L/device.log "$OUT/" 2>/dev/null
-  for f in summary.md summary.json splits.json; do [ -f "$RD/$f" ] && cp "$RD/$f" "$OUT/"; done
+  for f in summary.md summary.json splits.json learn.png; do [ -f "$RD/$f" ] && cp "$RD/$f" "$OUT/"; done
   # every stage's results (episode records, no transcripts) and the RL rows, compressed
   (cd "$RD" && find . -name results.json -o -name metrics.jsonl -o -name sft.json | tar -czf "$OUT/results.tgz" -T -) || true
 fi

@@ -25,7 +25,9 @@ never change and a time-limited machine should train first). A stage's evaluatio
 is ``<out>/<stage>/<split>/results.json`` in the ``opencomposer.eval/1`` format, so
 ``opencomposer eval compare <out>/sft/heldout_libraries <out>/rl/heldout_libraries`` is the
 paired bootstrap between them; ``<out>/summary.json`` and ``summary.md`` hold every figure
-with its interval.
+with its interval, ``<out>/learn.png`` the curves (train reward, tokens and invalid calls per RL
+update; pass@1 / pass@k per checkpoint and split with 95% intervals), also in TensorBoard
+(``<out>/rl_run/tb`` per update, ``<out>/tb/<split>`` per checkpoint).
 
 SFT is resumable (``pipeline/warm_start.py``): the oracle traces are kept with their verdicts
 and read back, the SFT epochs checkpoint when the deadline comes, so a machine lent for minutes at
@@ -62,9 +64,11 @@ from opencomposer.config import ConfigError, Strict, load_config, validate  # no
 from opencomposer.eval.gate import paired_bootstrap  # noqa: E402
 from opencomposer.eval.results import SCHEMA, summarize  # noqa: E402
 from opencomposer.eval.run import episode_record, run_episodes  # noqa: E402
-from opencomposer.paths import atomic_write_text  # noqa: E402
+from opencomposer.paths import atomic_write_bytes, atomic_write_text  # noqa: E402
+from opencomposer.pipeline.report import episodes_checkpoint, figure, points_tensorboard  # noqa: E402
 from opencomposer.pipeline.warm_start import Interrupted, oracle_traces, sft_warm_start  # noqa: E402
 from opencomposer.rl.config import RLRunConfig  # noqa: E402
+from opencomposer.rl.metrics import train_curves  # noqa: E402
 from opencomposer.rl.run import RLRun  # noqa: E402
 from opencomposer.tasks.format import Task  # noqa: E402
 from opencomposer.tasks.splits import split_by_file  # noqa: E402
@@ -388,8 +392,7 @@ def paired(a: dict, b: dict, which: int, seed: int = 0) -> dict:
 
 
 def summary(cfg: LearnConfig, out: Path) -> dict:
-    stages = sorted({p.parent.parent.name for p in out.glob("*/*/results.json")},
-                    key=lambda s: (s != "base", s != "sft", s.startswith("rl@") and int(s[3:]) or 10**9, s))
+    stages = sorted({p.parent.parent.name for p in out.glob("*/*/results.json")}, key=stage_order)
     table: dict[str, dict] = {}
     for st in stages:
         for sp in EVAL_SPLITS:
@@ -411,6 +414,32 @@ def summary(cfg: LearnConfig, out: Path) -> dict:
                 ra, rb = json.loads(fa.read_text()), json.loads(fb.read_text())
                 comparisons[f"{sp}: {a} -> {b}"] = {"pass@1": paired(ra, rb, 0), f"pass@{rb['k']}": paired(ra, rb, 1)}
     return {"table": table, "comparisons": comparisons}
+
+
+def stage_order(stage: str) -> tuple:
+    """base, sft, rl@N (by N), rl: the order stages were trained in."""
+    return (stage != "base", stage != "sft", stage.startswith("rl@") and int(stage[3:]) or 10**9, stage)
+
+
+def write_curves(out: Path) -> Path:
+    """``<out>/learn.png`` (``pipeline.report.figure``: train reward, tokens and invalid calls per RL
+    update from ``rl_run/metrics.jsonl``; pass@1 / pass@k per checkpoint with 95% intervals, one pair
+    of lines per evaluated split) and the same points in TensorBoard (``<out>/tb/<split>``)."""
+    metrics = out / "rl_run" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    last = max((r["step"] for r in rows), default=0)
+    series: dict[str, list] = {}
+    for sp in EVAL_SPLITS:
+        found = sorted((p.parent.parent.name for p in out.glob(f"*/{sp}/results.json")), key=stage_order)
+        for st in found:
+            r = json.loads((out / st / sp / "results.json").read_text())
+            stage, step = ("rl", int(st[3:]) if st.startswith("rl@") else last) if st.startswith("rl") else (st, 0)
+            series.setdefault(sp, []).append(episodes_checkpoint(st, stage, step, int(r["k"]), r["episodes"]))
+        if sp in series:
+            points_tensorboard(out / "tb" / sp, series[sp], tag=sp)
+    png = out / "learn.png"
+    atomic_write_bytes(png, figure(train_curves(rows), series, title=next(iter(series)) if len(series) == 1 else "evaluation"))
+    return png
 
 
 def summary_md(s: dict, header: str) -> str:
@@ -503,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
               f"seed {cfg.run.seed}.")
     atomic_write_text(out / "summary.json", json.dumps(s, indent=1))
     atomic_write_text(out / "summary.md", summary_md(s, header))
+    write_curves(out)
     print(summary_md(s, header))
     print(json.dumps({"out": str(out), "stopped_before": stopped, "seconds": round(time.perf_counter() - t0, 1),
                       "pass@1": {sp: {st: round(m["pass@1"], 4) for st, m in v.items()} for sp, v in s["table"].items()}}))

@@ -157,3 +157,31 @@ def test_rl_on_lora_adapters_after_full_sft(tmp_path, toolz_tasks, capsys):
     assert (step / "model" / "adapter_model.safetensors").is_file()
     assert not list((step / "model").glob("model*.safetensors"))  # no full weights in the RL state
     assert (out / "rl" / "validation" / "results.json").exists() and not (out / "rl" / "heldout_functions").exists()
+    # the curves: RL rows and the validation points of sft, rl@N, rl in one PNG (1440 x 960)
+    png = (out / "learn.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1440
+
+
+def test_curves_hold_every_split_and_checkpoint_in_training_order(tmp_path):
+    """write_curves reads each stage's results.json: points per split in the order base, sft, rl@N, rl,
+    with the interval of the same episodes as ``pipeline.report`` gives them; TensorBoard per split."""
+    from opencomposer.pipeline.report import episodes_checkpoint
+    eps = lambda passed: [{"task_id": f"t{i}", "reward": float(i < passed)} for i in range(6) for _ in range(4)]  # noqa: E731
+    for stage, split, passed in (("sft", "validation", 1), ("rl@5", "validation", 2), ("rl", "validation", 3),
+                                 ("rl", "heldout_libraries", 1), ("base", "validation", 0)):
+        (tmp_path / stage / split).mkdir(parents=True)
+        (tmp_path / stage / split / "results.json").write_text(json.dumps({"k": 4, "episodes": eps(passed)}))
+    (tmp_path / "rl_run").mkdir()
+    (tmp_path / "rl_run" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "reward_mean": 0.1 * i, "mean_completion_tokens": 500, "invalid_calls": 0.1,
+                    "tool_calls": 5.0}) + "\n" for i in range(1, 11)))
+    png = lr.write_curves(tmp_path)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert [lr.stage_order(s)[:3] for s in ("base", "sft", "rl@5", "rl")] == sorted(
+        lr.stage_order(s)[:3] for s in ("rl", "rl@5", "sft", "base"))
+    p = episodes_checkpoint("rl", "rl", 10, 4, eps(3))
+    assert p.pass1 == 0.5 and p.passk == 0.5 and p.passes == {f"t{i}": 4 * (i < 3) for i in range(6)}
+    assert p.method == "bootstrap over 6 tasks" and p.ci1[0] < 0.5 < p.ci1[1]
+    pytest.importorskip("tensorboard")
+    assert list((tmp_path / "tb" / "validation").glob("events.out.tfevents*"))
+    assert list((tmp_path / "tb" / "heldout_libraries").glob("events.out.tfevents*"))

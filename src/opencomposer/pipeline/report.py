@@ -78,8 +78,8 @@ def write_report(out: Path) -> Path:
                     key=lambda c: (_STAGES.get(c.stage, 2), c.step, c.name == "rl"))
     evals = {c.name: evals[c.name] for c in points}  # stages in training order
     curves = train_curves(rows)
-    atomic_write_bytes(out / "report.png", _figure(curves, points))
-    _tensorboard(out / "tb" / HELDOUT_TB, points)
+    atomic_write_bytes(out / "report.png", figure(curves, {"held-out": points}))
+    points_tensorboard(out / "tb" / HELDOUT_TB, points)
     md = out / "report.md"
     paired = paired_differences(points, evals)
     atomic_write_text(md, _markdown(out, rows, evals, points, paired))
@@ -108,22 +108,35 @@ def checkpoint(name: str, entry: Mapping[str, Any], transcripts: Path, last_step
     passes = _task_passes(transcripts, entry, k)
     counts = _task_counts(passes, entry)
     if counts:
-        v1 = [pass_at_k(k, c, 1) for c in counts]
-        vk = [pass_at_k(k, c, k) for c in counts]
-        # the transcripts' own figures: the same episodes as the entry's
-        p1, pk = sum(v1) / len(v1), sum(vk) / len(vk)
-        # every task alike (all failed, say): a bootstrap over tasks has zero width, which claims a
-        # certainty ten tasks cannot give; Wilson's interval says how little 0/10 rules out
-        if len(counts) >= MIN_BOOTSTRAP_TASKS and len(set(v1)) > 1:
-            return Checkpoint(name, stage, step, k, p1, pk, task_interval(v1), task_interval(vk),
-                              f"bootstrap over {len(counts)} tasks", passes)
-        # a bootstrap over one or two tasks says nothing (a single task: a zero-width interval)
-        return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(sum(counts), k * len(counts)),
-                          wilson_interval(sum(c > 0 for c in counts), len(counts)), "Wilson", passes)
+        return _from_counts(name, stage, step, k, counts, passes)
     tasks = int(entry.get("tasks", 0)) or 1
     rollouts = int(entry.get("rollouts", tasks * k)) or 1
     return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(p1 * rollouts, rollouts),
                       wilson_interval(pk * tasks, tasks), "Wilson")
+
+
+def episodes_checkpoint(name: str, stage: str, step: int, k: int, episodes: list[Mapping[str, Any]]) -> Checkpoint:
+    """The point of one evaluation's episode records (``opencomposer.eval/1`` ``episodes``: ``task_id``
+    and ``reward``, a task passing at reward >= 1), with the same intervals as ``checkpoint``'s."""
+    passes: dict[str, int] = {}
+    for e in episodes:
+        passes[e["task_id"]] = passes.get(e["task_id"], 0) + (float(e.get("reward", 0.0)) >= 1.0)
+    return _from_counts(name, stage, step, k, list(passes.values()), passes)
+
+
+def _from_counts(name: str, stage: str, step: int, k: int, counts: list[int], passes: dict[str, int]) -> Checkpoint:
+    """pass@1 / pass@K from passing episodes per task (of ``k``) and their 95% intervals."""
+    v1 = [pass_at_k(k, c, 1) for c in counts]
+    vk = [pass_at_k(k, c, k) for c in counts]
+    p1, pk = sum(v1) / len(v1), sum(vk) / len(vk)
+    # every task alike (all failed, say): a bootstrap over tasks has zero width, which claims a
+    # certainty ten tasks cannot give; Wilson's interval says how little 0/10 rules out
+    if len(counts) >= MIN_BOOTSTRAP_TASKS and len(set(v1)) > 1:
+        return Checkpoint(name, stage, step, k, p1, pk, task_interval(v1), task_interval(vk),
+                          f"bootstrap over {len(counts)} tasks", passes)
+    # a bootstrap over one or two tasks says nothing (a single task: a zero-width interval)
+    return Checkpoint(name, stage, step, k, p1, pk, wilson_interval(sum(counts), k * len(counts)),
+                      wilson_interval(sum(c > 0 for c in counts), len(counts)), "Wilson", passes)
 
 
 def _task_counts(passes: dict[str, int] | None, entry: Mapping[str, Any]) -> list[int]:
@@ -183,7 +196,9 @@ def paired_differences(points: list[Checkpoint], evals: Mapping[str, Mapping[str
 # --------------------------------------------------------------------------- the PNG
 
 
-def _figure(curves: dict[str, list[float]], points: list[Checkpoint]) -> bytes:
+def figure(curves: dict[str, list[float]], series: Mapping[str, list[Checkpoint]], title: str = "held-out") -> bytes:
+    """The four panels of the module docstring; panel (b) holds one line pair (pass@1, pass@K) per
+    ``series`` (label -> its checkpoints in training order; e.g. one per evaluation split)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -202,31 +217,49 @@ def _figure(curves: dict[str, list[float]], points: list[Checkpoint]) -> bytes:
     if "shaped_reward_mean" in curves:
         ax_r.plot(steps, curves["shaped_reward_mean"], ls=":", lw=1.2, color="tab:orange", label="shaped reward mean")
         low = min([0.0] + curves["shaped_reward_mean"])
-    ax_r.set(title="(a) train reward per update", xlabel="update", ylabel="reward", ylim=(low - 0.05, 1.05))
+    top_r = _top(curves["reward_mean"] + curves.get("shaped_reward_mean", []))
+    ax_r.set(title="(a) train reward per update", xlabel="update", ylabel="reward",
+             ylim=(low - (0.05 if top_r > 1 else 0.01), top_r))
 
-    # (b) held-out pass@1 / pass@K per checkpoint
-    xs = list(range(len(points)))
-    if points:
-        p1 = [c.pass1 for c in points]
-        ax_h.errorbar(xs, p1, yerr=_yerr(p1, [c.ci1 for c in points]), fmt="o-", color="tab:purple", ms=7,
-                      capsize=4, lw=1, label="pass@1")
-        with_k = [(x, c) for x, c in zip(xs, points) if c.k > 1]
+    # (b) pass@1 / pass@K per checkpoint, one pair of lines per series
+    labels: list[str] = []  # every checkpoint of any series, in training order (series agree on it)
+    for pts in series.values():
+        for c in pts:
+            if _label(c) not in labels:
+                labels.append(_label(c))
+    one = len(series) == 1
+    colors = ["tab:purple", "tab:green", "tab:blue", "tab:orange", "tab:red", "tab:brown"]
+    top = 0.0
+    for i, (name, pts) in enumerate(series.items()):
+        if not pts:
+            continue
+        shift = 0.0 if one else (i - (len(series) - 1) / 2) * 0.12
+        c1, ck = (colors[0], colors[1]) if one else (colors[i % len(colors)],) * 2
+        xs = [labels.index(_label(c)) + shift for c in pts]
+        p1 = [c.pass1 for c in pts]
+        ax_h.errorbar(xs, p1, yerr=_yerr(p1, [c.ci1 for c in pts]), fmt="o-", color=c1, ms=7 if one else 5,
+                      capsize=4, lw=1, label="pass@1" if one else f"{name} pass@1")
+        with_k = [(x, c) for x, c in zip(xs, pts) if c.k > 1]
         if with_k:
-            kx = [x + 0.08 for x, _ in with_k]
             pk = [c.passk for _, c in with_k]
-            ks = sorted({c.k for _, c in with_k})
-            ax_h.errorbar(kx, pk, yerr=_yerr(pk, [c.cik for _, c in with_k]), fmt="s--", mfc="none", ms=7,
-                          capsize=4, lw=1, color="tab:green", label="pass@" + "/".join(map(str, ks)))
-        for x, c in zip(xs, points):
-            ax_h.annotate(f"{c.pass1:.2f}", (x, c.pass1), xytext=(-6, 0), textcoords="offset points",
-                          ha="right", va="center", fontsize=8, color="tab:purple")
-        ax_h.set_xticks(xs, [_label(c) for c in points])
-        ax_h.set_xlim(-0.5, len(points) - 0.5)
+            ks = "/".join(map(str, sorted({c.k for _, c in with_k})))
+            ax_h.errorbar([x + 0.04 for x, _ in with_k], pk, yerr=_yerr(pk, [c.cik for _, c in with_k]), fmt="s--",
+                          mfc="none", ms=7 if one else 5, capsize=4, lw=1, color=ck,
+                          label=f"pass@{ks}" if one else f"{name} pass@{ks}")
+            top = max([top] + [c.cik[1] for _, c in with_k])
+        top = max([top] + [c.ci1[1] for c in pts])
+        if one:
+            for x, c in zip(xs, pts):
+                ax_h.annotate(f"{c.pass1:.2f}", (x, c.pass1), xytext=(-6, 0), textcoords="offset points",
+                              ha="right", va="center", fontsize=8, color=c1)
+    if labels:
+        ax_h.set_xticks(range(len(labels)), labels)
+        ax_h.set_xlim(-0.5, len(labels) - 0.5)
     else:
-        ax_h.text(0.5, 0.5, "no held-out evaluation", ha="center", va="center", transform=ax_h.transAxes)
-    methods = sorted({c.method.split(" over")[0] for c in points})
-    ax_h.set(title="(b) held-out pass@k per checkpoint, 95% CI" + (f" ({'/'.join(methods)})" if methods else ""),
-             xlabel="checkpoint", ylabel="pass rate", ylim=(-0.03, 1.05))
+        ax_h.text(0.5, 0.5, f"no {title} evaluation", ha="center", va="center", transform=ax_h.transAxes)
+    methods = sorted({c.method.split(" over")[0] for pts in series.values() for c in pts})
+    ax_h.set(title=f"(b) {title} pass@k per checkpoint, 95% CI" + (f" ({'/'.join(methods)})" if methods else ""),
+             xlabel="checkpoint", ylabel="pass rate", ylim=(-0.01 if top < 0.5 else -0.03, _top([top])))
 
     # (c) tokens per episode
     ax_t.plot(steps, curves["tokens_per_episode"], marker=marker, ms=3, lw=1, color="tab:brown",
@@ -257,6 +290,13 @@ def _figure(curves: dict[str, list[float]], points: list[Checkpoint]) -> bytes:
     return png_bytes(fig)
 
 
+def _top(values: list[float]) -> float:
+    """The y-axis top for rates: the whole [0, 1] once a value reaches 0.5; below, zoomed to the data
+    (pass rates of a few percent are unreadable on a 0-1 axis)."""
+    hi = max(values, default=0.0)
+    return 1.05 if hi >= 0.5 else max(0.1, hi * 1.3)
+
+
 def _yerr(values: list[float], cis: list[tuple[float, float]]) -> list[list[float]]:
     return [[max(v - lo, 0.0) for v, (lo, _) in zip(values, cis)], [max(hi - v, 0.0) for v, (_, hi) in zip(values, cis)]]
 
@@ -272,8 +312,9 @@ def _label(c: Checkpoint) -> str:
 # --------------------------------------------------------------------------- TensorBoard
 
 
-def _tensorboard(folder: Path, points: list[Checkpoint]) -> None:
-    """The held-out scalars, in a folder of their own rewritten each time (see the module docstring)."""
+def points_tensorboard(folder: Path, points: list[Checkpoint], tag: str = HELDOUT_TB) -> None:
+    """The checkpoints' scalars under ``<tag>/...``, in a folder of their own rewritten each time
+    (see the module docstring)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except Exception:  # tensorboard not installed: the PNG and the JSON only
@@ -289,9 +330,9 @@ def _tensorboard(folder: Path, points: list[Checkpoint]) -> None:
             for metric, value, (lo, hi) in (("pass@1", c.pass1, c.ci1), (f"pass@{c.k}", c.passk, c.cik)):
                 if metric == f"pass@{c.k}" and c.k == 1:
                     continue
-                writer.add_scalar(f"heldout/{metric}/{c.stage}", value, c.step)
-                writer.add_scalar(f"heldout/{metric}_ci95_low/{c.stage}", lo, c.step)
-                writer.add_scalar(f"heldout/{metric}_ci95_high/{c.stage}", hi, c.step)
+                writer.add_scalar(f"{tag}/{metric}/{c.stage}", value, c.step)
+                writer.add_scalar(f"{tag}/{metric}_ci95_low/{c.stage}", lo, c.step)
+                writer.add_scalar(f"{tag}/{metric}_ci95_high/{c.stage}", hi, c.step)
     finally:
         writer.close()
 
