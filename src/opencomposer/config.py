@@ -125,11 +125,17 @@ class LossSection(Strict):
         "truncate | mask (the ratio to the trainer's, each token weighted by p_trainer/p_sampler capped at is_cap, "
         "or dropped outside [1/is_cap, is_cap]); the mismatch is logged either way (train/loss.py)")
     is_cap: float = Field(2.0, gt=1, description="the importance weight's bound for is_correction")
+    is_level: Literal["token", "sequence"] = Field(
+        "token", description="what is_correction weights: token (each token by its own p_trainer/p_sampler) | "
+        "sequence (each sample's loss tokens by one weight, the geometric mean of its tokens' ratios, capped at "
+        "is_cap or the whole sample dropped outside [1/is_cap, is_cap]; is_corrected_fraction then counts "
+        "sequences, not tokens)")
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``train.loss.LossConfig`` (a subclass's own keys left out)."""
         return {"clip_low": self.clip_low, "clip_high": self.clip_high, "kl_coef": self.kl_coef,
-                "kl_estimator": self.kl_estimator, "is_correction": self.is_correction, "is_cap": self.is_cap}
+                "kl_estimator": self.kl_estimator, "is_correction": self.is_correction, "is_cap": self.is_cap,
+                "is_level": self.is_level}
 
 
 class RunSection(Strict):

@@ -112,6 +112,17 @@ def test_one_loss_section_maps_onto_the_loss():
     rl = RLRunConfig.model_validate({"tasks": {"dir": "t"}, "loss": {"clip_high": 0.3, "kl_coef": 0.1,
                                                                      "std_normalize": True}})
     assert LossConfig(**rl.loss.loss_kwargs()) == LossConfig(clip_high=0.3, kl_coef=0.1)
+    rl = RLRunConfig.model_validate({"tasks": {"dir": "t"}, "loss": {"is_correction": "mask", "is_level": "sequence"}})
+    assert LossConfig(**rl.loss.loss_kwargs()) == LossConfig(is_correction="mask", is_level="sequence")
+
+
+def test_a_bad_importance_level_names_the_key_and_the_choices(tmp_path):
+    from opencomposer.rl.config import RLRunConfig
+
+    p = write(tmp_path, "[tasks]\ndir = 't'\n[loss]\nis_correction = 'truncate'\nis_level = 'segment'\n")
+    with pytest.raises(ConfigError, match=r"c.toml: key 'loss.is_level': input should be 'token' or 'sequence', "
+                                          r"got 'segment'"):
+        load_config(p, RLRunConfig)
 
 
 def test_rollout_and_gate_share_one_sampling_section(tmp_path):

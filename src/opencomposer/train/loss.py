@@ -34,7 +34,13 @@ together. ``"truncate"`` and ``"mask"`` decouple them (AReaL's decoupled PPO; TI
 verl): the ratio is taken to the trainer's own log-probs before the update (one optimizer step a
 batch: those are ``logprobs`` detached), and each token is weighted by ``p_trainer / p_sampler``,
 capped at ``is_cap`` (truncate) or zeroed outside ``[1/is_cap, is_cap]`` (mask); the share of
-tokens so treated is ``is_corrected_fraction``.
+tokens so treated is ``is_corrected_fraction``. ``is_level = "sequence"`` weights a whole sequence
+instead (one sample: a row, or with ``seq_ids`` one sample of a packed row) by the geometric mean of
+its tokens' ratios, ``exp(mean over its loss tokens of (log p_trainer - log p_sampler))`` (length-
+normalised as in GSPO, so a long sequence is not truncated for its length alone), capped at
+``is_cap`` or, outside ``[1/is_cap, is_cap]``, dropping all its tokens; ``is_corrected_fraction``
+is then the share of sequences so treated. Either way the weight is a constant (no gradient), and
+``sequences`` counts the sequences with loss tokens.
 
 ``token_logprobs(logits, target_ids)`` turns model logits into the ``logprobs`` input.
 Test: ``pytest tests/unit/train/test_loss.py``.
@@ -60,6 +66,7 @@ class LossConfig:
     normalizer: float | None = None  # None -> B * T of each batch (see module docstring)
     is_correction: Literal["none", "truncate", "mask"] = "none"  # see "Train-inference mismatch" above
     is_cap: float = 2.0
+    is_level: Literal["token", "sequence"] = "token"  # one importance weight per token, or per sequence
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_low < 1.0 or self.clip_high < 0.0:
@@ -74,6 +81,8 @@ class LossConfig:
             raise ValueError(f"is_correction must be 'none', 'truncate' or 'mask', got {self.is_correction!r}")
         if not self.is_cap > 1.0:
             raise ValueError(f"is_cap must be > 1, got {self.is_cap}")
+        if self.is_level not in ("token", "sequence"):
+            raise ValueError(f"is_level must be 'token' or 'sequence', got {self.is_level!r}")
 
 
 def kl_per_token(
@@ -93,6 +102,27 @@ def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], like: 
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape} ({like})")
 
 
+def _sequence_index(mask: torch.Tensor, seq_ids: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """Each token's sequence as an index into ``0..S-1`` over the whole batch, and ``S``: a
+    sequence is a row, or with ``seq_ids`` (the sample of its row each token belongs to) one
+    sample of a row."""
+    rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(1).expand_as(mask)
+    if seq_ids is None or mask.numel() == 0:
+        return rows, mask.shape[0]
+    key = rows * (int(seq_ids.max()) + 1) + seq_ids.long()
+    uniq, index = torch.unique(key, return_inverse=True)
+    return index, uniq.numel()
+
+
+def _importance_weights(w: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weight, corrected)`` from raw importance weights ``w``: capped at ``is_cap`` (truncate)
+    or zeroed outside ``[1/is_cap, is_cap]`` (mask); ``corrected`` marks the entries so treated."""
+    if cfg.is_correction == "truncate":
+        return torch.clamp(w, max=cfg.is_cap), w > cfg.is_cap
+    corrected = (w > cfg.is_cap) | (w < 1.0 / cfg.is_cap)
+    return torch.where(corrected, 0.0, w), corrected
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -100,12 +130,15 @@ def grpo_loss(
     loss_mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None = None,
     config: LossConfig | None = None,
+    seq_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss + k1 KL, token-summed over a constant normalizer.
 
     Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``loss_mask`` are (B, T);
-    ``advantages`` is (B,), or (B, T) per token (rows packing several sequences).
-    Returns the scalar loss and float stats.
+    ``advantages`` is (B,), or (B, T) per token (rows packing several sequences). ``seq_ids``
+    (B, T), integers >= 0: for rows packing several sequences, which of its row's sequences each
+    token belongs to (None: each row is one sequence); read for ``is_level = "sequence"`` and the
+    ``sequences`` count. Returns the scalar loss and float stats.
     """
     cfg = config or LossConfig()
     if logprobs.dim() != 2:
@@ -119,6 +152,11 @@ def grpo_loss(
         _check_shape("ref_logprobs", ref_logprobs, bt, "same as logprobs")
     elif cfg.kl_coef > 0:
         raise ValueError(f"kl_coef={cfg.kl_coef} needs ref_logprobs, got None")
+    if seq_ids is not None:
+        _check_shape("seq_ids", seq_ids, bt, "same as logprobs: each token's sequence within its row")
+        if seq_ids.dtype.is_floating_point or seq_ids.dtype == torch.bool or (
+                seq_ids.numel() and int(seq_ids.min()) < 0):
+            raise ValueError(f"seq_ids must be integers >= 0, got dtype {seq_ids.dtype}")
 
     mask = loss_mask.bool()
     maskf = mask.to(logprobs.dtype)
@@ -133,20 +171,29 @@ def grpo_loss(
     # sampler vs trainer on the same tokens: log(p_sampler / p_trainer), whose mean is the k1
     # estimate of KL(sampler || trainer) (engine numerics, bf16, staleness)
     mismatch = torch.where(mask, behaviour - logprobs.detach(), 0.0)
+    seq_index, n_seq = _sequence_index(mask, seq_ids)
+    flat = seq_index.flatten()
+    seq_tokens = torch.zeros(n_seq, device=mask.device).index_add_(0, flat, mask.flatten().float())
+    sequences = int((seq_tokens > 0).sum())  # sequences with loss tokens
     weight = torch.ones_like(mismatch)
-    corrected = torch.zeros_like(mask)
+    n_corrected, units = 0, max(tokens, 1)  # is_corrected_fraction: tokens, or sequences
     if cfg.is_correction != "none":
         # decoupled: the ratio is taken to the trainer's own log-probs (the proximal policy:
         # the weights this update starts from), and the sampler's tokens are reweighted by
         # p_trainer / p_sampler, truncated at is_cap or, outside [1/is_cap, is_cap], dropped
         behaviour = logprobs.detach()
-        w = torch.exp(torch.where(mask, -mismatch, 0.0))
-        if cfg.is_correction == "truncate":
-            corrected = mask & (w > cfg.is_cap)
-            weight = torch.clamp(w, max=cfg.is_cap)
+        if cfg.is_level == "token":
+            weight, corrected = _importance_weights(torch.exp(-mismatch), cfg)
+            corrected = corrected & mask
+            n_corrected = int(corrected.sum())
         else:
-            corrected = mask & ((w > cfg.is_cap) | (w < 1.0 / cfg.is_cap))
-            weight = torch.where(corrected, 0.0, w)
+            # one weight per sequence: the geometric mean of its tokens' ratios (mismatch is 0 off the mask)
+            seq_mismatch = torch.zeros(n_seq, device=mask.device).index_add_(0, flat, mismatch.flatten().float())
+            seq_weight, seq_corrected = _importance_weights(torch.exp(-seq_mismatch / seq_tokens.clamp(min=1)), cfg)
+            seq_corrected = seq_corrected & (seq_tokens > 0)
+            # where(): off the mask a sequence's weight may be inf (exp overflow), and inf * 0 is nan
+            weight = torch.where(mask, seq_weight[seq_index].to(mismatch.dtype), 1.0)
+            n_corrected, units = int(seq_corrected.sum()), max(sequences, 1)
     log_ratio = torch.where(mask, logprobs - behaviour, 0.0)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
@@ -185,8 +232,9 @@ def grpo_loss(
             "ratio_max": float(masked_ratio.max()) if tokens else 1.0,
             "mismatch_kl": float(mismatch.sum()) / max(tokens, 1),
             "mismatch_max": float(mismatch[mask].abs().max()) if tokens else 0.0,
-            "is_corrected_fraction": float(corrected.sum()) / max(tokens, 1),
+            "is_corrected_fraction": n_corrected / units,
             "tokens": float(tokens),
+            "sequences": float(sequences),
         }
     return loss, stats
 

@@ -59,6 +59,7 @@ class Batch:
     tokens: float  # real (unpadded) tokens of the samples, shared prefixes counted in each
     routes: torch.Tensor | None = None  # MoE: (rows, width, sparse layers, k) recorded experts, -1 = free
     computed: float = 0.0  # tokens the forward runs: ``tokens`` less the shared prefixes laid down once
+    seq: torch.Tensor | None = None  # packed: per kept token, the sample of the row it belongs to; padded: None
 
     @property
     def packed(self) -> bool:
@@ -115,6 +116,7 @@ def collate(batch: list[Sample], pad_id: int, device: torch.device, packed: bool
         old = torch.tensor([x for s, c in zip(batch, cut) for x in s.old_logprobs[c:]], dtype=torch.float32)[None]
         adv = torch.tensor([s.advantage for s, c in zip(batch, cut) for _ in s.input_ids[c:]], dtype=torch.float32)[None]
         pos = torch.cat([torch.arange(c, len(s)) for s, c in zip(batch, cut)])[None]
+        seq = torch.tensor([i for i, (s, c) in enumerate(zip(batch, cut)) for _ in s.input_ids[c:]])[None]
         attn = None
         routes = _packed_routes(batch)  # None, or nothing was shared
     else:
@@ -130,7 +132,7 @@ def collate(batch: list[Sample], pad_id: int, device: torch.device, packed: bool
             mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)[:, None].expand(rows, width)
-        pos = None
+        pos = seq = None  # one sample a row
         routes = pad_routes([s.routes for s in batch], width)
     keep = (mask[:, 1:].sum(0) > 0).nonzero().squeeze(1)
     at = keep + 1
@@ -140,7 +142,8 @@ def collate(batch: list[Sample], pad_id: int, device: torch.device, packed: bool
 
     return Batch(ids.to(device), dev(attn), dev(pos), keep.to(device), ids[:, at].to(device), mask[:, at].to(device),
                  old[:, at].to(device), adv[:, at].contiguous().to(device), float(sum(len(s) for s in batch)),
-                 dev(routes), float(ids.shape[1]) if packed else float(ids.numel()))
+                 dev(routes), float(ids.shape[1]) if packed else float(ids.numel()),
+                 None if seq is None else seq[:, at].to(device))
 
 
 def _shareable(samples: list[Sample]) -> bool:

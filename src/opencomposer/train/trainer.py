@@ -164,9 +164,11 @@ class Trainer:
         if use_ref and ref_model is None and not self.cfg.lora:
             raise ValueError("kl_coef > 0 with full fine-tuning needs ref_model=frozen_copy(initial model)")
         cfg = replace(loss_cfg, normalizer=normalizer)
-        means = ("kl", "clip_fraction", "ratio_mean", "mismatch_kl", "is_corrected_fraction")  # token-weighted
-        sums = dict.fromkeys(("loss", "pg_loss", "entropy", *means), 0.0)
-        sums.update(ratio_max=0.0, mismatch_max=0.0, tokens=0.0, loss_tokens=0.0)
+        means = ("kl", "clip_fraction", "ratio_mean", "mismatch_kl")  # token-weighted
+        # is_corrected_fraction: a share of tokens, or at is_level = "sequence" of sequences
+        per_seq = cfg.is_level == "sequence"
+        sums = dict.fromkeys(("loss", "pg_loss", "entropy", "is_corrected", *means), 0.0)
+        sums.update(ratio_max=0.0, mismatch_max=0.0, tokens=0.0, loss_tokens=0.0, sequences=0.0)
         # MoE: tokens whose experts the sampler recorded, routed there again (models/moe_replay.py)
         sums["replayed_route_tokens"] = float(sum(s.routes.shape[0] for s in samples
                                                   if s.routes is not None and s.loss_tokens))
@@ -174,7 +176,7 @@ class Trainer:
             for b, idle in self._passes(samples):
                 ref = self._reference_logprobs(b, ref_model) if use_ref else None
                 lp, ent = self._logprobs(self.model, b, self.cfg.logprob_temperature)
-                loss, stats = grpo_loss(lp, b.old, b.adv, b.mask, ref, cfg)
+                loss, stats = grpo_loss(lp, b.old, b.adv, b.mask, ref, cfg, seq_ids=b.seq)
                 (loss * 0 if idle else loss).backward()
                 if idle:
                     continue
@@ -183,6 +185,8 @@ class Trainer:
                 sums["pg_loss"] += stats["pg_loss"]
                 for key in means:
                     sums[key] += stats[key] * n
+                sums["is_corrected"] += stats["is_corrected_fraction"] * (stats["sequences"] if per_seq else n)
+                sums["sequences"] += stats["sequences"]
                 sums["entropy"] += float((ent * b.mask).sum())
                 for key in ("ratio_max", "mismatch_max"):
                     sums[key] = max(sums[key], stats[key])
@@ -192,6 +196,7 @@ class Trainer:
         n = max(sums["loss_tokens"], 1.0)
         for key in (*means, "entropy"):
             sums[key] /= n
+        sums["is_corrected_fraction"] = sums.pop("is_corrected") / max(sums["sequences"] if per_seq else n, 1.0)
         return sums
 
     def distill_backward(self, pairs: list[tuple[Sample, Sample]], coef: float, normalizer: float) -> dict[str, float]:

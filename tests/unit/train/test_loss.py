@@ -174,3 +174,89 @@ def test_bad_importance_settings_are_refused():
         LossConfig(is_correction="truncate", is_cap=1.0)
     with pytest.raises(ValueError, match="is_correction must be 'none', 'truncate' or 'mask', got 'clip'"):
         LossConfig(is_correction="clip")
+    with pytest.raises(ValueError, match="is_level must be 'token' or 'sequence', got 'segment'"):
+        LossConfig(is_correction="truncate", is_level="segment")
+
+
+def _three_sequences():
+    """Three padded rows with trainer-over-sampler log-ratios whose means per row are log(4^(2/3)),
+    0 and -log 4: above, inside and below [1/2, 2] at sequence level (cap 2). Row 1's tokens are
+    4 and 1/4 apart, so at token level it would be capped and masked. -inf marks padding."""
+    pad = float("-inf")
+    log_r = torch.tensor([[math.log(4), math.log(4), 0.0, 0.0],
+                          [math.log(4), -math.log(4), 0.0, 0.0],
+                          [-math.log(4), 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    old = torch.where(mask, torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-3.0, -1.5, 0.0, 0.0], [-2.5, 0.0, 0.0, 0.0]]),
+                      pad)
+    lp = torch.where(mask, old + log_r, pad)
+    return lp, old, torch.tensor([1.0, -0.5, 2.0]), mask
+
+
+def test_sequence_level_with_agreeing_logprobs_changes_nothing():
+    lp, _, adv, mask = _three_sequences()
+    want_grad, want_loss, want = _grad(lp, lp, adv, mask, config=LossConfig(normalizer=10.0))
+    for mode in ("truncate", "mask"):
+        cfg = LossConfig(normalizer=10.0, is_correction=mode, is_level="sequence", is_cap=2.0)
+        grad, loss, stats = _grad(lp, lp, adv, mask, config=cfg)
+        assert loss.item() == want_loss.item()
+        assert torch.equal(grad, want_grad)
+        assert stats["is_corrected_fraction"] == 0.0 and stats["sequences"] == 3.0 and stats["mismatch_kl"] == 0.0
+
+
+def test_sequence_level_weights_truncate_or_mask_whole_sequences():
+    lp, old, adv, mask = _three_sequences()
+    # the ratio is to the trainer's own log-probs (1 everywhere), so each loss token's term is -w_seq * A / 10:
+    # row 0: w = 4^(2/3) = 2.52 -> 2, A = 1, 3 tokens; row 1: w = 1, A = -0.5, 2 tokens; row 2: w = 1/4, A = 2
+    cfg = LossConfig(normalizer=10.0, is_correction="truncate", is_level="sequence", is_cap=2.0)
+    grad, loss, stats = _grad(lp, old, adv, mask, config=cfg)
+    assert loss.item() == pytest.approx((-2.0 * 3 + 0.5 * 2 - 0.25 * 2.0) / 10.0)  # -0.55
+    want = torch.tensor([[-0.2, -0.2, -0.2, 0.0], [0.05, 0.05, 0.0, 0.0], [-0.05, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(grad, want)
+    assert stats["is_corrected_fraction"] == pytest.approx(1 / 3) and stats["sequences"] == 3.0
+    assert stats["mismatch_kl"] == pytest.approx(-(2 * math.log(4) - math.log(4)) / 6)  # still per token
+
+    # mask: rows 0 and 2 (weights outside [1/2, 2]) are dropped whole; row 1 is untouched
+    cfg = LossConfig(normalizer=10.0, is_correction="mask", is_level="sequence", is_cap=2.0)
+    grad, loss, stats = _grad(lp, old, adv, mask, config=cfg)
+    assert loss.item() == pytest.approx(0.5 * 2 / 10.0)
+    want = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.05, 0.05, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(grad, want)
+    assert stats["is_corrected_fraction"] == pytest.approx(2 / 3)
+
+    # token level on the same batch weighs row 1's tokens 2 (capped 4) and 1/4: another loss
+    cfg = LossConfig(normalizer=10.0, is_correction="truncate", is_cap=2.0)
+    _, loss, stats = _grad(lp, old, adv, mask, config=cfg)
+    assert loss.item() == pytest.approx((-(2.0 + 2.0 + 1.0) + 0.5 * (2.0 + 0.25) - 0.25 * 2.0) / 10.0)
+    assert stats["is_corrected_fraction"] == pytest.approx(3 / 6)  # tokens: 4, 4 (row 0) and 4 (row 1)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_sequence_level_packed_row_equals_the_padded_rows(mode):
+    lp, old, adv, mask = _three_sequences()
+    lengths = [int(n) for n in mask.sum(1)]
+    # the three sequences end to end in one row (plus one padding token), as train/micro_batches.py packs them
+    cat = [torch.cat([t[i, :n] for i, n in enumerate(lengths)] + [t.new_tensor([pad])])[None]
+           for t, pad in ((lp, float("-inf")), (old, float("-inf")), (mask, False))]
+    seq_ids = torch.tensor([[i for i, n in enumerate(lengths) for _ in range(n)] + [2]])
+    adv_tok = torch.tensor([[float(adv[i]) for i, n in enumerate(lengths) for _ in range(n)] + [0.0]])
+    cfg = LossConfig(normalizer=10.0, is_correction=mode, is_level="sequence", is_cap=2.0)
+
+    grad, loss, stats = _grad(lp, old, adv, mask, config=cfg)
+    p_grad, p_loss, p_stats = _grad(cat[0], cat[1], adv_tok, cat[2], config=cfg, seq_ids=seq_ids)
+    assert p_loss.item() == pytest.approx(loss.item())
+    torch.testing.assert_close(p_grad[0, :-1], grad[mask])
+    assert p_grad[0, -1] == 0.0
+    assert p_stats == pytest.approx(stats)
+    # without seq_ids the packed row is one sequence (mean log-ratio log(4)/6: inside the bounds)
+    _, whole, w_stats = _grad(cat[0], cat[1], adv_tok, cat[2], config=cfg)
+    assert whole.item() == pytest.approx(-(3 * 1.0 - 2 * 0.5 + 2.0) * 4 ** (1 / 6) / 10.0)
+    assert w_stats["sequences"] == 1.0 and w_stats["is_corrected_fraction"] == 0.0
+
+
+def test_bad_sequence_ids_are_refused():
+    lp, mask = torch.zeros(1, 3), torch.ones(1, 3)
+    with pytest.raises(ValueError, match=r"seq_ids has shape \(1, 2\), expected \(1, 3\)"):
+        grpo_loss(lp, lp, torch.zeros(1), mask, seq_ids=torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="seq_ids must be integers >= 0"):
+        grpo_loss(lp, lp, torch.zeros(1), mask, seq_ids=torch.tensor([[0, -1, 1]]))

@@ -4,6 +4,7 @@ a step's gradient equals the padded, whole-logits path's."""
 
 from __future__ import annotations
 
+import math
 import platform
 
 import pytest
@@ -190,3 +191,40 @@ def test_a_row_counts_shared_samples_at_their_unshared_length_and_routes_share_n
     routed = [s(90, True), s(80, True)]
     assert [len(g) for g in group_samples(routed, budget=120, packed=True, share=True)] == [1, 1]
     assert shared_length(routed[0], routed[1]) == 0 and shared_length(batch[0], batch[1]) == 60
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+@pytest.mark.parametrize("layout", ["split", "shared"])
+def test_sequence_level_importance_weights_are_per_sample_in_packed_rows(tiny, mode, layout):
+    """``[loss] is_level = "sequence"``: each sample's loss tokens share one weight, the geometric
+    mean of their p_trainer / p_sampler, whether the samples are padded rows or pieces of packed
+    rows (split over two micro-batches, or sharing a prefix). Sampler log-probs are the trainer's
+    shifted per sample so the weights are 4, 1, 1/4 (, 1)."""
+    vocab = tiny[0].config.vocab_size
+    samples = _samples(vocab) if layout == "split" else _sharing_samples(vocab)
+    padded = Trainer(*tiny, TrainConfig(bf16=False, pack_sequences=False, micro_batch_tokens=200))
+    packed = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, micro_batch_tokens=40 if layout == "split"
+                                                             else 200))
+    weights = [4.0, 1.0, 0.25, 1.0][:len(samples)]
+    with torch.no_grad():
+        for s, w in zip(samples, weights):
+            lp = padded._logprobs(padded.model, padded._collate([s]), padded.cfg.logprob_temperature)[0][0].tolist()
+            s.old_logprobs = [0.0] + [lp.pop(0) - math.log(w) if m else 0.0 for m in s.loss_mask[1:]]
+    cfg = LossConfig(is_correction=mode, is_level="sequence", is_cap=2.0)
+    m1, m2 = (t.rl_backward(samples, cfg, normalizer=50.0) for t in (padded, packed))
+    assert len(padded._micro_batches(samples)) == 1
+    assert len(packed._micro_batches(samples)) == (2 if layout == "split" else 1)
+    if layout == "shared":
+        assert packed._collate(samples).computed < packed._collate(samples).tokens  # a prefix was shared
+
+    # the ratio is to the trainer's own log-probs (1), so the loss is -sum(w * A * loss tokens) / 50
+    kept = [min(w, 2.0) if mode == "truncate" else (w if 0.5 <= w <= 2.0 else 0.0) for w in weights]
+    want = -sum(k * s.advantage * s.loss_tokens for k, s in zip(kept, samples)) / 50.0
+    corrected = sum(w > 2.0 or (mode == "mask" and w < 0.5) for w in weights) / len(samples)
+    for m in (m1, m2):
+        assert m["loss"] == pytest.approx(want, rel=1e-4)
+        assert m["is_corrected_fraction"] == pytest.approx(corrected) and m["sequences"] == len(samples)
+    g1, g2 = grads(padded.model), grads(packed.model)
+    assert g1.keys() == g2.keys() and g1
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-4, atol=1e-6, msg=n)
