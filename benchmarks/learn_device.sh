@@ -7,7 +7,8 @@
 #     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
 #     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
 #     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs (out/factory2k -> train.ocpack,
-#                           out/heldout-libs -> heldout.ocpack, wheels for Python 3.12 included)
+#                           out/heldout-libs -> heldout.ocpack, out/factory2k's other libraries ->
+#                           extra.ocpack for [learn] rl_extra_dirs; wheels for Python 3.12 included)
 #     .gput/                with TRACE_SETS='run|;replace-lines|--set agent.edit_tools=["replace_lines","write_file"]':
 #                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session)
 #   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
@@ -37,6 +38,17 @@ if [ "${1:-}" = prepare ]; then
   mkdir -p out/packs
   [ -e out/packs/train.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/train.ocpack "${P[@]}"
   [ -e out/packs/heldout.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/heldout-libs -o out/packs/heldout.ocpack "${P[@]}"
+  # RL's extra pool ([learn] rl_extra_dirs): the factory's other libraries, packed without the train pack's
+  if [ ! -e out/packs/extra.ocpack.part-000 ]; then
+    [ -d runs/learn-gpu/tasks/factory ] || .venv/bin/opencomposer tasks unpack out/packs/train.ocpack \
+        -o runs/learn-gpu/tasks/factory --no-envs
+    X=()
+    for lib in $(.venv/bin/python -c "import sys; from opencomposer.tasks.format import Task, task_dirs
+print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv[1])})))" runs/learn-gpu/tasks/factory); do
+      X+=(--exclude-library "$lib")
+    done
+    .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/extra.ocpack "${X[@]}" "${P[@]}"
+  fi
   i=0
   for f in out/packs/*.ocpack.part-*; do
     i=$((i + 1)); d=.gpup$i
@@ -102,7 +114,7 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
   exit $?
 fi
 T=$RUN/tasks
-for pair in train:factory heldout:heldout-libs; do
+for pair in train:factory heldout:heldout-libs extra:factory-extra; do
   pack=${pair%%:*}; dest=$T/${pair##*:}
   if [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
     echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue

@@ -99,6 +99,9 @@ class LearnSection(Strict):
     rl_lora: bool = Field(False, description="RL trains LoRA adapters ([train] lora_r, ...) on the SFT model even "
                                              "where SFT was full fine-tuning: a few tens of MiB of state, which "
                                              "can come back from a machine and resume there next session")
+    rl_extra_dirs: list[str] = Field(default_factory=list, description="task pools of further libraries RL draws "
+                                     "from besides the train split (never in SFT traces or any evaluated split): "
+                                     "single-epoch RL uses tasks_per_step x steps tasks")
     eval_splits: list[EvalSplit] = Field(list(EVAL_SPLITS), min_length=1,
                                          description="the splits each stage evaluates (a settings arm: validation)")
 
@@ -141,6 +144,14 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
               "validation": s.validation + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_validation, data, log),
               "heldout_functions": s.heldout, "heldout_libraries": held_libs,
               "humaneval_heldout": humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_heldout, data, log)}
+    if lc.rl_extra_dirs:  # whole libraries for RL alone: none may be a library split above
+        extra = pool(lc.rl_extra_dirs)
+        libs = lambda paths: {Task.load(p).meta.source.name for p in paths}  # noqa: E731
+        both = sorted(libs(extra) & libs(pool(lc.train_dirs) + held_libs))
+        if both:
+            raise SystemExit(f"[learn] rl_extra_dirs: libraries {both} are also in train_dirs or "
+                             "heldout_library_dirs; an RL-only pool holds other libraries")
+        splits["rl_extra"] = extra
     if lc.max_eval_tasks:
         for name in EVAL_SPLITS:
             if len(splits[name]) > lc.max_eval_tasks:
@@ -150,7 +161,7 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
     if path.exists():
         old = json.loads(path.read_text())
         if old != ids:
-            diff = [n for n in SPLITS if old.get(n) != ids.get(n)]
+            diff = [n for n in (*SPLITS, "rl_extra") if old.get(n) != ids.get(n)]
             raise SystemExit(f"{path}: the splits differ from this run's ({diff}); a run never changes its splits "
                              f"(another --config's [run] out_dir, or delete {path} to start over)")
     else:
@@ -321,6 +332,17 @@ def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock:
     return model_dir
 
 
+def rl_pool(cfg: LearnConfig, splits: dict[str, list[Path]], log) -> list[Path]:
+    """RL's tasks: the train split and ``[learn] rl_extra_dirs``; a pool smaller than the run's
+    single epoch needs (``tasks_per_step x steps``) is said at once, not found at the step it runs out."""
+    tasks = splits["train"] + splits.get("rl_extra", [])
+    need = cfg.rollout.tasks_per_step * cfg.run.steps
+    if need > len(tasks):
+        log(f"RL pool: {len(tasks)} tasks for {cfg.run.steps} steps x {cfg.rollout.tasks_per_step}: single-epoch RL "
+            f"runs out after step {len(tasks) // cfg.rollout.tasks_per_step} (add [learn] rl_extra_dirs)")
+    return tasks
+
+
 def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
              log) -> list[dict]:
     """``[run] steps`` RL updates from the SFT model in chunks of ``eval_every`` steps (validation
@@ -337,7 +359,7 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
         seed_all(cfg.run.seed)
         rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=end)
         rcfg.sft.enabled = False
-        run = RLRun(rcfg, splits["train"], rl_out, resume=True, start_model=str(sft_model),
+        run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
                     on_step=lambda r: log(f"  RL step {r['step']}: pass@1 {r['pass@1']:.2f} shaped "
                                           f"{r['shaped_reward_mean']:+.3f} invalid {r['invalid_calls']:.2f} "
                                           f"tokens {r['mean_completion_tokens']:.0f} ({r['time_rollout']:.0f}s "

@@ -185,3 +185,38 @@ def test_curves_hold_every_split_and_checkpoint_in_training_order(tmp_path):
     pytest.importorskip("tensorboard")
     assert list((tmp_path / "tb" / "validation").glob("events.out.tfevents*"))
     assert list((tmp_path / "tb" / "heldout_libraries").glob("events.out.tfevents*"))
+
+
+def test_an_rl_only_pool_of_other_libraries(tmp_path, toolz_tasks):
+    """[learn] rl_extra_dirs: whole libraries RL draws from, in no SFT trace and no evaluated split;
+    a library also split for training or held out is refused; a pool too small for the run is said."""
+    import shutil
+    import tomllib
+
+    from opencomposer.tasks.format import TaskMeta, write_task_toml
+    first = sorted(p.parent for p in toolz_tasks.glob("*/task.toml"))[0]
+    extra = tmp_path / "extra"
+    shutil.copytree(first, extra / "minilib_1", symlinks=True)
+    data = tomllib.loads((extra / "minilib_1" / "task.toml").read_text())
+    data["id"], data["source"]["spec"] = "minilib_1", "minilib==1.0"
+    (extra / "_envs").symlink_to(toolz_tasks / "_envs")  # the env the copied task names, relative to it
+    write_task_toml(extra / "minilib_1" / "task.toml", TaskMeta.model_validate(data))
+    out = tmp_path / "run"
+    text = write_config(tmp_path, toolz_tasks, out).read_text()
+    cfg = tmp_path / "extra.toml"
+    cfg.write_text(text.replace("oracle_workers = 2", f'oracle_workers = 2\nrl_extra_dirs = ["{extra}"]'))
+    c = load_config(cfg, lr.LearnConfig)
+    out.mkdir()
+    said: list[str] = []
+    splits = lr.make_splits(c, out, None, said.append)
+    assert [p.name for p in splits["rl_extra"]] == ["minilib_1"]
+    assert json.loads((out / "splits.json").read_text())["rl_extra"] == ["minilib_1"]
+    assert all("minilib_1" not in [p.name for p in splits[s]] for s in lr.SPLITS)
+    pool = lr.rl_pool(c, splits, said.append)
+    assert pool == splits["train"] + splits["rl_extra"] and not any("runs out" in m for m in said)
+    c.run.steps = 10 * len(pool)
+    lr.rl_pool(c, splits, said.append)
+    assert f"runs out after step {len(pool)}" in said[-1]
+    c.learn.rl_extra_dirs = [str(toolz_tasks)]  # the training library again
+    with pytest.raises(SystemExit, match=r"libraries \['toolz'\] are also in train_dirs"):
+        lr.make_splits(c, out, None, said.append)

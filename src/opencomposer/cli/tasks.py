@@ -274,13 +274,16 @@ def tasks_pack(
                                                  "e.g. manylinux2014_x86_64"),
     find_links: Optional[list[Path]] = typer.Option(None, help="take wheels from this dir, never the index (repeatable)"),
     level: int = typer.Option(10, min=1, max=22, help="zstandard compression level"),
+    library: Optional[list[str]] = typer.Option(None, help="pack only this library's tasks (repeatable), e.g. toolz"),
+    exclude_library: Optional[list[str]] = typer.Option(None, help="leave this library's tasks out (repeatable)"),
 ) -> None:
     """Tasks and their environments in one file (or parts) for a machine with no network."""
     from opencomposer.tasks.pack import pack_tasks, parse_size
 
     try:
         size = parse_size(part_size) if part_size else None
-        rep = pack_tasks(src, out_path, size, wheels, python_version, platform or None, find_links or None, level)
+        rep = pack_tasks(src, out_path, size, wheels, python_version, platform or None, find_links or None, level,
+                         library or None, exclude_library or None)
     except known_errors() as e:
         fail(e)
     err.print(f"packed {rep.tasks} tasks ({rep.files} files, {rep.objects} distinct) into "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import tomllib
 from functools import partial
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 from opencomposer.paths import atomic_write_text
 from opencomposer.rl.config import TasksSection
 from opencomposer.rl.sampler import Informative, TaskSampler
-from opencomposer.tasks.format import Task, TaskFormatError, TaskMeta, find_tasks
+from opencomposer.tasks.format import SourceInfo, Task, TaskFormatError, TaskMeta, find_tasks
 
 SPLIT_FILE = "split.json"
 
@@ -65,9 +64,8 @@ def task_stratum(path: Path, by: tuple[str, ...] | list[str] = ("level",)) -> st
     toml = Path(path) / "task.toml"
     try:
         data = tomllib.loads(toml.read_text())
-        spec = re.split(r"[=<>!~@\s\[;]", str(data["source"]["spec"]).strip(), maxsplit=1)[0]
         parts = {"level": str(data["feature"]["level"]),
-                 "library": str(data["source"].get("package") or spec.rstrip("/").rsplit("/", 1)[-1])}
+                 "library": str(data["source"].get("package") or SourceInfo(spec=str(data["source"]["spec"])).name)}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
         raise TaskFormatError(f"{toml}: cannot read feature.level and source.spec for informative sampling: "
                               f"{type(e).__name__}: {e}") from None

@@ -38,6 +38,7 @@ Test: ``pytest tests/unit/tasks/test_task_format.py tests/unit/tasks/sources/tes
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,12 @@ class SourceInfo(Strict):
     kind: Literal["pypi", "local", "git", "swebench", "harbor", "humaneval"] = "pypi"
     spec: str = Field(..., description="e.g. 'more-itertools==10.5.0'")
     package: str = ""  # top-level import name of the library, if known
+
+    @property
+    def name(self) -> str:
+        """The library the spec names, without version or path: 'more-itertools==10.5.0' ->
+        'more-itertools', 'owner/repo@sha' -> 'repo'."""
+        return re.split(r"[=<>!~@\s\[;]", self.spec.strip(), maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
 class FeatureInfo(Strict):

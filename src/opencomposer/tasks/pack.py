@@ -161,11 +161,14 @@ def _env_of(src: Path, task: Task) -> str | None:
 
 def pack_tasks(src: Path, out: Path, part_size: int | None = None, wheels: bool = True,
                python_version: str | None = None, platform: list[str] | None = None,
-               find_links: list[Path] | None = None, level: int = 10) -> PackReport:
-    """Write the tasks of ``src`` (``task_dirs``) and their envs to ``out`` (or ``out.part-NNN``)."""
+               find_links: list[Path] | None = None, level: int = 10, libraries: list[str] | None = None,
+               exclude_libraries: list[str] | None = None) -> PackReport:
+    """Write the tasks of ``src`` (``task_dirs``) and their envs to ``out`` (or ``out.part-NNN``);
+    with ``libraries`` only the tasks of those libraries (``SourceInfo.name``, e.g. 'toolz'), less
+    those of ``exclude_libraries``."""
     t0 = time.time()
     src, out = Path(src), Path(out)
-    tasks = [Task.load(d) for d in task_dirs(src)]
+    tasks = select_libraries([Task.load(d) for d in task_dirs(src)], src, libraries, exclude_libraries)
     if not tasks:
         raise ConfigError(f"{src}: no task directories in it (expected {src}/<task>/task.toml)")
     files: list[dict] = []
@@ -251,6 +254,21 @@ class _Hashing:
         self.h.update(b)
         self.n += len(b)
         return b
+
+
+def select_libraries(tasks: list[Task], src: Path, only: list[str] | None, exclude: list[str] | None) -> list[Task]:
+    """The tasks of the ``only`` libraries (all when None) less the ``exclude`` ones, names compared
+    as pip does (case, '-', '_' and '.' alike); a named library with no task in ``src`` is an error."""
+    norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
+    have = {norm(t.meta.source.name) for t in tasks}
+    for flag, names in (("--library", only), ("--exclude-library", exclude)):
+        missing = sorted(n for n in names or [] if norm(n) not in have)
+        if missing:
+            raise ConfigError(f"{flag} {', '.join(missing)}: no task of that library in {src} "
+                              f"(its libraries: {', '.join(sorted(have))})")
+    keep = {norm(n) for n in only} if only else have
+    keep -= {norm(n) for n in exclude or []}
+    return [t for t in tasks if norm(t.meta.source.name) in keep]
 
 
 def _info(name: str, size: int) -> tarfile.TarInfo:

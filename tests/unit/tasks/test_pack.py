@@ -316,3 +316,23 @@ def test_unpack_refuses_a_non_empty_dir_naming_it(packed, tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
     (tmp_path / "empty").mkdir()
     assert unpack_tasks(packed[1], tmp_path / "empty", envs=False).tasks == 3  # an empty dir is fine
+
+
+def test_a_pack_of_some_libraries_only(packed, tmp_path):
+    """--library / --exclude-library pick tasks by the library their spec names (pip's spelling rules);
+    a name with no task is refused, listing the libraries there are."""
+    src = tmp_path / "tasks"
+    shutil.copytree(packed[0], src, symlinks=True)
+    clone_task(src / "HumanEval_2", src / "mini_1", "mini_1")
+    data = tomllib.loads((src / "mini_1" / "task.toml").read_text())
+    data["source"]["spec"] = "Mini_Lib==1.0"
+    write_task_toml(src / "mini_1" / "task.toml", TaskMeta.model_validate(data))
+    only = pack_tasks(src, tmp_path / "only.ocpack", wheels=False, libraries=["mini-lib"])
+    assert only.tasks == 1
+    rest = pack_tasks(src, tmp_path / "rest.ocpack", wheels=False, exclude_libraries=["MINI.LIB"])
+    assert rest.tasks == 3
+    out = tmp_path / "unpacked"
+    unpack_tasks(tmp_path / "only.ocpack", out, envs=False)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("_")) == ["mini_1"]
+    with pytest.raises(ConfigError, match=r"--library nope: no task of that library in .*its libraries: 0, 2, mini-lib"):
+        pack_tasks(src, tmp_path / "x.ocpack", wheels=False, libraries=["nope"])
