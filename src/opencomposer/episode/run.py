@@ -15,6 +15,9 @@ flagged reward. ``collect_rollouts``: K ``run_task`` episodes per task, each in 
 thread; the model calls of all live episodes meet in a ``BatchedPolicy`` and are generated as
 batches. Rollouts come back ordered by (group, index) whatever order they finished in; group
 ``g`` is ``tasks[g]``, so its K rollouts are the group that shares an advantage baseline.
+Over several engines (``policies/fanout.py``) each episode enters ``policy.episode(group=key)``
+with a key of its group's own, so the K rollouts of a task run on one engine
+(``Rollout.engine``); an episode whose engine failed under it is a failed rollout.
 
 An exception inside one rollout (a sandbox that cannot be made, a grader that crashes)
 becomes a failed ``Rollout``: no result, reward 0, ``error`` set. It never stops the batch.
@@ -33,6 +36,7 @@ Test: ``pytest tests/unit/episode/test_rollout.py tests/unit/episode/test_progre
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +52,7 @@ from opencomposer.harness.loop import Agent
 from opencomposer.harness.trajectory import Step, Trajectory
 from opencomposer.models.codec import TOOL_CALL_BLOCK
 from opencomposer.policies.batched import BatchedPolicy
+from opencomposer.policies.fanout import EngineSession, FanoutPolicy
 from opencomposer.protocols import Policy, RewardResult, Sandbox, SandboxSpec
 from opencomposer.rewards.changes import workspace_changes
 from opencomposer.rewards.config import RewardConfig
@@ -57,6 +62,10 @@ from opencomposer.rewards.monitors import monitor, void
 from opencomposer.rewards.shaping import ShapedReward, shape
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks.format import Task
+
+
+SERVES_MANY = (BatchedPolicy, FanoutPolicy)  # policies that serve concurrent episodes (``episode()``)
+_collections = itertools.count()  # numbers each collect_rollouts call, for its groups' keys
 
 
 @dataclass
@@ -141,6 +150,7 @@ class Rollout:
     error: str = ""
     seconds: float = 0.0
     shaped: ShapedReward | None = None  # set by shape_rollouts: the reward the update uses
+    engine: int | None = None  # several engines (FanoutPolicy): the one that ran it (its last turn's)
 
     @property
     def reward(self) -> float:
@@ -212,17 +222,18 @@ def collect_rollouts(
     """
     if k < 1 or max_concurrent < 1:
         raise ValueError(f"need k >= 1 and max_concurrent >= 1; got k={k}, max_concurrent={max_concurrent}")
-    if not isinstance(policy, BatchedPolicy) and max_concurrent > 1:
+    if not isinstance(policy, SERVES_MANY) and max_concurrent > 1:
         raise ValueError(f"{type(policy).__name__} serves one episode at a time; wrap it in "
                          f"BatchedPolicy for max_concurrent={max_concurrent}")
     # Group-major order: with fewer slots than episodes, whole groups finish early.
     jobs = [(g, i, task) for g, task in enumerate(tasks) for i in range(k)]
+    collection = next(_collections)  # group g's key is (collection, g): its own, across calls
     lock, done = threading.Lock(), [0]
     shown = RolloutProgress(len(jobs), progress) if progress and jobs else None
     on_step = (lambda step: shown.add_tokens(step.completion_tokens)) if shown is not None else None
 
     def one(job: tuple[int, int, Task]) -> Rollout:
-        rollout = _run_one(*job, policy, backend, cfg, sandboxes, on_step)
+        rollout = _run_one(*job, policy, backend, cfg, sandboxes, on_step, key=(collection, job[0]))
         if shown is not None:
             shown.episode_done(rollout.reward, rollout.failed)
         if on_progress is not None:
@@ -247,21 +258,29 @@ def versions_of(traj: Trajectory) -> list[int]:
     return sorted({v for s in traj.steps for v in s.token_versions()})
 
 
-def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | Policy, backend: str,
+def _run_one(group: int, index: int, task: Task, policy: BatchedPolicy | FanoutPolicy | Policy, backend: str,
              cfg: AgentConfig | None, sandboxes: Callable[[Any], Any] | None = None,
-             on_step: Callable[[Step], None] | None = None) -> Rollout:
+             on_step: Callable[[Step], None] | None = None, key: Any = None) -> Rollout:
     t0 = time.monotonic()
+    session = None
     try:
-        with policy.episode() if isinstance(policy, BatchedPolicy) else nullcontext():
-            result = run_task(task, policy, backend, cfg, sandboxes=sandboxes, on_step=on_step)
+        # the policy of this episode: its group's engine over several (FanoutPolicy); leaving
+        # raises when that engine failed under it (the episode is void)
+        with policy.episode(group=key) if isinstance(policy, SERVES_MANY) else nullcontext(policy) as session:
+            result = run_task(task, session, backend, cfg, sandboxes=sandboxes, on_step=on_step)
         traj = result.trajectory
         return Rollout(
             task.id, group, index, result, tokens=token_counts(traj, policy.tokenizer),
             invalid_calls=traj.invalid_calls, policy_versions=versions_of(traj),
-            seconds=time.monotonic() - t0,
+            seconds=time.monotonic() - t0, engine=_engine(session),
         )
     except Exception as e:  # one broken episode is a failed rollout, never a failed batch
-        return Rollout(task.id, group, index, None, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+        return Rollout(task.id, group, index, None, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0,
+                       engine=_engine(session))
+
+
+def _engine(session: Any) -> int | None:
+    return session.engine if isinstance(session, EngineSession) else None
 
 
 # --------------------------------------------------------------------------- token kinds

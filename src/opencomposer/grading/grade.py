@@ -38,6 +38,7 @@ from opencomposer.harness.patch import apply_patch as patch_files
 from opencomposer.protocols import RewardResult, Sandbox, SandboxSpec
 from opencomposer.rewards.changes import workspace_changes
 from opencomposer.sandbox import make_sandbox
+from opencomposer.tasks import pyparse
 from opencomposer.tasks.format import Task
 
 OpenSandbox = Callable[[SandboxSpec], AbstractContextManager[Sandbox]]
@@ -106,7 +107,7 @@ def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
     is (a ``return`` in it included), then ``failing``. Its decorators and fixtures stay on ``new``;
     the copied body becomes a helper ``_new``. None when ``src`` has no such plain function."""
     try:
-        tree = ast.parse(src)
+        tree = pyparse.parse(src)  # episodes grade in threads at once
     except SyntaxError:
         return None
     for node in tree.body:
@@ -159,7 +160,7 @@ def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
 def _names(src: str) -> set[str]:
     """Every name bound or used in ``src`` (empty when it does not parse): the canary's must be new."""
     try:
-        tree = ast.parse(src)
+        tree = pyparse.parse(src)  # episodes grade in threads at once
     except SyntaxError:
         return set()
     return {n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(tree)}

@@ -31,8 +31,11 @@ engine steps as ``batches``, sequences in the engine summed over steps as
 ``sequence_steps`` (``mean_running`` = their ratio), and ``generate_seconds`` is the wall time
 with any request in the engine; ``queue_seconds`` sums the time requests waited for room in
 the engine (``max_batch``); ``batch_sizes`` is the histogram of sequences per step. A
-failed engine step fails the requests then in the engine (``BatchGenerationError``), which are
-aborted, and the worker goes on serving later ones.
+failed engine step fails the requests then in the engine (``EngineStepError``, a
+``BatchGenerationError``), which are aborted, and the worker goes on serving later ones; so
+does a failed batch in batch mode. A request's own failure (its prompt refused by the engine)
+is a plain ``BatchGenerationError``. ``policies/fanout.py`` tells the two apart: a failed step
+takes an engine out of dispatch.
 
 Everything the sampler means (GenerationConfig, stop tokens, logprobs, context rule) is
 ``ModelPolicy``'s; ``policy_version`` is the wrapped policy's (a trainer bumps either) and is
@@ -54,7 +57,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Hashable, Iterator
 
 from opencomposer.policies.engine import EnginePolicy
 from opencomposer.policies.model import ModelPolicy
@@ -65,6 +68,15 @@ class BatchGenerationError(RuntimeError):
     """Generating the batch this request was in failed; ``__cause__`` is the original error."""
 
 
+class PolicyClosed(RuntimeError):
+    """The policy was closed before this request was queued: nothing of it ran."""
+
+
+class EngineStepError(BatchGenerationError):
+    """The whole engine step (batch mode: the whole batch) this request was in failed, not the
+    request alone: the engine itself is suspect."""
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -72,6 +84,7 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     output: PolicyOutput | None = None
     error: BaseException | None = None
+    step_failed: bool = False  # the error is the whole step's or batch's (EngineStepError)
 
 
 class BatchedPolicy:
@@ -130,12 +143,12 @@ class BatchedPolicy:
         request = _Request(self.policy.encode(messages, tools))  # ContextLengthError: this caller only
         with self._cond:
             if self._closed:
-                raise RuntimeError(f"BatchedPolicy {self.name!r} is closed; no worker will answer")
+                raise PolicyClosed(f"BatchedPolicy {self.name!r} is closed; no worker will answer")
             self._pending.append(request)
             self._cond.notify_all()
         request.done.wait()
         if request.error is not None:
-            raise BatchGenerationError(
+            raise (EngineStepError if request.step_failed else BatchGenerationError)(
                 f"generating a batch on {self.name} failed: {type(request.error).__name__}: {request.error}"
             ) from request.error
         assert request.output is not None  # the worker sets output or error before done
@@ -155,11 +168,13 @@ class BatchedPolicy:
             self._cond.notify_all()  # the worker may be waiting for this episode's request
 
     @contextmanager
-    def episode(self) -> Iterator[None]:
-        """Count the calling episode as live (the worker waits for its request) while inside."""
+    def episode(self, group: Hashable | None = None) -> Iterator[BatchedPolicy]:
+        """Count the calling episode as live (the worker waits for its request) while inside;
+        yields the policy the episode talks to (this one). ``group`` (the episode's GRPO group)
+        matters to ``FanoutPolicy`` only: one engine serves every group here."""
         self.register()
         try:
-            yield
+            yield self
         finally:
             self.unregister()
 
@@ -193,7 +208,7 @@ class BatchedPolicy:
                 request.output = output
         except BaseException as e:  # every waiting caller must hear of it, whatever it is
             for request in batch:
-                request.error = e
+                request.error, request.step_failed = e, True
             if not isinstance(e, Exception):
                 raise
         finally:
@@ -266,7 +281,7 @@ class BatchedPolicy:
         except Exception as e:
             finished = list(running.values())
             for rid, request in running.items():
-                request.error = e
+                request.error, request.step_failed = e, True
                 self._forget(engine, rid)
             running.clear()
         else:

@@ -20,11 +20,19 @@ ahead of the learner (``rl/async_rollouts.py``), each update reaches the engine 
 N versions older than the learner's weights. A task counts as used once trained on
 (``publish``), so tasks in flight at a stop are collected again after ``--resume``.
 
+Several rollout engines (``[rollout] engines``, ``base_urls``): ``rl/engines.py`` builds them
+behind a ``FanoutPolicy`` (a group's rollouts on one engine), ``sync_weights`` updates every
+one (a failed one rebuilt first), and the step's row has each engine's ``engine_episodes_<i>``,
+``engine_requests_<i>``, ``engine_generate_s_<i>``, ``engine_failures_<i>`` and
+``engine_version_<i>`` (the version it ran at the collection's end), with ``engines_up``
+and ``engine_groups_split`` (groups that ran on more than one: an engine failed under them).
+
 Under torchrun the actor lives on rank 0 alone (``distributed.main_only``): its engine, its
 sandboxes, its rollout thread, the metrics log and the evaluations' policies (``make_policy``).
 
 Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.py
-tests/unit/rl/test_informative.py`` (zero-variance groups kept, skipped, resampled).
+tests/unit/rl/test_informative.py`` (zero-variance groups kept, skipped, resampled);
+``pytest tests/integration/test_rl_engines.py`` (two engines).
 """
 
 from __future__ import annotations
@@ -37,12 +45,17 @@ from typing import Any
 
 from opencomposer.episode.run import Rollout, collect_rollouts, shape_rollouts
 from opencomposer.harness.prompt import agent_tools
-from opencomposer.models.registry import load_model
 from opencomposer.policies.batched import BatchedPolicy
-from opencomposer.policies import make_policy
+from opencomposer.policies.fanout import FanoutPolicy
 from opencomposer.rl.advantages import GroupSplit, advantages_for_groups, split_groups
 from opencomposer.rl.async_rollouts import RolloutsAhead
 from opencomposer.rl.config import RLRunConfig, RolloutSection
+from opencomposer.rl.engines import (
+    model_config,
+    rollout_engines,
+    rollout_policy,
+    sync_engines,
+)
 from opencomposer.rl.external_engine import EXTERNAL, ExternalEngine
 from opencomposer.rl.feedback import detect, distill_pairs
 from opencomposer.rl.learner import TrainBatch, Weights
@@ -107,54 +120,6 @@ def sandbox_pool(rollout: RolloutSection):
                                            health_check=sp.health_check))
 
 
-def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperature: float, device: str,
-                   start_model: str, base_model: bool = False,
-                   publish: Callable[[], Any] = lambda: None, external: ExternalEngine | None = None) -> BatchedPolicy:
-    """A batched sampler on ``weights``, or (``base_model``) on a fresh load of the untrained
-    model, so the base can be measured at any point of the run.
-
-    ``rollout.engine = "builtin"`` samples with the inference engine, which holds its own
-    copy of the weights (``Actor.sync_weights`` sends new ones after each update); "hf" samples
-    with transformers ``generate`` on the trainer's model itself (one process); "server" with
-    an ``opencomposer serve`` that follows the weight store (``publish`` feeds it first); "vllm"
-    and "sglang" with such a server, given ``weights`` through ``external`` (``rl/external_engine.py``).
-    """
-    r, m = cfg.rollout, cfg.model
-    sampling = dict(temperature=temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=cfg.run.seed,
-                    batch=r.max_batch)
-    if r.engine == "server" and not base_model:  # the base model is measured locally (the server trains on)
-        policy = make_policy("server", base_url=r.base_url, tokenizer=tokenizer, **sampling)
-        try:
-            publish()  # the server samples the trainer's weights, not its own
-            policy.policy.wait_for_version(weights.version, r.sync_timeout_s)
-        except BaseException:
-            policy.close()
-            raise
-        return policy
-    if r.engine in EXTERNAL and not base_model:  # the base model is measured locally here too
-        external = external or ExternalEngine(cfg, model_config(weights, start_model))
-        return external.policy(weights, tokenizer, temperature)
-    if base_model or weights.model is None or (r.engine == "builtin" and cfg.train.lora):
-        model, tok = load_model(m.name if base_model else start_model, device=device)
-        if not base_model:  # the engine's own copy, of the weights gathered from the shards (or LoRA's, merged)
-            model.load_state_dict(weights.state)
-    else:
-        model, tok = weights.model
-    version = 0 if base_model else weights.version
-    if r.engine == "builtin":
-        from opencomposer.inference.engine.core import Engine
-
-        engine = Engine(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version,
-                        max_model_len=min(int(model.config.max_position_embeddings), 8192))
-        return make_policy("engine", engine=engine, **sampling)
-    return make_policy("model", model=(model, tok), policy_version=version, **sampling)
-
-
-def model_config(weights: Weights, start_model: str) -> Any:
-    """The HF config of the model trained: the trainer's own, or (sharded) a fresh load's."""
-    return (weights.model or load_model(start_model))[0].config
-
-
 def _split(rollouts: list[Rollout]) -> GroupSplit:
     """``split_groups`` of rollouts: zero variance by the shaped reward the update uses,
     all-pass / all-fail by the task reward."""
@@ -200,7 +165,10 @@ class Actor:
         # [rollout] engine = "vllm" | "sglang": the server's checks and weight pushes
         self.external = (ExternalEngine(cfg, model_config(weights, start_model))
                          if cfg.rollout.engine in EXTERNAL else None)
-        self.policy = self.make_policy(cfg.rollout.temperature)
+        # the rollouts' engine, or [rollout] engines of them behind a FanoutPolicy (rl/engines.py)
+        self.policy: BatchedPolicy | FanoutPolicy = rollout_engines(
+            cfg, lambda: self.weights, tokenizer, cfg.rollout.temperature, device, start_model,
+            publish=self.publish_to_store, external=self.external)
         self.tools = agent_tools(cfg.agent)  # the schemas its episodes were given
         self.pool = sandbox_pool(cfg.rollout)  # closed by close()
         self.ahead: RolloutsAhead | None = None  # the rollout thread while the run runs, if max_staleness
@@ -219,7 +187,7 @@ class Actor:
             raise ConfigError(f"[sync] store: {e}") from None
 
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
-        """A batched sampler on the latest weights (``rollout_policy``); the evaluations use it too."""
+        """A batched sampler on the latest weights, one engine (``rollout_policy``): the evaluations'."""
         return rollout_policy(self.cfg, self.weights, self.tokenizer, temperature, self.device, self.start_model,
                               base_model=base_model, publish=self.publish_to_store, external=self.external)
 
@@ -230,28 +198,10 @@ class Actor:
         self.weights = weights
 
     def sync_weights(self, wait: bool = True) -> dict[str, float]:
-        """Make the rollout policy sample from the latest weights (and say so).
-
-        The built-in engine takes them between two decode steps, in flight if rollouts are
-        running (``max_staleness``); a server gets them through the store, and ``wait=False``
-        leaves it to apply them when its follower polls (its tokens then say which version ran);
-        a vLLM or SGLang server loads them from a directory and acknowledges the version (what
-        that cost is returned, for the step's row; {} otherwise).
-        """
-        w = self.weights
-        if self.policy.policy_version == w.version:
-            return {}
-        if self.cfg.rollout.engine == "server":  # through the weight store: publish, then wait for the server
-            self.publish_to_store()
-            if wait:
-                self.policy.policy.wait_for_version(w.version, self.cfg.rollout.sync_timeout_s)
-        elif self.external is not None:  # written to a directory, loaded through the server's endpoint
-            return self.external.push(self.policy, w)
-        elif self.cfg.rollout.engine == "builtin":
-            self.policy.policy.update_weights(w.state, w.version)
-        else:  # same model object: only the label moves
-            self.policy.policy_version = w.version
-        return {}
+        """Make the rollout engines sample from the latest weights (``rl/engines.sync_engines``:
+        a failed built-in engine rebuilt first; ``wait=False``: a server applies them when its
+        follower polls); what a vLLM or SGLang push cost, for the step's row ({} otherwise)."""
+        return sync_engines(self.policy, self.cfg, self.weights, self.publish_to_store, wait, self.external)
 
     def publish_to_store(self) -> dict[str, float]:
         """Send the latest version to the weight store (``[sync]``), once; the metrics row
@@ -287,7 +237,7 @@ class Actor:
         r, t0 = self.cfg.rollout, time.perf_counter()
         paths = self.sampler.issue()
         pushed = self.sync_weights() if not r.max_staleness else {}
-        gen0, eng0 = dict(self.policy.stats), self._engine_counts()
+        gen0, eng0, per0 = dict(self.policy.stats), self._engine_counts(), self._per_engine()
         task_ids, rollouts = self._roll(paths)
         shaped = [(len(rollouts), shape_rollouts(rollouts, self.cfg.reward))]
         split = _split(rollouts)
@@ -320,15 +270,39 @@ class Actor:
                        # sequences per engine step (continuous) or per batch, this step's
                        "generate_mean_running": round(gen.get("sequence_steps", 0) / max(gen.get("batches", 0), 1), 2),
                        "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2),
-                       **rollout_times(rollouts, gen, self._engine_counts(eng0)), **pushed}
+                       **rollout_times(rollouts, gen, self._engine_counts(eng0)),
+                       **self._per_engine(per0, rollouts), **pushed}
         return batch
+
+    def _per_engine(self, since: dict[str, float] | None = None,
+                    rollouts: list[Rollout] | None = None) -> dict[str, float]:
+        """Several engines: each one's episodes, requests, generate seconds and failures
+        (``FanoutPolicy.figures``, minus ``since``) and the version it runs, how many are up,
+        and how many groups ran on more than one (an engine failed under them); {} with one engine."""
+        if not isinstance(self.policy, FanoutPolicy):
+            return {}
+        now = self.policy.figures()
+        if since is None:
+            return now
+        engines: dict[str, set] = {}
+        for ro in rollouts or []:
+            if ro.engine is not None:
+                engines.setdefault(ro.task_id, set()).add(ro.engine)
+        return {**{k: round(v - since.get(k, 0.0), 3) for k, v in now.items()},
+                **{f"engine_version_{i}": float(v) for i, v in self.policy.versions().items()},
+                "engines_up": float(self.policy.up),
+                "engine_groups_split": float(sum(len(e) > 1 for e in engines.values()))}
 
     def _engine_counts(self, since: dict[str, float] | None = None) -> dict[str, float] | None:
         """The built-in engine's running counts (``Engine.stats``; None without one), minus ``since``."""
-        engine = getattr(getattr(self.policy, "policy", None), "engine", None)
-        if engine is None or not hasattr(engine, "stats"):
+        if isinstance(self.policy, FanoutPolicy):  # summed over the engines (replaced ones included)
+            counts = self.policy.engine_counts()
+        else:
+            engine = getattr(getattr(self.policy, "policy", None), "engine", None)
+            counts = engine.stats() if engine is not None and hasattr(engine, "stats") else {}
+        if not counts:
             return None
-        now = {k: float(v) for k, v in engine.stats().items() if k in ENGINE_COUNTS}
+        now = {k: float(v) for k, v in counts.items() if k in ENGINE_COUNTS}
         return now if since is None else {k: v - since.get(k, 0.0) for k, v in now.items()}
 
     def _roll(self, paths: list[Path]) -> tuple[list[str], list[Rollout]]:

@@ -85,11 +85,22 @@ class RolloutSection(SamplingSection):
     engine: Literal["hf", "builtin", "server", "vllm", "sglang"] = Field(
         "hf", description="'builtin': inference/ engine (paged KV, prefix cache: agent turns are not re-prefilled); "
                           "'hf': transformers generate on the model; 'server': an `opencomposer serve "
-                          "--weights-from` process (rollout.base_url, fed through [sync]); 'vllm' / 'sglang': such a "
+                          "--weights-from` process (rollout.base_url, several: rollout.base_urls; fed through "
+                          "[sync]); 'vllm' / 'sglang': such a "
                           "server at rollout.base_url, token ids in and out, new weights loaded from "
                           "rollout.weights_dir after each update")
     base_url: str | None = Field(None, description="rollout.engine='server', 'vllm' or 'sglang': the server, e.g. "
                                                    "http://gpu-7:8000/v1")
+    # several engines (policies/fanout.py, rl/engines.py; docs/scaling.md, "Several rollout engines")
+    engines: int = Field(1, ge=1, description="rollout.engine='builtin': how many engines sample, each its own copy "
+                                              "of the weights; a group's K rollouts run on one, the least-loaded when "
+                                              "the group starts. 'server': the count of rollout.base_urls")
+    engine_devices: list[str] | None = Field(
+        None, min_length=1, description="rollout.engine='builtin': the device of each engine, one per engine, e.g. "
+                                        "['cuda:0', 'cuda:1']; absent: every engine on the run's device")
+    base_urls: list[str] | None = Field(
+        None, min_length=1, description="rollout.engine='server': several `opencomposer serve --weights-from` "
+                                        "servers, one rollout engine each (instead of rollout.base_url)")
     served_model: str | None = Field(None, description="rollout.engine='vllm' or 'sglang': the model the server must "
                                                        "serve (its id or path); absent: [model] name. Another model "
                                                        "is refused at start")
@@ -117,6 +128,54 @@ class RolloutSection(SamplingSection):
     max_resample_groups: int | None = Field(
         None, ge=1, description="zero_variance='resample': most extra groups (tasks) a step draws; absent: "
                                 "max_resample_rounds bounds it (each round draws at most tasks_per_step)")
+
+    @property
+    def servers(self) -> list[str]:
+        """The servers of rollout.engine='server', one engine each (base_urls, or base_url)."""
+        return list(self.base_urls) if self.base_urls else [self.base_url] if self.base_url else []
+
+    @property
+    def engine_count(self) -> int:
+        """How many rollout engines sample: rollout.engines, or (servers) the count of rollout.base_urls."""
+        return len(self.base_urls) if self.base_urls else self.engines
+
+    @model_validator(mode="after")
+    def _several_engines(self) -> RolloutSection:
+        n, engine = self.engines, self.engine
+        if n > 1 and engine not in ("builtin", "server"):
+            why = ("samples with the trainer's own model" if engine == "hf" else "takes one server (rollout.base_url)")
+            raise ValueError(f"rollout.engines = {n} with rollout.engine='{engine}': '{engine}' {why}; several "
+                             "engines need rollout.engine='builtin' (rollout.engines, rollout.engine_devices) or "
+                             "'server' (rollout.base_urls)")
+        if self.engine_devices is not None:
+            if engine != "builtin":
+                raise ValueError(f"rollout.engine_devices places built-in engines; rollout.engine is '{engine}' "
+                                 "(set rollout.engine='builtin', or leave rollout.engine_devices out)")
+            if len(self.engine_devices) != n:
+                raise ValueError(f"rollout.engine_devices lists {len(self.engine_devices)} device(s) for "
+                                 f"rollout.engines = {n}: give one device per engine")
+            blank = [i for i, d in enumerate(self.engine_devices) if not d.strip()]
+            if blank:
+                raise ValueError(f"rollout.engine_devices[{blank[0]}] is empty: expected a device such as 'cuda:1'")
+        if self.base_urls is not None:
+            if engine != "server":
+                raise ValueError(f"rollout.base_urls (several servers) needs rollout.engine='server'; rollout.engine "
+                                 f"is '{engine}'" + (" (it takes one server: rollout.base_url)"
+                                                     if engine in ("vllm", "sglang") else ""))
+            if self.base_url:
+                raise ValueError("rollout.base_url and rollout.base_urls are both set: give the servers in "
+                                 "rollout.base_urls alone")
+            twice = sorted({u for u in self.base_urls if self.base_urls.count(u) > 1})
+            if twice:
+                raise ValueError(f"rollout.base_urls lists {twice[0]} more than once: each server is one engine")
+            if n not in (1, len(self.base_urls)):
+                raise ValueError(f"rollout.engines = {n} but rollout.base_urls lists {len(self.base_urls)} "
+                                 "server(s): with rollout.engine='server' there is one engine per server (leave "
+                                 "rollout.engines out)")
+        elif engine == "server" and n > 1:
+            raise ValueError(f"rollout.engines = {n} with rollout.engine='server' needs rollout.base_urls (one "
+                             "server per engine)")
+        return self
 
 
 class RLLossSection(LossSection):
@@ -255,9 +314,10 @@ class RLRunConfig(Strict):
             raise ValueError("rollout.engine='builtin' with train.lora=true and rollout.max_staleness >= 1: the "
                              "engine takes LoRA's weights merged between steps only (not yet in flight); use "
                              "rollout.max_staleness = 0 or train without LoRA")
-        if self.rollout.engine == "server" and (not self.rollout.base_url or self.sync is None):
-            raise ValueError("rollout.engine='server' needs rollout.base_url (the server) and a [sync] store "
-                             "(the server follows it: opencomposer serve --weights-from STORE)")
+        if self.rollout.engine == "server" and (not self.rollout.servers or self.sync is None):
+            raise ValueError("rollout.engine='server' needs rollout.base_url (the server; several: "
+                             "rollout.base_urls) and a [sync] store (the server follows it: opencomposer serve "
+                             "--weights-from STORE)")
         if self.rollout.engine in ("vllm", "sglang"):
             r = self.rollout
             if not r.base_url:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.config import ConfigError
+from opencomposer.policies.fanout import FanoutPolicy
 from opencomposer.rl.actor import Actor, sandbox_pool  # noqa: F401 (sandbox_pool: tests/unit/sandbox/test_pool.py)
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.learner import Learner
@@ -50,23 +51,27 @@ from opencomposer.train import distributed
 SAMPLING_CALLS = "sampling_calls"
 
 
-def _seeded(policy: Any) -> Any:
-    """The policy whose call counter seeds sampling (a BatchedPolicy's wrapped one), or None."""
-    inner = getattr(policy, "policy", None)
-    return inner if isinstance(getattr(inner, "_calls", None), int) else None
+def _seeded(policy: Any) -> list[Any]:
+    """The policies whose call counters seed sampling: a BatchedPolicy's wrapped one (each
+    engine's, over several: ``FanoutPolicy``); [] when none has a counter."""
+    batched = policy.engines() if isinstance(policy, FanoutPolicy) else [policy]
+    inner = [getattr(b, "policy", None) for b in batched]
+    return [p for p in inner if isinstance(getattr(p, "_calls", None), int)]
 
 
 def sampling_state(policy: Any) -> dict[str, int]:
-    """``{SAMPLING_CALLS: n}`` of the actor's rollout policy; {} when it has no counter."""
+    """``{SAMPLING_CALLS: n}`` of the actor's rollout policy (several engines: the most calls
+    any made); {} when it has no counter."""
     inner = _seeded(policy)
-    return {SAMPLING_CALLS: inner._calls} if inner is not None else {}
+    return {SAMPLING_CALLS: max(p._calls for p in inner)} if inner else {}
 
 
 def restore_sampling(policy: Any, state: dict) -> None:
-    """Continue the rollout policy's seed count where the checkpoint's run left it."""
-    inner = _seeded(policy)
-    if inner is not None and SAMPLING_CALLS in state:
-        inner._calls = int(state[SAMPLING_CALLS])
+    """Continue the rollout policy's seed count where the checkpoint's run left it (several
+    engines: each from the most any made, so none draws a seed again)."""
+    if SAMPLING_CALLS in state:
+        for inner in _seeded(policy):
+            inner._calls = int(state[SAMPLING_CALLS])
 
 
 def refuse_unsharded_engine(cfg: RLRunConfig, dist: distributed.Dist) -> None:

@@ -187,3 +187,42 @@ def test_a_broken_episode_is_a_failed_rollout_not_a_failed_batch(tiny, tmp_path)
         rollouts = collect_rollouts([broken, good], 1, policy, "local", cfg, max_concurrent=2)
     assert rollouts[0].failed and rollouts[0].reward == 0.0 and "workspace" in rollouts[0].error
     assert not rollouts[1].failed and rollouts[1].result.trajectory.turns == 1
+
+
+def test_two_engines_run_each_group_on_one_and_a_failed_engine_voids_only_its_episodes(tiny, tmp_path):
+    """Over a FanoutPolicy each group's K rollouts run on one engine (``Rollout.engine``); when
+    engine 1's step raises, the rollouts whose turn was in it fail (no result: nothing to
+    train on), the others finish, and the collection returns whole."""
+    from opencomposer.inference.engine.core import Engine
+    from opencomposer.policies.engine import EnginePolicy
+    from opencomposer.policies.fanout import FanoutPolicy
+
+    tasks = [make_task(tmp_path / f"t{i}", f"task-{i}") for i in range(2)]
+    cfg = AgentConfig(max_turns=2, command_timeout=30)
+    engines = [BatchedPolicy(EnginePolicy(Engine(*tiny), temperature=1.0, max_new_tokens=12, seed=i))
+               for i in range(2)]
+    with FanoutPolicy(engines, ["engine 0 (cpu)", "engine 1 (cpu)"]) as policy:
+        rollouts = collect_rollouts(tasks, 2, policy, "local", cfg, max_concurrent=4)
+        assert not any(r.failed for r in rollouts)
+        on = {g: {r.engine for r in rollouts if r.group == g} for g in (0, 1)}
+        assert on[0] | on[1] == {0, 1} and len(on[0]) == len(on[1]) == 1, on
+        eng1 = engines[1].policy.engine
+        real, calls = eng1.step, [0]
+
+        def step():  # engine 1's next step dies; the engine object is real
+            calls[0] += 1
+            if calls[0] == 1:
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return real()
+
+        eng1.step = step
+        with pytest.warns(RuntimeWarning, match=r"rollout engine 1 \(cpu\) failed"):
+            rollouts = collect_rollouts(tasks, 2, policy, "local", cfg, max_concurrent=4)
+        assert [(r.group, r.index) for r in rollouts] == [(g, i) for g in range(2) for i in range(2)]
+        failed = [r for r in rollouts if r.failed]
+        assert failed and all(r.engine == 1 and "engine 1 (cpu) failed" in r.error and "CUDA error" in r.error
+                              for r in failed)
+        for r in rollouts:
+            if not r.failed:  # the other group, and any of engine 1's between turns then (moved to engine 0)
+                assert r.result.trajectory.exit_reason == "max_turns" and r.engine == 0
+        assert policy.up == 1 and policy.figures()["engine_failures_1"] == 1

@@ -58,7 +58,7 @@ def fake_actor(monkeypatch, outcomes: dict[str, list[float]], pool: int, tasks_p
     monkeypatch.setattr("opencomposer.rl.actor.shape_rollouts", lambda ros, cfg: {"r_x": float(len(ros))})
     cfg = RLRunConfig(tasks={"dir": "t"}, rollout={"k": 2, "tasks_per_step": tasks_per_step, **rollout})
     a = Actor.__new__(Actor)
-    a.cfg, a.tokenizer, a.tools, a.pool, a.harder = cfg, None, [], None, None
+    a.cfg, a.tokenizer, a.tools, a.pool, a.harder, a.external = cfg, None, [], None, None, None
     a.weights = SimpleNamespace(version=0)
     a.policy = SimpleNamespace(policy_version=0, stats={})
     a.sampler = TaskSampler([Path(f"/tasks/t{i:02d}") for i in range(pool)], tasks_per_step, seed=0)
