@@ -12,9 +12,13 @@ finished in between, so the console is never silent for minutes:
 
     [rollouts] 12/32 episodes (1 failed), 842 tok/s, reward 0.417, elapsed 1m05s, eta 1m48s
 
-``tok/s`` counts the completion tokens of every finished model turn (``Step.completion_tokens``)
-over the wall time since the start; ``reward`` is the mean task reward of the finished episodes
-(a failed one counts 0); ``eta`` is elapsed x (total - done) / done.
+``tok/s`` counts the tokens generated since the start over the wall time since the start: read
+from the engine as it generates when the caller gives ``live_tokens`` (a running count, e.g. the
+built-in engine's ``generated_tokens``: unfinished turns count too), else the completion tokens of
+every finished model turn (``Step.completion_tokens``); ``reward`` is the mean task reward of the
+finished episodes (a failed one counts 0); ``eta`` is elapsed x (total - done) / done. Episodes
+announced with ``episode_started`` and not yet done show as ``N running`` (a step waiting on its
+slowest episode says so: ``127/128 episodes, 1 running``).
 
 Cheap and threadsafe: a lock and a few integer adds per model turn and per episode; the drawing
 happens on rich's refresh thread or the heartbeat thread (a line at most every ``interval``). Only
@@ -56,10 +60,12 @@ class RolloutProgress:
 
     def __init__(self, total: int, label: str = "rollouts", *, stream: IO[str] | None = None,
                  rich: bool | None = None, interval: float = 20.0,
-                 clock: Callable[[], float] = time.monotonic, heartbeat: bool = True):
+                 clock: Callable[[], float] = time.monotonic, heartbeat: bool = True,
+                 live_tokens: Callable[[], float] | None = None):
         self.total, self.label, self.interval, self.clock = int(total), label, float(interval), clock
         self.stream = stream if stream is not None else sys.stderr
-        self.done = self.failed = self.tokens = 0
+        self.done = self.failed = self.tokens = self.started = 0
+        self.live_tokens, self._live0 = live_tokens, 0.0
         self.reward_sum = 0.0
         self._rich, self._heartbeat = rich, heartbeat
         self._lock = threading.Lock()
@@ -76,6 +82,20 @@ class RolloutProgress:
         """``n`` completion tokens generated (a model turn ended)."""
         with self._lock:
             self.tokens += int(n)
+
+    def episode_started(self) -> None:
+        """One episode began (optional: without it no ``running`` count is shown)."""
+        with self._lock:
+            self.started += 1
+
+    def _generated(self) -> int:
+        """Tokens generated since the start: the live count when there is one (and it answers)."""
+        if self.live_tokens is not None:
+            try:
+                return max(int(self.live_tokens() - self._live0), 0)
+            except Exception:  # noqa: BLE001 -- an engine that cannot say: the finished turns' count
+                self.live_tokens = None
+        return self.tokens
 
     def episode_done(self, reward: float, failed: bool = False) -> None:
         """One episode ended (``failed``: it raised; its reward counts 0)."""
@@ -94,9 +114,10 @@ class RolloutProgress:
         """The figures of the line, at ``now`` (the clock's time by default)."""
         now = self.clock() if now is None else now
         elapsed = max(now - self._t0, 0.0)
-        done = self.done
-        return {"done": done, "total": self.total, "failed": self.failed, "tokens": self.tokens,
-                "tokens_per_s": self.tokens / elapsed if elapsed > 0 else 0.0,
+        done, tokens = self.done, self._generated()
+        return {"done": done, "total": self.total, "failed": self.failed, "tokens": tokens,
+                "running": max(self.started - done, 0),
+                "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
                 "reward": self.reward_sum / done if done else None, "elapsed": elapsed,
                 "eta": elapsed * (self.total - done) / done if done else None}
 
@@ -114,7 +135,9 @@ class RolloutProgress:
     def line(self, now: float | None = None, final: bool = False) -> str:
         """The plain line: ``[label] 12/32 episodes (1 failed), 842 tok/s, ...``."""
         failed = f" ({self.failed} failed)" if self.failed else ""
-        return f"[{self.label}] {self.done}/{self.total} episodes{failed}, {self.stats_text(now, final)}"
+        running = max(self.started - self.done, 0)
+        busy = f", {running} running" if running and not final else ""
+        return f"[{self.label}] {self.done}/{self.total} episodes{failed}{busy}, {self.stats_text(now, final)}"
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Plain mode: print the line if ``interval`` seconds passed since the last one (or ``force``)."""
@@ -135,6 +158,11 @@ class RolloutProgress:
 
     def start(self) -> "RolloutProgress":
         self._t0 = self._last = self.clock()
+        if self.live_tokens is not None:
+            try:
+                self._live0 = float(self.live_tokens())
+            except Exception:  # noqa: BLE001
+                self.live_tokens = None
         if self._use_rich():
             self._start_rich()
         else:

@@ -229,10 +229,12 @@ def collect_rollouts(
     jobs = [(g, i, task) for g, task in enumerate(tasks) for i in range(k)]
     collection = next(_collections)  # group g's key is (collection, g): its own, across calls
     lock, done = threading.Lock(), [0]
-    shown = RolloutProgress(len(jobs), progress) if progress and jobs else None
+    shown = RolloutProgress(len(jobs), progress, live_tokens=generated_tokens(policy)) if progress and jobs else None
     on_step = (lambda step: shown.add_tokens(step.completion_tokens)) if shown is not None else None
 
     def one(job: tuple[int, int, Task]) -> Rollout:
+        if shown is not None:
+            shown.episode_started()
         rollout = _run_one(*job, policy, backend, cfg, sandboxes, on_step, key=(collection, job[0]))
         if shown is not None:
             shown.episode_done(rollout.reward, rollout.failed)
@@ -245,6 +247,17 @@ def collect_rollouts(
     with shown if shown is not None else nullcontext(), \
             ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="rollout") as pool:
         return list(pool.map(one, jobs))
+
+
+def generated_tokens(policy: Any) -> Callable[[], float] | None:
+    """A running count of the tokens the policy's built-in engine(s) generated, turns still running
+    included (``Engine.stats``' ``generated_tokens``), for live progress; None without such an engine."""
+    if isinstance(policy, FanoutPolicy):
+        return lambda: float(policy.engine_counts().get("generated_tokens", 0.0))
+    engine = getattr(getattr(policy, "policy", None), "engine", None)
+    if engine is None or not callable(getattr(engine, "counts", None)):
+        return None
+    return lambda: float(engine.counts()["generated_tokens"])
 
 
 def show_progress(label: str, show: bool) -> str | None:

@@ -86,6 +86,8 @@ def run_episodes(tasks: list[Task], policy: Any, k: int, backend: str, agent_cfg
     def one(job: tuple[Task, int]) -> Episode:
         task, i = job
         t0 = time.monotonic()
+        if shown is not None:
+            shown.episode_started()
         on_step = (lambda step: shown.add_tokens(step.completion_tokens)) if shown is not None else None
         try:
             ep = Episode(task, i, run_task(task, policy(task), backend, agent_cfg, on_step=on_step), 0.0)

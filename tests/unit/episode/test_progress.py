@@ -107,3 +107,27 @@ def test_collect_rollouts_shows_progress_on_stderr_only(tmp_path, capfd):
     last = [l for l in err.splitlines() if l.startswith("[rollouts]")][-1]
     assert last.startswith("[rollouts] 2/2 episodes, ") and " tok/s, reward 0.000, " in last and last.endswith("done")
     assert sum(r.tokens.completion for r in rollouts) > 0
+
+
+def test_live_tokens_count_turns_still_running_and_open_episodes_are_shown():
+    """With a live count (the engine's generated tokens) the rate includes unfinished turns; episodes
+    started and not done show as running, so a step waiting on its slowest episode says so."""
+    buf, clock, generated = io.StringIO(), Clock(), [1000.0]  # the engine had generated 1000 before
+    p = RolloutProgress(3, "rollouts", stream=buf, interval=20.0, clock=clock, heartbeat=False,
+                        live_tokens=lambda: generated[0]).start()
+    for _ in range(3):
+        p.episode_started()
+    clock.t += 20
+    generated[0] += 800  # 800 tokens generated, no turn finished yet
+    p.tick()
+    assert lines(buf)[-1] == "[rollouts] 0/3 episodes, 3 running, 40 tok/s, reward -, elapsed 20s, eta ?"
+    p.add_tokens(800)  # the turn ends: counted once, from the engine
+    p.episode_done(1.0)
+    p.episode_done(0.0)
+    clock.t += 20
+    p.tick()
+    assert lines(buf)[-1] == "[rollouts] 2/3 episodes, 1 running, 20 tok/s, reward 0.500, elapsed 40s, eta 20s"
+    p.live_tokens = lambda: 1 / 0
+    p.episode_done(1.0)
+    p.close()
+    assert lines(buf)[-1] == "[rollouts] 3/3 episodes, 20 tok/s, reward 0.667, elapsed 40s, done"

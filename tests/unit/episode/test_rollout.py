@@ -226,3 +226,26 @@ def test_two_engines_run_each_group_on_one_and_a_failed_engine_voids_only_its_ep
             if not r.failed:  # the other group, and any of engine 1's between turns then (moved to engine 0)
                 assert r.result.trajectory.exit_reason == "max_turns" and r.engine == 0
         assert policy.up == 1 and policy.figures()["engine_failures_1"] == 1
+
+
+def test_live_progress_reads_the_engines_generated_tokens(tiny, tmp_path):
+    """``generated_tokens``: the engine's running count (one engine, or several summed) grows by the
+    tokens the rollouts sampled, so live progress counts turns still running; other policies: None."""
+    from opencomposer.episode.run import generated_tokens
+    from opencomposer.inference.engine.core import Engine
+    from opencomposer.policies.engine import EnginePolicy
+    from opencomposer.policies.fanout import FanoutPolicy
+
+    tasks = [make_task(tmp_path / "t0", "task-0")]
+    cfg = AgentConfig(max_turns=2, command_timeout=30)
+    one = BatchedPolicy(EnginePolicy(Engine(*tiny), temperature=1.0, max_new_tokens=12, seed=0))
+    two = FanoutPolicy([one, BatchedPolicy(EnginePolicy(Engine(*tiny), temperature=1.0, max_new_tokens=12, seed=1))],
+                       ["engine 0 (cpu)", "engine 1 (cpu)"])
+    with two:
+        for policy in (one, two):
+            count = generated_tokens(policy)
+            before = count()
+            rollouts = collect_rollouts(tasks, 2, policy, "local", cfg, max_concurrent=2)
+            sampled = sum(len(s.token_ids) for r in rollouts for s in r.result.trajectory.steps)
+            assert sampled > 0 and count() - before == sampled
+    assert generated_tokens(object()) is None

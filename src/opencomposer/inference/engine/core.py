@@ -349,6 +349,11 @@ class Engine:
 
     # ------------------------------------------------------------------ stats
 
+    def counts(self) -> dict[str, float]:
+        """The running counters alone (prompt, prefill and generated tokens, steps, seconds; ``stats``
+        holds them with the rest): cheap to poll from another thread."""
+        return dict(self._counts)
+
     def stats(self) -> dict[str, Any]:
         cfg = self.model.cfg
         return {
