@@ -137,7 +137,8 @@ def pool(dirs: list[str]) -> list[Path]:
 
 def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str, list[Path]]:
     lc = cfg.learn
-    s = split_by_file(pool(lc.train_dirs), lc.heldout_share, lc.validation_share, lc.split_seed)
+    trained = pool(lc.train_dirs)
+    s = split_by_file(trained, lc.heldout_share, lc.validation_share, lc.split_seed)
     held_libs = [d for d in pool(lc.heldout_library_dirs)
                  if Task.load(d).meta.feature.level in lc.heldout_levels] if lc.heldout_library_dirs else []
     splits = {"train": s.train + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_train, data, log),
@@ -147,7 +148,7 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
     if lc.rl_extra_dirs:  # whole libraries for RL alone: none may be a library split above
         extra = pool(lc.rl_extra_dirs)
         libs = lambda paths: {Task.load(p).meta.source.name for p in paths}  # noqa: E731
-        both = sorted(libs(extra) & libs(pool(lc.train_dirs) + held_libs))
+        both = sorted(libs(extra) & libs(trained + held_libs))
         if both:
             raise SystemExit(f"[learn] rl_extra_dirs: libraries {both} are also in train_dirs or "
                              "heldout_library_dirs; an RL-only pool holds other libraries")

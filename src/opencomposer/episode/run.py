@@ -252,12 +252,10 @@ def collect_rollouts(
 def generated_tokens(policy: Any) -> Callable[[], float] | None:
     """A running count of the tokens the policy's built-in engine(s) generated, turns still running
     included (``Engine.stats``' ``generated_tokens``), for live progress; None without such an engine."""
-    if isinstance(policy, FanoutPolicy):
-        return lambda: float(policy.engine_counts().get("generated_tokens", 0.0))
-    engine = getattr(getattr(policy, "policy", None), "engine", None)
-    if engine is None or not callable(getattr(engine, "counts", None)):
+    counts = getattr(policy, "engine_counts", None)  # BatchedPolicy, FanoutPolicy (several: summed)
+    if counts is None or not counts():
         return None
-    return lambda: float(engine.counts()["generated_tokens"])
+    return lambda: float(counts().get("generated_tokens", 0.0))
 
 
 def show_progress(label: str, show: bool) -> str | None:

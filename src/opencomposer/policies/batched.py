@@ -139,6 +139,11 @@ class BatchedPolicy:
         """Sequences per batch (continuous: in the engine per step), over ``stats``' window."""
         return self.stats["sequence_steps"] / self.stats["batches"] if self.stats["batches"] else 0.0
 
+    def engine_counts(self) -> dict[str, float]:
+        """The built-in engine's running counters (``Engine.counts``: tokens, steps, seconds); {}
+        over any other policy."""
+        return dict(self.policy.engine.counts()) if isinstance(self.policy, EnginePolicy) else {}
+
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> PolicyOutput:
         request = _Request(self.policy.encode(messages, tools))  # ContextLengthError: this caller only
         with self._cond:

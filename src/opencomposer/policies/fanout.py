@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from opencomposer.policies.batched import BatchedPolicy, EngineStepError, PolicyClosed
-from opencomposer.policies.engine import EnginePolicy
 from opencomposer.protocols import Message, PolicyOutput
 
 
@@ -93,11 +92,8 @@ def _add(into: dict[str, float], more: dict[str, float]) -> None:
 
 
 def _engine_counts(p: BatchedPolicy | None) -> dict[str, float]:
-    """The numeric ``Engine.stats`` of a built-in engine's policy ({} otherwise)."""
-    if p is None or not isinstance(p.policy, EnginePolicy):
-        return {}
-    return {k: float(v) for k, v in p.policy.engine.stats().items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """A built-in engine's running counters (``BatchedPolicy.engine_counts``; {} otherwise)."""
+    return p.engine_counts() if p is not None else {}
 
 
 class EngineSession:
@@ -203,7 +199,7 @@ class FanoutPolicy:
         return st.get("sequence_steps", 0) / st["batches"] if st.get("batches") else 0.0
 
     def engine_counts(self) -> dict[str, float]:
-        """The built-in engines' ``Engine.stats`` counters, summed (replaced engines' kept); {} without any."""
+        """The built-in engines' ``Engine.counts`` counters, summed (replaced engines' kept); {} without any."""
         total: dict[str, float] = {}
         for s in self.slots:
             _add(total, s.done_engine)

@@ -294,12 +294,8 @@ class Actor:
                 "engine_groups_split": float(sum(len(e) > 1 for e in engines.values()))}
 
     def _engine_counts(self, since: dict[str, float] | None = None) -> dict[str, float] | None:
-        """The built-in engine's running counts (``Engine.stats``; None without one), minus ``since``."""
-        if isinstance(self.policy, FanoutPolicy):  # summed over the engines (replaced ones included)
-            counts = self.policy.engine_counts()
-        else:
-            engine = getattr(getattr(self.policy, "policy", None), "engine", None)
-            counts = engine.stats() if engine is not None and hasattr(engine, "stats") else {}
+        """The built-in engine's running counts (``Engine.counts``; None without one), minus ``since``."""
+        counts = self.policy.engine_counts()  # several engines: summed (replaced ones included)
         if not counts:
             return None
         now = {k: float(v) for k, v in counts.items() if k in ENGINE_COUNTS}

@@ -60,7 +60,7 @@ def fake_actor(monkeypatch, outcomes: dict[str, list[float]], pool: int, tasks_p
     a = Actor.__new__(Actor)
     a.cfg, a.tokenizer, a.tools, a.pool, a.harder, a.external = cfg, None, [], None, None, None
     a.weights = SimpleNamespace(version=0)
-    a.policy = SimpleNamespace(policy_version=0, stats={})
+    a.policy = SimpleNamespace(policy_version=0, stats={}, engine_counts=dict)  # a BatchedPolicy without an engine
     a.sampler = TaskSampler([Path(f"/tasks/t{i:02d}") for i in range(pool)], tasks_per_step, seed=0)
     a.rolled = []
 
