@@ -27,6 +27,7 @@ from opencomposer.config import ConfigError, load_config
 from opencomposer.pipeline.carry import copy_carry
 from opencomposer.pipeline.run import run_pipeline
 from opencomposer.rl.config import RLRunConfig
+from opencomposer.rl.metrics import wall_clock
 from opencomposer.train.checkpoint import resolve_checkpoint
 
 try:
@@ -55,7 +56,7 @@ def rows(out: Path) -> list[dict]:
 
 
 def timeless(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("time_")}
+    return {k: v for k, v in row.items() if not wall_clock(k)}
 
 
 def test_a_run_resumed_from_its_carry_set_elsewhere_matches_the_one_never_stopped(toolz_tasks: Path, tmp_path: Path):

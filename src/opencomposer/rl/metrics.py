@@ -160,6 +160,12 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
     return {k: round(v, 4) for k, v in out.items()}
 
 
+def wall_clock(key: str) -> bool:
+    """Whether a row key measures wall-clock seconds (``time_*``, ``*_s``, ``*_s_mean``,
+    ``*_s_max``): the keys two runs of the same seed may differ in."""
+    return key.startswith("time_") or key.endswith(("_s", "_s_mean", "_s_max"))
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
