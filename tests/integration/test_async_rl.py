@@ -29,7 +29,7 @@ from testkit.rl_tasks import write_cfg
 
 
 def async_run(tmp: Path, tasks: Path, out: Path, steps: int, resume: bool = False, on_step=None,
-              turn_tokens: int = 384) -> RLRun:
+              turn_tokens: int = 384, train: str = "") -> RLRun:
     """An RLRun one batch ahead. One model turn of 384 tokens (a random model rarely stops),
     the K = 2 episodes' turns decoded one after the other (max_batch = 1) with top-p sampling
     (a sort of the vocabulary per token: 3-4x a plain decode step of tiny-random on this CPU,
@@ -37,7 +37,7 @@ def async_run(tmp: Path, tasks: Path, out: Path, steps: int, resume: bool = Fals
     on it, so an update lands mid-turn, between two decode steps."""
     text = write_cfg(tmp, tasks, out, steps=steps, kl=0.05, engine="builtin").read_text()
     text = text.replace("max_new_tokens = 12", f"max_new_tokens = {turn_tokens}\nmax_staleness = 1\nmax_batch = 1\ntop_p = 0.95")
-    text = text.replace("max_turns = 2", "max_turns = 1")
+    text = text.replace("max_turns = 2", "max_turns = 1").replace("[train]\n", f"[train]\n{train}")
     p = tmp / f"async-{steps}.toml"
     p.write_text(text)
     cfg = load_config(p, RLRunConfig)
@@ -87,6 +87,32 @@ def test_rollouts_run_ahead_with_updates_in_flight(toolz_tasks: Path, tmp_path: 
     t = Trainer(base, tok, run.cfg.train)
     assert load_checkpoint(out / "checkpoints", t)["step"] == 3
     assert torch.equal(torch.nn.utils.parameters_to_vector(t.model.parameters()), trained)
+
+
+def test_lora_ahead_of_the_trainer_reaches_the_engine_merged_in_flight(toolz_tasks: Path, tmp_path: Path):
+    """LoRA with rollouts one batch ahead: each update's merged weights (base + adapters' product)
+    reach the built-in engine between two decode steps of a running rollout."""
+    from opencomposer.models.registry import load_model
+    from opencomposer.train.trainer import merged_lora_state
+
+    out = tmp_path / "lora-ahead"
+    run = async_run(tmp_path, toolz_tasks, out, steps=3, train="lora = true\nlora_r = 4\n")
+    run.run()
+    rows = rows_of(out)
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["policy_version"] for r in rows] == [1, 2, 3]
+    assert all(r["staleness_max"] <= 1 and r["dropped_stale"] == 0 and r["train_tokens"] > 0 for r in rows)
+    assert max(r["staleness_max"] for r in rows[1:]) == 1
+    assert max(r["versions_per_rollout_max"] for r in rows) == 2, [r["versions_per_rollout"] for r in rows]
+    # the last update reached the engine too (publish, while rollouts ran ahead): it holds the
+    # trainer's merged weights of version 3, which differ from the base model's
+    engine = run.actor.policy.policy.engine
+    assert engine.policy_version == run.learner.trainer.version == 3
+    merged = merged_lora_state(run.learner.trainer.model)
+    views = engine.weight_views({k: v.shape for k, v in merged.items()})
+    differ = [k for k in views if not torch.equal(views[k].float().cpu(), merged[k].float().cpu())]
+    assert differ == [], differ[:3]
+    base = load_model("tiny-random")[0].state_dict()
+    assert any(not torch.equal(merged[k].float(), base[k].float()) for k in merged if k in base)
 
 
 def test_a_stop_with_a_batch_in_flight_hands_its_tasks_out_again(toolz_tasks: Path, tmp_path: Path):

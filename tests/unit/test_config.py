@@ -60,14 +60,14 @@ def test_every_shipped_config_loads():
 def test_checks_across_keys_name_both(tmp_path):
     from opencomposer.rl.config import RLRunConfig
 
-    # LoRA with the built-in engine takes merged weights between steps; ahead of the trainer it is refused
-    p = write(tmp_path, "[tasks]\ndir = 'x'\n[rollout]\nengine = 'builtin'\n[train]\nlora = true\n")
-    assert load_config(p, RLRunConfig).train.lora
+    # LoRA with the built-in engine takes merged weights, between steps or (ahead of the trainer) in flight
     p = write(tmp_path, "[tasks]\ndir = 'x'\n[rollout]\nengine = 'builtin'\nmax_staleness = 1\n[train]\nlora = true\n")
+    assert load_config(p, RLRunConfig).train.lora
+    # LoRA with a vLLM server (full weights only) is refused, naming both keys
+    p = write(tmp_path, "[tasks]\ndir = 'x'\n[rollout]\nengine = 'vllm'\nbase_url = 'http://h:8000/v1'\n[train]\nlora = true\n")
     with pytest.raises(ConfigError) as e:
         load_config(p, RLRunConfig)
-    assert "rollout.engine='builtin'" in str(e.value) and "train.lora=true" in str(e.value)
-    assert "max_staleness" in str(e.value)
+    assert "rollout.engine='vllm'" in str(e.value) and "train.lora=true" in str(e.value)
     p = write(tmp_path, "[tasks]\ndir = 'x'\n[rollout]\nengine = 'server'\nbase_url = 'http://h:8000/v1'\n")
     with pytest.raises(ConfigError) as e:
         load_config(p, RLRunConfig)

@@ -122,51 +122,54 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
     log(f"model loaded in {time.perf_counter() - t0:.1f}s" + (f"; resuming at step {run.start_step}" if run.start_step else ""))
     if run.learner.resume_warning:
         log(f"warning: {run.learner.resume_warning}")
-    evals_path, sft_path = out / "evals.json", out / "sft.json"
-    evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
-    held_tasks = [Task.load(p) for p in held]
+    try:
+        evals_path, sft_path = out / "evals.json", out / "sft.json"
+        evals = json.loads(evals_path.read_text()) if resume and evals_path.exists() else {}
+        held_tasks = [Task.load(p) for p in held]
 
-    def measure(name: str) -> None:  # on rank 0 (the actor's side)
-        if held_tasks and name in cfg.eval.stages and name not in evals:
-            log(f"evaluating held-out pass@1 ({name}) ...")
-            with run.actor.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
-                evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
-                                       save_dir=out / "evals" / name)
-            log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
-            _write_json(evals_path, evals)
+        def measure(name: str) -> None:  # on rank 0 (the actor's side)
+            if held_tasks and name in cfg.eval.stages and name not in evals:
+                log(f"evaluating held-out pass@1 ({name}) ...")
+                with run.actor.make_policy(cfg.eval.temperature, base_model=name == "base") as pol:
+                    evals[name] = evaluate(pol, held_tasks, cfg.eval.k, backend, cfg.agent,
+                                           save_dir=out / "evals" / name)
+                log(f"  {name}: pass@1 {evals[name]['pass@1']:.3f} ({evals[name]['seconds']}s)")
+                _write_json(evals_path, evals)
 
-    if run.start_step == 0:
-        if cfg.sft.enabled and not (resume and sft_path.exists()):
-            log("SFT warm start on oracle traces" + (f", from {start_model}" if cpt else "") + " ...")
-            if not resume:  # a new run: nothing of an earlier one's SFT is read back
-                distributed.main_does(dist, lambda: [shutil.rmtree(out / d, ignore_errors=True)
-                                                     for d in ("traces", "sft_ckpt")])
-            trajs = distributed.on_main(dist, lambda: oracle_traces(train[: cfg.sft.max_traces], backend,
-                                                                    out / "traces", cfg),
-                                        "rank 0 could not make the oracle traces")
-            sft = sft_warm_start(run.learner.trainer, trajs, cfg, log, ckpt_dir=out / "sft_ckpt")
-            export_model(out / "sft_model", run.learner.trainer)
-            distributed.main_does(dist, lambda: shutil.rmtree(out / "sft_ckpt", ignore_errors=True))
-            # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
-            # RL checkpoint resumes from them instead of from the base model
-            save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, run.actor_state(None) or {}, 0,
-                            keep=cfg.run.keep_checkpoints, identity=run.learner.identity)
-            run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
-            distributed.main_does(dist, lambda: (_write_json(sft_path, sft), measure("sft")))
-    log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
-    rows = run.run()
+        if run.start_step == 0:
+            if cfg.sft.enabled and not (resume and sft_path.exists()):
+                log("SFT warm start on oracle traces" + (f", from {start_model}" if cpt else "") + " ...")
+                if not resume:  # a new run: nothing of an earlier one's SFT is read back
+                    distributed.main_does(dist, lambda: [shutil.rmtree(out / d, ignore_errors=True)
+                                                         for d in ("traces", "sft_ckpt")])
+                trajs = distributed.on_main(dist, lambda: oracle_traces(train[: cfg.sft.max_traces], backend,
+                                                                        out / "traces", cfg),
+                                            "rank 0 could not make the oracle traces")
+                sft = sft_warm_start(run.learner.trainer, trajs, cfg, log, ckpt_dir=out / "sft_ckpt")
+                export_model(out / "sft_model", run.learner.trainer)
+                distributed.main_does(dist, lambda: shutil.rmtree(out / "sft_ckpt", ignore_errors=True))
+                # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
+                # RL checkpoint resumes from them instead of from the base model
+                save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, run.actor_state(None) or {}, 0,
+                                keep=cfg.run.keep_checkpoints, identity=run.learner.identity)
+                run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
+                distributed.main_does(dist, lambda: (_write_json(sft_path, sft), measure("sft")))
+        log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")
+        rows = run.run()
 
-    def finish() -> dict:  # rank 0: the last evaluations and the report
-        run.actor.policy.close()
-        measure("rl")
-        measure("base")
-        report = write_report(out)
-        return {"out": str(out), "report": str(report),
-                "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
-                "steps": len(rows), "last_step": rows[-1] if rows else None,
-                "checkpoint": str(run.learner.latest_checkpoint() or ""),
-                **({"start_model": start_model, "pretrain": pretrain_summary(cpt)} if cpt else {})}
+        def finish() -> dict:  # rank 0: the last evaluations and the report
+            run.actor.policy.close()
+            measure("rl")
+            measure("base")
+            report = write_report(out)
+            return {"out": str(out), "report": str(report),
+                    "evals": {k: evals[k]["pass@1"] for k in ("base", "sft", "rl") if k in evals},
+                    "steps": len(rows), "last_step": rows[-1] if rows else None,
+                    "checkpoint": str(run.learner.latest_checkpoint() or ""),
+                    **({"start_model": start_model, "pretrain": pretrain_summary(cpt)} if cpt else {})}
 
-    # the other ranks only trained: their result says so
-    return distributed.main_does(dist, finish) or {"out": str(out), "rank": dist.rank,
-                                                   "steps": cfg.run.steps - run.start_step}
+        # the other ranks only trained: their result says so
+        return distributed.main_does(dist, finish) or {"out": str(out), "rank": dist.rank,
+                                                       "steps": cfg.run.steps - run.start_step}
+    finally:
+        run.release()  # the Ray actors of [cluster], kept for the evaluations after the last step

@@ -99,12 +99,17 @@ class ServerPolicy(PromptPolicy):
     # ------------------------------------------------------------------ weights
 
     def wait_for_version(self, version: int, timeout_s: float = 300.0) -> None:
-        """Block until the server's engine runs ``version`` (applied from its weight store)."""
+        """Block until the server's engine runs ``version`` (applied from its weight store: a
+        server that follows a store counts once its follower applied a version, so the version 0
+        it loaded is not taken for the store's version 0, e.g. the weights after an SFT stage)."""
         deadline, seen = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline:
             m = self._call("GET", "/metrics")
-            seen = m["engine"]["policy_version"]
-            if seen >= version:
+            seen, follows = m["engine"]["policy_version"], m.get("weights_sync")
+            # a follower that has applied nothing yet runs the weights it loaded, whatever their label
+            if follows is not None and follows.get("version") is None:
+                seen = None
+            if seen is not None and seen >= version:
                 self.version = seen
                 return
             time.sleep(0.05)

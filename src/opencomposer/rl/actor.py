@@ -162,13 +162,21 @@ class Actor:
             self.metrics.truncate(start_step, state.get("row"))
         # [sync]: every version goes to a weight store for remote followers
         self.publisher = self._publisher()
-        # [rollout] engine = "vllm" | "sglang": the server's checks and weight pushes
-        self.external = (ExternalEngine(cfg, model_config(weights, start_model))
-                         if cfg.rollout.engine in EXTERNAL else None)
-        # the rollouts' engine, or [rollout] engines of them behind a FanoutPolicy (rl/engines.py)
-        self.policy: BatchedPolicy | FanoutPolicy = rollout_engines(
-            cfg, lambda: self.weights, tokenizer, cfg.rollout.temperature, device, start_model,
-            publish=self.publish_to_store, external=self.external)
+        # [cluster]: engine actors and sandbox hosts on Ray (rl/cluster.py); the engines are this run's servers
+        self.cluster = self._cluster()
+        try:
+            cfg = self.cfg  # with the cluster's engines as its servers
+            # [rollout] engine = "vllm" | "sglang": the server's checks and weight pushes
+            self.external = (ExternalEngine(cfg, model_config(weights, start_model))
+                             if cfg.rollout.engine in EXTERNAL else None)
+            # the rollouts' engine, or [rollout] engines of them behind a FanoutPolicy (rl/engines.py)
+            self.policy: BatchedPolicy | FanoutPolicy = rollout_engines(
+                cfg, lambda: self.weights, tokenizer, cfg.rollout.temperature, device, start_model,
+                publish=self.publish_to_store, external=self.external)
+        except BaseException:
+            if self.cluster is not None:
+                self.cluster.close()
+            raise
         self.tools = agent_tools(cfg.agent)  # the schemas its episodes were given
         self.pool = sandbox_pool(cfg.rollout)  # closed by close()
         self.ahead: RolloutsAhead | None = None  # the rollout thread while the run runs, if max_staleness
@@ -185,6 +193,26 @@ class Actor:
                                    keep_full=sc.keep_full, keep_on=sc.keep_on)
         except StoreError as e:
             raise ConfigError(f"[sync] store: {e}") from None
+
+    def _cluster(self):
+        if self.cfg.cluster is None:
+            return None
+
+        from opencomposer.rl.cluster import RayCluster
+
+        cluster = RayCluster.start(self.cfg, [Path(self.cfg.tasks.dir)], self.cfg.model.name)
+        if cluster.urls:  # rollout.engine = "server" over the actors (RLRunConfig checked that)
+            r = self.cfg.rollout.model_copy(update={"base_urls": cluster.urls})
+            self.cfg = self.cfg.model_copy(update={"rollout": r})
+        self._write_placement(cluster)
+        return cluster
+
+    def _write_placement(self, cluster) -> None:
+        import json
+
+        from opencomposer.paths import atomic_write_text
+
+        atomic_write_text(self.out / "cluster.json", json.dumps(cluster.placement(), indent=1))
 
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
         """A batched sampler on the latest weights, one engine (``rollout_policy``): the evaluations'."""
@@ -310,9 +338,17 @@ class Actor:
         # the actor lives on rank 0 alone (distributed.main_only), so it always shows its progress
         rollouts = collect_rollouts(tasks, r.k, self.policy, r.backend, self.cfg.agent,
                                     max_concurrent=r.k * r.tasks_per_step,
-                                    sandboxes=self.pool.lease if self.pool is not None else None,
+                                    sandboxes=self._sandboxes(),
                                     progress="rollouts")
         return [t.id for t in tasks], rollouts
+
+    def _sandboxes(self) -> Callable[[Any], Any] | None:
+        """Where episodes get sandboxes: the pool, the cluster's hosts, or (None) fresh local ones."""
+        if self.pool is not None:
+            return self.pool.lease
+        if self.cluster is not None and self.cluster.sandboxes is not None:
+            return self.cluster.sandbox
+        return None
 
     def score(self, paths: list[Path], task_ids: list[str], rollouts: list[Rollout],
               shaping: dict[str, float] | None = None) -> Batch:
@@ -447,3 +483,15 @@ class Actor:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+
+    def release(self) -> None:
+        """``close``, then the rollout engines' clients and the Ray actors of ``[cluster]``
+        (kept up to here for the evaluations after the last step)."""
+        self.close()
+        if self.cluster is not None:
+            self.policy.close()
+            try:
+                self._write_placement(self.cluster)  # with the sandboxes each host made
+            finally:
+                self.cluster.close()
+                self.cluster = None

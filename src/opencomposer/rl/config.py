@@ -284,6 +284,44 @@ class SyncSection(Strict):
                               "memory, 2 bytes a parameter off the trainer's GPU)")
 
 
+class ClusterSection(Strict):
+    """The rollout side on a Ray cluster (``rl/cluster.py``): engine actors and sandbox hosts
+    placed on its nodes; the trainer stays where ``opencomposer train`` runs (torchrun's ranks)."""
+
+    ray: str = Field(..., min_length=1, description="the Ray cluster to join: 'auto' (RAY_ADDRESS or the one "
+                     "started on this node), 'HOST:PORT', 'ray://HOST:10001', or 'local' (start one here)")
+    engines: int = Field(0, ge=0, description="engine actors, each an `opencomposer serve` that follows the [sync] "
+                         "store (needs rollout.engine='server', no rollout.base_url(s)); 0: the rollout engines "
+                         "of [rollout], in this process")
+    engine_gpus: float = Field(0.0, ge=0, description="GPUs each engine actor asks Ray for (0: it runs on CPU)")
+    engine_cpus: float = Field(1.0, ge=0, description="CPUs each engine actor asks Ray for")
+    engine_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the engines' weights ('auto': bfloat16 on a GPU, float32 on CPU)")
+    engine_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each engine "
+                                               "actor needs, e.g. {rollout = 1} to keep engines on nodes so marked")
+    sandbox_hosts: int = Field(0, ge=0, description="SandboxHost actors that make every rollout's and grader's "
+                               "sandboxes (rollout.backend) on their nodes; 0: sandboxes in this process")
+    sandbox_cpus: float = Field(0.0, ge=0, description="CPUs each sandbox host asks Ray for (a host mostly waits "
+                                "on its sandboxes' processes)")
+    sandbox_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each "
+                                                "sandbox host needs")
+    spread: bool = Field(True, description="ask Ray to spread the actors over nodes (SPREAD), else pack them")
+    local_cpus: int | None = Field(None, ge=1, description="ray='local': CPUs the local Ray offers (default: all)")
+    local_gpus: list[int] = Field(default_factory=list, description="ray='local': this machine's GPUs the local Ray "
+                                  "may give engines (keep the trainer's out); none: it offers no GPU")
+    start_timeout_s: float = Field(300.0, gt=0, description="how long the actors may take to start (model load)")
+
+    @model_validator(mode="after")
+    def _something_to_place(self) -> "ClusterSection":
+        if not self.engines and not self.sandbox_hosts:
+            raise ValueError("[cluster] places nothing: set cluster.engines (engine actors) and/or "
+                             "cluster.sandbox_hosts (sandbox host actors), each >= 1")
+        if self.ray != "local" and (self.local_cpus is not None or self.local_gpus):
+            raise ValueError(f"cluster.local_cpus / local_gpus describe a Ray started here (cluster.ray = 'local'); "
+                             f"cluster.ray = {self.ray!r} joins one that exists: set its resources with `ray start`")
+        return self
+
+
 class TrainRunSection(RunSection):
     """``[run]`` of ``opencomposer train``: ``RunSection``'s keys, and the length and checkpoints of the run."""
 
@@ -307,16 +345,33 @@ class RLRunConfig(Strict):
     eval: EvalSection = EvalSection()
     run: TrainRunSection = TrainRunSection()
     sync: SyncSection | None = None
+    cluster: ClusterSection | None = None
+
+    @model_validator(mode="after")
+    def _cluster_engines_are_servers(self) -> "RLRunConfig":
+        c, r = self.cluster, self.rollout
+        if c is None:
+            return self
+        if c.engines:
+            if r.engine != "server" or r.servers or r.engines != 1:
+                raise ValueError(f"cluster.engines = {c.engines} starts `opencomposer serve` actors that follow the "
+                                 "weight store: set rollout.engine = 'server' without rollout.base_url(s) or "
+                                 f"rollout.engines (got rollout.engine = {r.engine!r}, base_url(s) "
+                                 f"{r.servers or 'none'}, engines = {r.engines})")
+            if self.sync is None:
+                raise ValueError(f"cluster.engines = {c.engines} needs a [sync] store every node can read (s3://... "
+                                 "or a path on a filesystem all nodes mount): the engines take the weights from it")
+        if c.sandbox_hosts and r.sandbox_pool is not None:
+            raise ValueError("cluster.sandbox_hosts with [rollout.sandbox_pool]: sandboxes come from the hosts' "
+                             "actors; drop one of the two")
+        return self
 
     @model_validator(mode="after")
     def _engine_needs_plain_weights(self) -> "RLRunConfig":
-        if self.rollout.engine == "builtin" and self.train.lora and self.rollout.max_staleness:
-            raise ValueError("rollout.engine='builtin' with train.lora=true and rollout.max_staleness >= 1: the "
-                             "engine takes LoRA's weights merged between steps only (not yet in flight); use "
-                             "rollout.max_staleness = 0 or train without LoRA")
-        if self.rollout.engine == "server" and (not self.rollout.servers or self.sync is None):
+        ray_engines = self.cluster is not None and self.cluster.engines
+        if self.rollout.engine == "server" and (not (self.rollout.servers or ray_engines) or self.sync is None):
             raise ValueError("rollout.engine='server' needs rollout.base_url (the server; several: "
-                             "rollout.base_urls) and a [sync] store (the server follows it: opencomposer serve "
+                             "rollout.base_urls, or cluster.engines actors on Ray) and a [sync] store (the server follows it: opencomposer serve "
                              "--weights-from STORE)")
         if self.rollout.engine in ("vllm", "sglang"):
             r = self.rollout

@@ -145,4 +145,9 @@ class RLRun:
         return self.learner.reference()
 
     def close(self) -> None:
+        """The rollout thread and sandbox pool (the run's end); the cluster stays for evaluations."""
         self.actor.close()
+
+    def release(self) -> None:
+        """All the actor holds, the Ray actors of ``[cluster]`` included (rank 0; no-op elsewhere)."""
+        distributed.main_does(self.dist, self.actor.release)

@@ -45,6 +45,7 @@ class SandboxHost:
         self._kwargs = backend_kwargs
         self._boxes: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.made = 0  # sandboxes made here (forks included), for the run's record of where work ran
 
     def create(self, spec: SandboxSpec) -> tuple[str, str]:
         """A new sandbox of ``spec``; returns (sandbox id, workdir as commands see it)."""
@@ -55,6 +56,7 @@ class SandboxHost:
         sid = uuid.uuid4().hex[:12]
         with self._lock:
             self._boxes[sid] = sb
+            self.made += 1
         return sid
 
     def _get(self, sid: str):
@@ -87,7 +89,14 @@ class SandboxHost:
         return len(boxes)
 
     def info(self) -> dict[str, Any]:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "backend": self.backend, "sandboxes": len(self._boxes)}
+        return {"host": socket.gethostname(), "pid": os.getpid(), "backend": self.backend, "sandboxes": len(self._boxes),
+                "made": self.made,
+                "node_id": _ray().get_runtime_context().get_node_id()}
+
+    def missing(self, paths: list[str]) -> list[str]:
+        """Those of ``paths`` this host's node cannot see (tasks and environments must be on a
+        filesystem every node mounts, at the same path)."""
+        return [p for p in paths if not os.path.exists(p)]
 
 
 class SandboxCluster:
@@ -109,12 +118,17 @@ class SandboxCluster:
         max_concurrency: int = 16,
         num_cpus: float = 0,
         spread: bool = True,
+        resources: dict[str, float] | None = None,
+        timeout: float | None = None,
         **backend_kwargs: Any,
     ) -> SandboxCluster:
         """Start ``hosts`` actors (Ray must be initialised); each makes ``backend`` sandboxes.
 
         ``num_cpus=0`` because a host mostly waits on subprocesses; give it CPUs to make
-        Ray place at most that many hosts per node.
+        Ray place at most that many hosts per node; ``resources``: custom Ray resources each
+        host needs (e.g. ``{"sandbox": 1}`` for nodes so marked); ``timeout``: seconds to wait
+        for every host to start (Ray waits forever for resources no node has; then the hosts are
+        killed and Ray's ``GetTimeoutError`` raised).
         """
         ray = _ray()
         if hosts < 1:
@@ -122,9 +136,15 @@ class SandboxCluster:
         backend_class(backend)  # an unknown name fails here with a plain ValueError
         actor = ray.remote(SandboxHost).options(
             num_cpus=num_cpus, max_concurrency=max_concurrency, scheduling_strategy="SPREAD" if spread else "DEFAULT",
+            resources=dict(resources or {}),
         )
         handles = [actor.remote(backend, **backend_kwargs) for _ in range(hosts)]
-        ray.get([h.info.remote() for h in handles])  # surface a failed start now, with its cause
+        try:
+            ray.get([h.info.remote() for h in handles], timeout=timeout)  # a failed start surfaces now, with its cause
+        except BaseException:
+            for h in handles:
+                ray.kill(h)
+            raise
         return cls(handles)
 
     def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:

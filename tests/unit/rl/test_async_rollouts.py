@@ -88,9 +88,8 @@ def test_max_staleness_needs_an_engine_with_its_own_weights(tmp_path):
     assert "rollout.max_staleness" in str(e.value) and "rollout.engine='hf'" in str(e.value)
     with pytest.raises(ConfigError, match="rollout.max_staleness"):
         load_config(write(tmp_path, "[rollout]\nmax_staleness = -1\nengine = 'builtin'\n"), RLRunConfig)
-    with pytest.raises(ConfigError) as e:  # LoRA stays refused with the engine, ahead or not
-        load_config(write(tmp_path, "[rollout]\nmax_staleness = 1\nengine = 'builtin'\n[train]\nlora = true\n"),
-                    RLRunConfig)
-    assert "train.lora=true" in str(e.value)
+    # LoRA ahead of the trainer: the engine takes the merged weights in flight (tests/integration/test_async_rl.py)
+    assert load_config(write(tmp_path, "[rollout]\nmax_staleness = 1\nengine = 'builtin'\n[train]\nlora = true\n"),
+                       RLRunConfig).train.lora
     cfg = load_config(write(tmp_path, "[rollout]\nmax_staleness = 2\nengine = 'builtin'\n"), RLRunConfig)
     assert cfg.rollout.max_staleness == 2 and RLRunConfig(tasks={"dir": "x"}).rollout.max_staleness == 0

@@ -1,0 +1,117 @@
+"""An RL run across a two-node Ray cluster on one machine (``[cluster]``, ``rl/cluster.py``):
+two raylets with their own resources, an engine actor (``opencomposer serve`` of tiny-random,
+following the run's weight store) and a sandbox host on each, the trainer under torchrun (2 gloo
+ranks, rank 0 the actor), real toolz tasks in real sandboxes, two steps end to end; and what a
+cluster that cannot hold the actors, or hosts that cannot see the tasks, get.
+
+Run: ``pytest tests/integration/test_ray_rl.py`` (about two minutes on 2 cores; needs PyPI once
+for the toolz tasks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from testkit.rl_tasks import write_cfg
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from opencomposer.config import load_config  # noqa: E402
+from opencomposer.pipeline.run import run_pipeline  # noqa: E402
+from opencomposer.rl.cluster import ClusterError, RayCluster  # noqa: E402
+from opencomposer.rl.config import RLRunConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A head node and a second node, one CPU and one "sandbox" resource each (so two one-CPU
+    engines, and two sandbox hosts that need {sandbox = 1}, land one per node)."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"sandbox": 1},
+                                                            "include_dashboard": False})
+    cluster.add_node(num_cpus=1, resources={"sandbox": 1})
+    cluster.wait_for_nodes()
+    yield cluster.address
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+def _config(tmp_path: Path, tasks: Path, out: Path, address: str, extra: str = "", sandbox: int = 1) -> RLRunConfig:
+    """Two steps of two groups (k = 2) on two engine actors and two sandbox hosts; all four tasks trained on."""
+    text = write_cfg(tmp_path, tasks, out, steps=2, kl=0.05, engine="server", sync=tmp_path / "store").read_text()
+    text = text.replace("heldout = 1", "heldout = 0").replace("tasks_per_step = 1", "tasks_per_step = 2")
+    text += f'[cluster]\nray = "{address}"\nengines = 2\nengine_cpus = 1\nsandbox_hosts = 2\n{extra}'
+    text += f"[cluster.sandbox_resources]\nsandbox = {sandbox}\n"
+    p = tmp_path / "cluster.toml"
+    p.write_text(text)
+    return load_config(p, RLRunConfig)
+
+
+def test_an_rl_run_under_torchrun_across_two_ray_nodes(two_nodes, toolz_tasks, tmp_path):
+    """The trainer sharded over 2 gloo ranks (torchrun), rank 0 the actor joining the Ray
+    cluster; an engine actor and a sandbox host on each node."""
+    out = tmp_path / "run"
+    cfg = _config(tmp_path, toolz_tasks, out, two_nodes)
+    config = tmp_path / "cluster.toml"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                           "opencomposer.cli", "train", "--config", str(config)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert cfg.cluster.engines == 2
+
+    placed = json.loads((out / "cluster.json").read_text())  # as the run's end wrote it
+    nodes = {n["node_id"] for n in placed["nodes"] if n["alive"]}
+    assert len(nodes) == 2
+    # one engine and one sandbox host on each node
+    assert {e["node_id"] for e in placed["engines"]} == nodes and len(placed["engines"]) == 2
+    assert {h["node_id"] for h in placed["sandbox_hosts"]} == nodes and len(placed["sandbox_hosts"]) == 2
+    assert all(e["device"] == "cpu" and e["url"].startswith("http://") for e in placed["engines"])
+    # every episode's sandbox and its grader's came from the hosts: 2 per episode, 8 episodes, on both
+    made = [h["made"] for h in placed["sandbox_hosts"]]
+    assert sum(made) == 16 and min(made) > 0, made
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["train_tokens"] > 0 for r in rows)
+    for r in rows:  # a group on each engine actor, every episode finished
+        assert r["engine_episodes_0"] == r["engine_episodes_1"] == 2, r
+        assert r["engines_up"] == 2 and r["failed_rollouts"] == 0 and r["engine_groups_split"] == 0
+    # step 2 sampled after the weights of step 1 reached both actors through the store
+    assert rows[0]["engine_version_0"] == rows[0]["engine_version_1"] == 0
+    assert rows[1]["engine_version_0"] == rows[1]["engine_version_1"] == rows[0]["policy_version"] == 1
+    assert rows[1]["staleness_max"] == 0
+
+    # the run stopped its actors and left the cluster it joined running, with its CPUs free again
+    ray.init(address=two_nodes, log_to_driver=False, configure_logging=False)
+    try:
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("CPU", 0) == 2
+    finally:
+        ray.shutdown()
+
+
+def test_a_cluster_that_cannot_hold_the_actors_is_refused_before_any_starts(two_nodes, toolz_tasks, tmp_path):
+    cfg = _config(tmp_path, toolz_tasks, tmp_path / "run", two_nodes, extra="engine_gpus = 1\n")
+    with pytest.raises(ClusterError, match=r"GPU: 2 asked \(cluster.engines x engine_gpus \(2 x 1\)\), "
+                                           r"the cluster has 0"):
+        RayCluster.start(cfg, [toolz_tasks], "tiny-random")
+    cfg = _config(tmp_path, toolz_tasks, tmp_path / "run", two_nodes, sandbox=2)
+    with pytest.raises(ClusterError, match=r"sandbox: 4 asked \(cluster.sandbox_resources.sandbox x sandbox_hosts\), "
+                                           r"the cluster has 2"):
+        RayCluster.start(cfg, [toolz_tasks], "tiny-random")
+
+
+def test_sandbox_hosts_that_cannot_see_the_tasks_are_named(two_nodes, toolz_tasks, tmp_path):
+    cfg = _config(tmp_path, toolz_tasks, tmp_path / "run", two_nodes).model_copy()
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"engines": 0})})
+    with pytest.raises(ClusterError, match=r"the tasks must be at the same path on every node .* misses"):
+        RayCluster.start(cfg, [tmp_path / "not-on-any-node"], "tiny-random")
