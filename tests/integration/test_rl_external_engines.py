@@ -108,3 +108,46 @@ def test_the_pipeline_trains_on_the_standin_and_evaluates_the_last_version(toolz
     assert "time_engine_push" in rows[1] and set(result["evals"]) == {"base", "rl"}
     assert [Path(p).name for p in backend.loaded] == ["v0", "v1", "v2"]  # v2: for the "rl" evaluation
     assert sorted(p.name for p in (out / "engine_weights").iterdir()) == ["v1", "v2"]
+
+
+def test_two_vllm_servers_each_serve_a_group_and_both_load_each_version(toolz_tasks: Path, tmp_path: Path):
+    """``base_urls`` of two vLLM-shaped stand-ins: a group on each a step, every version written
+    once and loaded by both, every trained token one of the server that sampled it."""
+    import json
+
+    from opencomposer.pipeline.run import run_pipeline
+
+    backends = [Backend("tiny-random"), Backend("tiny-random")]
+    with serving(VLLMStandin(backends[0]).app) as a, serving(VLLMStandin(backends[1]).app) as b:
+        out = tmp_path / "run"
+        text = write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, engine="vllm").read_text()
+        text = text.replace("heldout = 1", "heldout = 0").replace(
+            "tasks_per_step = 1", f'tasks_per_step = 2\nbase_urls = ["{a}/v1", "{b}/v1"]')
+        p = tmp_path / "two-vllm.toml"
+        p.write_text(text)
+        run_pipeline(load_config(p, RLRunConfig), log=lambda m: None)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["policy_version"], r["staleness_max"]) for r in rows] == [(1, 1, 0.0), (2, 2, 0.0)]
+    for r in rows:  # one group (k = 2) on each server, none split
+        assert r["engine_episodes_0"] == r["engine_episodes_1"] == 2 and r["engines_up"] == 2, r
+        assert r["failed_rollouts"] == 0 and r["engine_groups_split"] == 0
+    assert rows[1]["engine_version_0"] == rows[1]["engine_version_1"] == 1
+    # both servers loaded v0 (start) and v1 (before step 2), from the one directory each was written to
+    for backend in backends:
+        assert [Path(p).name for p in backend.loaded][:2] == ["v0", "v1"]
+        assert backend.answers  # each sampled
+    assert backends[0].loaded[1] == backends[1].loaded[1]
+
+
+def test_a_second_server_of_another_model_is_refused_naming_it(toolz_tasks: Path, tmp_path: Path):
+    backends = [Backend("tiny-random"), Backend("tiny-random-moe")]
+    with serving(VLLMStandin(backends[0]).app) as a, serving(VLLMStandin(backends[1]).app) as b:
+        text = write_cfg(tmp_path, toolz_tasks, tmp_path / "run", steps=1, kl=0.05, engine="vllm").read_text()
+        text = text.replace("tasks_per_step = 1", f'tasks_per_step = 1\nbase_urls = ["{a}/v1", "{b}/v1"]')
+        p = tmp_path / "mixed.toml"
+        p.write_text(text)
+        cfg = load_config(p, RLRunConfig)
+        tasks = sorted(q for q in toolz_tasks.iterdir() if (q / "task.toml").exists())
+        with pytest.raises(Exception, match=rf"rollout engine 1 \({b}/v1\): could not start: .*tiny-random-moe.*"
+                                            r"not the run's model 'tiny-random'"):
+            RLRun(cfg, tasks, tmp_path / "run")

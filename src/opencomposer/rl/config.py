@@ -99,8 +99,9 @@ class RolloutSection(SamplingSection):
         None, min_length=1, description="rollout.engine='builtin': the device of each engine, one per engine, e.g. "
                                         "['cuda:0', 'cuda:1']; absent: every engine on the run's device")
     base_urls: list[str] | None = Field(
-        None, min_length=1, description="rollout.engine='server': several `opencomposer serve --weights-from` "
-                                        "servers, one rollout engine each (instead of rollout.base_url)")
+        None, min_length=1, description="rollout.engine='server', 'vllm' or 'sglang': several servers (`opencomposer "
+                                        "serve --weights-from`, vLLM, SGLang), one rollout engine each (instead of "
+                                        "rollout.base_url); vLLM/SGLang ones must all read rollout.weights_dir")
     served_model: str | None = Field(None, description="rollout.engine='vllm' or 'sglang': the model the server must "
                                                        "serve (its id or path); absent: [model] name. Another model "
                                                        "is refused at start")
@@ -131,7 +132,7 @@ class RolloutSection(SamplingSection):
 
     @property
     def servers(self) -> list[str]:
-        """The servers of rollout.engine='server', one engine each (base_urls, or base_url)."""
+        """The servers of rollout.engine='server', 'vllm' or 'sglang', one engine each (base_urls, or base_url)."""
         return list(self.base_urls) if self.base_urls else [self.base_url] if self.base_url else []
 
     @property
@@ -142,11 +143,11 @@ class RolloutSection(SamplingSection):
     @model_validator(mode="after")
     def _several_engines(self) -> RolloutSection:
         n, engine = self.engines, self.engine
-        if n > 1 and engine not in ("builtin", "server"):
-            why = ("samples with the trainer's own model" if engine == "hf" else "takes one server (rollout.base_url)")
-            raise ValueError(f"rollout.engines = {n} with rollout.engine='{engine}': '{engine}' {why}; several "
-                             "engines need rollout.engine='builtin' (rollout.engines, rollout.engine_devices) or "
-                             "'server' (rollout.base_urls)")
+        servers = engine in ("server", "vllm", "sglang")  # one engine per server
+        if n > 1 and engine == "hf":
+            raise ValueError(f"rollout.engines = {n} with rollout.engine='hf': 'hf' samples with the trainer's own "
+                             "model; several engines need rollout.engine='builtin' (rollout.engines, "
+                             "rollout.engine_devices), or servers: 'server', 'vllm' or 'sglang' (rollout.base_urls)")
         if self.engine_devices is not None:
             if engine != "builtin":
                 raise ValueError(f"rollout.engine_devices places built-in engines; rollout.engine is '{engine}' "
@@ -158,10 +159,9 @@ class RolloutSection(SamplingSection):
             if blank:
                 raise ValueError(f"rollout.engine_devices[{blank[0]}] is empty: expected a device such as 'cuda:1'")
         if self.base_urls is not None:
-            if engine != "server":
-                raise ValueError(f"rollout.base_urls (several servers) needs rollout.engine='server'; rollout.engine "
-                                 f"is '{engine}'" + (" (it takes one server: rollout.base_url)"
-                                                     if engine in ("vllm", "sglang") else ""))
+            if not servers:
+                raise ValueError(f"rollout.base_urls (several servers) needs rollout.engine='server', 'vllm' or "
+                                 f"'sglang'; rollout.engine is '{engine}'")
             if self.base_url:
                 raise ValueError("rollout.base_url and rollout.base_urls are both set: give the servers in "
                                  "rollout.base_urls alone")
@@ -170,10 +170,10 @@ class RolloutSection(SamplingSection):
                 raise ValueError(f"rollout.base_urls lists {twice[0]} more than once: each server is one engine")
             if n not in (1, len(self.base_urls)):
                 raise ValueError(f"rollout.engines = {n} but rollout.base_urls lists {len(self.base_urls)} "
-                                 "server(s): with rollout.engine='server' there is one engine per server (leave "
+                                 f"server(s): with rollout.engine='{engine}' there is one engine per server (leave "
                                  "rollout.engines out)")
-        elif engine == "server" and n > 1:
-            raise ValueError(f"rollout.engines = {n} with rollout.engine='server' needs rollout.base_urls (one "
+        elif servers and n > 1:
+            raise ValueError(f"rollout.engines = {n} with rollout.engine='{engine}' needs rollout.base_urls (one "
                              "server per engine)")
         return self
 
@@ -375,9 +375,9 @@ class RLRunConfig(Strict):
                              "--weights-from STORE)")
         if self.rollout.engine in ("vllm", "sglang"):
             r = self.rollout
-            if not r.base_url:
+            if not r.servers:
                 raise ValueError(f"rollout.engine='{r.engine}' needs rollout.base_url (the server, e.g. "
-                                 "http://gpu-7:8000/v1)")
+                                 "http://gpu-7:8000/v1; several: rollout.base_urls)")
             if self.train.lora:
                 raise ValueError(f"rollout.engine='{r.engine}' with train.lora=true: the server loads full weights; "
                                  "train without LoRA")

@@ -7,13 +7,16 @@ of them, ``[rollout] engines`` or ``base_urls``) behind one ``FanoutPolicy``.
 
 One engine (the default) is the ``BatchedPolicy`` of ``rollout_policy``, as it always was.
 Several, e.g. ``[rollout] engine = "builtin"``, ``engines = 2``, ``engine_devices = ["cuda:0",
-"cuda:1"]`` (absent: all on the run's device), or ``engine = "server"`` with ``base_urls =
-[...]``: engine i is ``rollout_policy(..., engine=i)``: its own copy of the weights on its own
-device (or its own server), its sampler seeded ``run.seed + i * ENGINE_SEED_STRIDE`` so no two
-engines draw the same random numbers; they go behind a ``FanoutPolicy`` (``policies/fanout.py``:
-a group's rollouts on one engine, the least-loaded; a failed engine out of dispatch). Servers
-must all serve the same model (checked at start, naming both); a weight update or a wait for a
-version that fails names the engine (``EngineError``).
+"cuda:1"]`` (absent: all on the run's device), or ``engine = "server"``, ``"vllm"`` or
+``"sglang"`` with ``base_urls = [...]``: engine i is ``rollout_policy(..., engine=i)``: its own
+copy of the weights on its own device (or its own server), its sampler seeded ``run.seed + i *
+ENGINE_SEED_STRIDE`` so no two engines draw the same random numbers; they go behind a
+``FanoutPolicy`` (``policies/fanout.py``: a group's rollouts on one engine, the least-loaded; a
+failed engine out of dispatch). Servers must all serve the run's model (``opencomposer serve``
+ones: the same model, checked at start naming both; vLLM/SGLang ones: each checked against the
+run's, ``rl/external_engine.py``); a weight update or a wait for a version that fails names the
+engine (``EngineError``). vLLM/SGLang servers load each version from the one directory it is
+written to (``rollout.weights_dir``), which every one of them must read.
 
 ``sync_engines`` (``Actor.sync_weights``): first a fresh built-in engine, on the weights of now,
 in place of each that failed (``FanoutPolicy.revive``; servers are not rebuilt), then every
@@ -77,7 +80,7 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
         return policy
     if r.engine in EXTERNAL and not base_model:  # the base model is measured locally here too
         external = external or ExternalEngine(cfg, model_config(weights, start_model))
-        return external.policy(weights, tokenizer, temperature)
+        return external.policy(weights, tokenizer, temperature, engine=engine, seed=sampling["seed"])
     if base_model or weights.model is None or (r.engine == "builtin" and cfg.train.lora):
         model, tok = load_model(m.name if base_model else start_model, device=device)
         if not base_model:  # the engine's own copy, of the weights gathered from the shards (or LoRA's, merged)
@@ -102,7 +105,7 @@ def model_config(weights: Weights, start_model: str) -> Any:
 def engine_label(cfg: RLRunConfig, device: str, i: int) -> str:
     """How errors and warnings name engine ``i``: "engine 1 (cuda:1)", "engine 0 (http://...)"."""
     r = cfg.rollout
-    where = r.servers[i] if r.engine == "server" else r.engine_devices[i] if r.engine_devices else device
+    where = r.servers[i] if r.engine in ("server", *EXTERNAL) else r.engine_devices[i] if r.engine_devices else device
     return f"engine {i} ({where})"
 
 
@@ -122,7 +125,7 @@ def rollout_engines(cfg: RLRunConfig, weights: Callable[[], Weights], tokenizer:
     def build(i: int, stream: int | None = None) -> BatchedPolicy:
         try:
             return rollout_policy(cfg, weights(), tokenizer, temperature, device, start_model, publish=publish,
-                                  engine=i, seed_stream=stream)
+                                  external=external, engine=i, seed_stream=stream)
         except Exception as e:
             raise EngineError(f"rollout {labels[i]}: could not start: {type(e).__name__}: {e}") from e
 

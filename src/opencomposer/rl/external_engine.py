@@ -28,6 +28,7 @@ from typing import Any
 from opencomposer.config import ConfigError
 from opencomposer.policies import make_policy
 from opencomposer.policies.batched import BatchedPolicy
+from opencomposer.policies.fanout import FanoutPolicy, each_engine
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.learner import Weights
 from opencomposer.sync.weights_dir import WeightsDir
@@ -47,13 +48,16 @@ class ExternalEngine:
         root = cfg.rollout.weights_dir or Path(cfg.run.out_dir) / "engine_weights"
         self.dir = WeightsDir(root, config=model_config)
 
-    def policy(self, weights: Weights, tokenizer: Any, temperature: float) -> BatchedPolicy:
-        """A batched client of the server, checked, and on ``weights`` (pushed now)."""
+    def policy(self, weights: Weights, tokenizer: Any, temperature: float, engine: int = 0,
+               seed: int | None = None) -> BatchedPolicy:
+        """A batched client of server ``engine`` (``rollout.base_urls``; the first, or
+        ``base_url``), checked, and on ``weights`` (pushed now); ``seed``: its sampler's
+        (default ``run.seed``)."""
         r = self.cfg.rollout
-        policy = make_policy(r.engine, base_url=r.base_url, tokenizer=tokenizer,
+        policy = make_policy(r.engine, base_url=r.servers[engine], tokenizer=tokenizer,
                              model=r.served_model or self.cfg.model.name, experts_per_token=self.experts_per_token,
                              temperature=temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                             seed=self.cfg.run.seed, batch=r.max_batch)
+                             seed=self.cfg.run.seed if seed is None else seed, batch=r.max_batch)
         try:
             if self.experts_per_token and not policy.policy.check_routes():
                 self._no_routes(policy.policy.where())
@@ -63,12 +67,14 @@ class ExternalEngine:
             raise
         return policy
 
-    def push(self, policy: BatchedPolicy, weights: Weights) -> dict[str, float]:
-        """``weights`` to the server (written to ``weights_dir``, loaded, acknowledged); the
-        seconds it took, for the step's row."""
+    def push(self, policy: BatchedPolicy | FanoutPolicy, weights: Weights) -> dict[str, float]:
+        """``weights`` to the server, or to each of several (written to ``weights_dir`` once,
+        then loaded and acknowledged by each; a failure names the engine); the seconds it took,
+        for the step's row."""
         t0 = time.perf_counter()
         path = self.dir.write(weights.state, weights.version)
-        policy.policy.push_weights(path, weights.version)
+        each_engine(policy, lambda p: p.policy.push_weights(path, weights.version),
+                    f"load the weights of version {weights.version} from {path}")
         return {"time_engine_push": round(time.perf_counter() - t0, 3)}
 
     def _no_routes(self, where: str) -> None:

@@ -35,7 +35,9 @@ def load(tmp_path: Path, rollout: str, extra: str = "") -> RLRunConfig:
     ("engines = 0", r"rollout.engines.*greater than or equal to 1"),
     ("engines = 2", r"rollout.engines = 2 with rollout.engine='hf': 'hf' samples with the trainer's own model"),
     ("engine = 'vllm'\nbase_url = 'http://h:8000/v1'\nengines = 2",
-     r"rollout.engines = 2 with rollout.engine='vllm': 'vllm' takes one server \(rollout.base_url\)"),
+     r"rollout.engines = 2 with rollout.engine='vllm' needs rollout.base_urls \(one server per engine\)"),
+    ("engine = 'sglang'\nbase_urls = ['http://a/v1', 'http://b/v1']\nengines = 3",
+     r"rollout.engines = 3 but rollout.base_urls lists 2 server\(s\): with rollout.engine='sglang'"),
     ("engine = 'builtin'\nengines = 2\nengine_devices = ['cuda:0']",
      r"rollout.engine_devices lists 1 device\(s\) for rollout.engines = 2: give one device per engine"),
     ("engine = 'builtin'\nengine_devices = ['cuda:0', 'cuda:1']",
@@ -44,7 +46,8 @@ def load(tmp_path: Path, rollout: str, extra: str = "") -> RLRunConfig:
     ("engine = 'server'\nbase_url = 'http://a/v1'\nengine_devices = ['cuda:0']",
      r"rollout.engine_devices places built-in engines; rollout.engine is 'server'"),
     ("engine = 'builtin'\nengines = 2\nbase_urls = ['http://a/v1', 'http://b/v1']",
-     r"rollout.base_urls \(several servers\) needs rollout.engine='server'; rollout.engine is 'builtin'"),
+     r"rollout.base_urls \(several servers\) needs rollout.engine='server', 'vllm' or 'sglang'; rollout.engine is "
+     r"'builtin'"),
     ("engine = 'server'\nbase_url = 'http://a/v1'\nbase_urls = ['http://b/v1']",
      r"rollout.base_url and rollout.base_urls are both set"),
     ("engine = 'server'\nbase_urls = ['http://a/v1', 'http://a/v1']",
@@ -67,6 +70,8 @@ def test_engine_settings_that_work(tmp_path):
     assert r.engine_count == 2 and r.servers == ["http://a/v1", "http://b/v1"]
     r = load(tmp_path, "engine = 'server'\nbase_url = 'http://a/v1'", "[sync]\nstore = 'w'\n").rollout
     assert r.engine_count == 1 and r.servers == ["http://a/v1"]  # one server, as before
+    r = load(tmp_path, "engine = 'vllm'\nbase_urls = ['http://a/v1', 'http://b/v1']").rollout
+    assert r.engine_count == 2 and r.servers == ["http://a/v1", "http://b/v1"]  # several vLLM servers
     dumped = RLRunConfig.model_validate(load(tmp_path, "engine = 'server'\nbase_urls = ['http://a/v1', 'http://b/v1']",
                                              "[sync]\nstore = 'w'\n").model_dump())
     assert dumped.rollout.engine_count == 2  # a dumped config reads back (engines = 1 written out)
