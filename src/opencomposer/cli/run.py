@@ -184,8 +184,13 @@ def pretrain(
     save_every: Optional[int] = typer.Option(None, min=0, help="checkpoint every N steps (default 50)"),
     eval_data: Optional[list[str]] = typer.Option(None, help="another codebase to measure on, never trained on "
                                                   "(repeatable)"),
+    context_factor: Optional[float] = typer.Option(None, min=1.0, help="extend the context this many times by "
+                                                   "YaRN RoPE scaling before training (default 1: none)"),
+    eval_length: Optional[list[int]] = typer.Option(None, min=2, help="held-out loss also on windows of this many "
+                                                    "tokens (repeatable; e.g. the native context and 4x it)"),
 ) -> None:
-    """Continued pretraining: next-token loss on raw code, held-out loss before/after; writes a loadable model dir."""
+    """Continued pretraining: next-token loss on raw code, held-out loss before/after; writes a loadable model dir.
+    With --context-factor: a long-context extension (YaRN), measured at --eval-length before and after."""
     from opencomposer.train.checkpoint_files import CheckpointError
     from opencomposer.train.config import PretrainRunConfig
     from opencomposer.train.pretrain import run_pretrain_config
@@ -194,7 +199,8 @@ def pretrain(
         cfg = load_for(config, PretrainRunConfig) if config else PretrainRunConfig()
         given = {"data": data, "model": model, "out_dir": str(out_dir) if out_dir else None, "steps": steps,
                  "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
-                 "eval_every": eval_every, "save_every": save_every, "eval_data": eval_data}
+                 "eval_every": eval_every, "save_every": save_every, "eval_data": eval_data,
+                 "context_factor": context_factor, "eval_lengths": eval_length}
         merged = cfg.model_dump(exclude_unset=True)  # the command line over the file, checked as one
         merged.setdefault("pretrain", {}).update({k: v for k, v in given.items() if v is not None})
         cfg = validate(merged, PretrainRunConfig, f"{config} + command line" if config else "command line")

@@ -95,6 +95,19 @@ class PretrainSection(Strict):
     eval_windows: int = Field(32, ge=1, description="held-out windows measured per eval set")
     save_every: int = Field(50, ge=0, description="checkpoint every N steps (0: only at the end)")
     seed: int = 0
+    context_factor: float = Field(1.0, ge=1, description="long-context extension: the model's context times this "
+                                  "by YaRN RoPE scaling (train/long_context.py), applied before the first step; "
+                                  "1: none. Train on windows up to the new context (seq_len)")
+    eval_lengths: list[int] = Field(default_factory=list, description="held-out loss also on windows of these "
+                                    "lengths (of the training mix's held-out documents), e.g. the native context "
+                                    "and 4x it; with context_factor > 1 also measured with the native RoPE first")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> PretrainSection:
+        bad = [n for n in self.eval_lengths if n < 2]
+        if bad:
+            raise ValueError(f"pretrain.eval_lengths: {bad[0]} is not a window length (at least 2 tokens)")
+        return self
 
 
 class PretrainRunConfig(Strict):

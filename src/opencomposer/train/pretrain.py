@@ -49,6 +49,7 @@ from opencomposer.train.samples import Sample
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from opencomposer.train.checkpoint_files import CheckpointError
 from opencomposer.train.export import export_model
+from opencomposer.train.long_context import extend_context
 from opencomposer.train.config import PretrainRunConfig, TrainConfig
 from opencomposer.train.corpus import Mix, PackedSource, cut, pack, pack_corpus, parse_source, read_documents
 from opencomposer.train import distributed
@@ -58,7 +59,8 @@ from opencomposer.train.trainer import Trainer
 
 WHAT = "pretrain data"
 # What fixes the order of the batches: a checkpoint made with other values cannot be continued as if never stopped.
-RESUME_KEYS = ("model", "seq_len", "batch_size", "seed", "held_out", "corpus")
+RESUME_KEYS = ("model", "seq_len", "batch_size", "seed", "held_out", "corpus", "context_factor")
+SAVED_BEFORE = {"context_factor": 1.0}  # what a checkpoint written before a key existed meant by it
 
 
 def lr_at(step: int, lr: float, steps: int, warmup: int, min_lr_ratio: float) -> float:
@@ -118,9 +120,21 @@ class EvalSet:
 
 
 def eval_sets(corpus: list[PackedSource], eval_data: Sequence[str | Path], tokenizer: Any, seq_len: int,
-              limit: int, seed: int) -> list[EvalSet]:
-    """The held-out windows of the training mix, then one set per ``eval_data`` codebase (all of it held out)."""
+              limit: int, seed: int, lengths: Sequence[int] = ()) -> list[EvalSet]:
+    """The held-out windows of the training mix, then one set per ``eval_data`` codebase (all of it
+    held out), then ``held_out@N`` for each length N of ``lengths``: the mix's held-out stream cut
+    into windows of N tokens (a long context measured on the same documents)."""
     sets = [EvalSet("held_out", {p.source.name: p.held_out for p in corpus if len(p.held_out)}, limit, seed)]
+    for n in lengths:
+        if n == seq_len:
+            continue  # that is "held_out"
+        parts = {p.source.name: cut(p.held_out.reshape(-1), n) for p in corpus if len(p.held_out)}
+        parts = {k: v for k, v in parts.items() if len(v)}
+        if not parts:
+            have = sum(p.held_out.numel() for p in corpus)
+            raise ValueError(f"eval_lengths: {n}: the held-out documents hold {have} tokens, not one window of {n}; "
+                             "give more data, a larger held_out share, or a shorter length")
+        sets.append(EvalSet(f"held_out@{n}", parts, limit, seed))
     sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     for path in eval_data:
         docs = read_documents([parse_source(path, "eval data")], tokenizer, "eval data")
@@ -137,11 +151,15 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
                  min_lr_ratio: float = 0.1, eval_every: int = 25, eval_windows: int = 32, save_every: int = 50,
                  held_out: float = 0.05, eval_data: Sequence[str | Path] = (), seed: int = 0,
                  cfg: TrainConfig | None = None, device: str | None = None,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, context_factor: float = 1.0,
+                 eval_lengths: Sequence[int] = ()) -> dict[str, Any]:
     """Continue pretraining ``model_name`` on ``data`` (see the module docstring); returns the result.
 
     ``cfg`` gives the optimiser (betas, weight decay, clipping), precision, LoRA and micro-batching;
-    its ``lr`` and ``warmup_steps`` are replaced by this schedule's."""
+    its ``lr`` and ``warmup_steps`` are replaced by this schedule's. ``context_factor > 1``: the
+    context extended first (``train/long_context.py``); the evaluation before the first step is
+    then made twice, with the native RoPE (``native_rope``) and the extended one.
+    ``eval_lengths``: held-out loss on windows of these lengths too."""
     if steps < 1 or batch_size < 1 or seq_len < 2 or warmup < 0 or not 0 <= min_lr_ratio <= 1 or lr <= 0:
         raise ValueError(f"need steps >= 1, batch_size >= 1, seq_len >= 2, warmup >= 0, lr > 0 and 0 <= "
                          f"min_lr_ratio <= 1; got steps={steps}, batch_size={batch_size}, seq_len={seq_len}, "
@@ -160,15 +178,17 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
     device = str(rank_device(dist, device))
     model, tok = load_model(model_name, device=device)
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-    if context and seq_len > context:
-        raise ValueError(f"seq_len={seq_len} is longer than {model_name}'s context ({context} tokens, "
-                         "max_position_embeddings)")
+    longest = max([seq_len, *eval_lengths])
+    if context and longest > context * context_factor:
+        extended = f" x context_factor {context_factor:g} = {int(context * context_factor)}" if context_factor > 1 else ""
+        raise ValueError(f"{'seq_len' if seq_len == longest else 'eval_lengths'}={longest} is longer than "
+                         f"{model_name}'s context ({context} tokens, max_position_embeddings{extended})")
     corpus = pack_corpus(sources, tok, seq_len, held_out, seed, WHAT)
     mix = Mix([p.train for p in corpus], [p.source.weight for p in corpus], batch_size, seed)
-    sets = eval_sets(corpus, eval_data, tok, seq_len, eval_windows, seed)
+    sets = eval_sets(corpus, eval_data, tok, seq_len, eval_windows, seed, eval_lengths)
     counts = {p.source.name: {**p.counts(), "share": round(share, 4)} for p, share in zip(corpus, mix.shares())}
     setup = {"model": model_name, "seq_len": seq_len, "batch_size": batch_size, "seed": seed, "held_out": held_out,
-             "corpus": counts}
+             "corpus": counts, "context_factor": context_factor}
     cfg = (cfg or TrainConfig()).model_copy(update={"lr": lr, "warmup_steps": 0})
     trainer = Trainer(model, tok, cfg, name=model_name, dist=dist)
     state = _resume(out / "checkpoints", trainer, setup)
@@ -176,7 +196,10 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
     if start > steps:
         raise ValueError(f"{out / 'checkpoints'}: the checkpoint is at step {start}, past steps={steps}; "
                          "ask for more steps or use another --out")
-    if not evals:
+    if context_factor > 1 and not evals:  # the model as it came, before its RoPE is rescaled
+        evals.append({**_evaluate(sets, trainer, 0), "native_rope": True})
+    extension = extend_context(model, context_factor) if context_factor > 1 else None
+    if len(evals) == (1 if extension else 0):
         evals.append(_evaluate(sets, trainer, 0))
     normalizer = loss_normalizer(batch_size, seq_len)
     train_s, t0 = 0.0, time.perf_counter()
@@ -213,6 +236,8 @@ def run_pretrain(data: Sequence[str | Path], model_name: str, out_dir: str | Pat
         "seconds": round(time.perf_counter() - t0, 2),
         "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None,
         "before": evals[0], "after": evals[-1], "evals": evals,
+        **({"context": {k: extension[k] for k in ("native_context", "context")}, "rope": extension["rope"]}
+           if extension else {}),
         "model_dir": str(out / "model"), "checkpoint": str(out / "checkpoints"), "world_size": dist.world,
     }
     distributed.main_does(dist, lambda: atomic_write_text(out / "result.json",
@@ -227,7 +252,8 @@ def run_pretrain_config(cfg: PretrainRunConfig, *, device: str | None = None, pr
     return run_pretrain(p.data, p.model, p.out_dir, steps=p.steps, seq_len=p.seq_len, batch_size=p.batch_size,
                         lr=p.lr, warmup=p.warmup_steps, min_lr_ratio=p.min_lr_ratio, eval_every=p.eval_every,
                         eval_windows=p.eval_windows, save_every=p.save_every, held_out=p.held_out,
-                        eval_data=p.eval_data, seed=p.seed, cfg=cfg.train, device=device, progress=progress)
+                        eval_data=p.eval_data, seed=p.seed, cfg=cfg.train, device=device, progress=progress,
+                        context_factor=p.context_factor, eval_lengths=p.eval_lengths)
 
 
 def _evaluate(sets: list[EvalSet], trainer: Trainer, step: int) -> dict[str, Any]:
@@ -247,8 +273,8 @@ def _resume(ckpt: Path, trainer: Trainer, setup: dict[str, Any]) -> dict[str, An
     if "corpus" not in saved:
         raise CheckpointError(f"{path}: not a pretraining checkpoint (no corpus in state.json); use another --out")
     for key in RESUME_KEYS:
-        if saved.get(key) != setup[key]:
-            got, want = saved.get(key), setup[key]
+        if saved.get(key, SAVED_BEFORE.get(key)) != setup[key]:
+            got, want = saved.get(key, SAVED_BEFORE.get(key)), setup[key]
             if key == "corpus":
                 got, want = _corpus_diff(got, want)
             raise CheckpointError(f"{path / 'state.json'}: the checkpoint was made with {key}={got}, this run "

@@ -110,3 +110,18 @@ def test_linear_few_rows_on_the_cpu_are_nn_linear():
             torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-5)
         x = torch.randn(3, 96, dtype=torch.float64)  # other dtypes take F.linear
         torch.testing.assert_close(lin.double()(x), ref.double()(x))
+
+
+def test_greedy_matches_hf_on_a_context_extended_by_yarn(family, tiny_hf, prompts):
+    """A model whose context was extended 4x (``train/long_context.py``): the engine reads the
+    YaRN scaling from the config, and its greedy tokens equal HF's on prompts past the native 512."""
+    from opencomposer.train.long_context import extend_context
+
+    hf = tiny_hf(family)
+    extend_context(hf, 4.0)
+    assert hf.config.max_position_embeddings == 2048
+    engine = Engine(hf, None, max_num_seqs=2, max_model_len=2048, block_size=16)
+    ps = prompts(2, lo=600, hi=900, seed=7)
+    outs = engine.generate(ps, SamplingParams(max_tokens=12, temperature=0))
+    for p, c in zip(ps, outs):
+        assert c.token_ids == _hf_greedy(hf, p, 12), family

@@ -3,16 +3,18 @@ frequencies it implies (``rope_inv_freq``), for the engine's model (``transforme
 
 What differs between the families is read from the config and the state dict: Qwen2 has
 q/k/v biases (found as ``*.q_proj.bias`` keys), Qwen3 has per-head RMSNorm on q and k
-(``*.q_norm.weight``), Qwen3-MoE lists its sparse layers, and Llama 3.x scales its rotary
-frequencies (``rope_scaling``).
+(``*.q_norm.weight``), Qwen3-MoE lists its sparse layers, and Llama 3.x or YaRN (a context
+extended, ``train/long_context.py``) scale the rotary frequencies (``rope_scaling``; YaRN also
+the tables, ``rope_attention_scale``).
 
     cfg = DecoderConfig.from_hf(hf_model.config, hf_model.state_dict())
 
-Test: ``pytest tests/unit/inference/test_model_parity.py``.
+Test: ``pytest tests/unit/inference/test_model_parity.py tests/unit/train/test_long_context.py``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,10 +59,14 @@ class DecoderConfig:
         theta = rope.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
-        if rope_type == "llama3":
-            scaling = tuple(sorted((k, v) for k, v in rope.items() if k != "rope_theta"))
+        if rope_type in ("llama3", "yarn"):
+            scaling = tuple(sorted((k, v) for k, v in rope.items() if k not in ("rope_theta", "type")))
+            scaling += (("rope_type", rope_type),) if "rope_type" not in rope else ()
         elif rope_type not in ("default", None):
-            raise ValueError(f"rope_type {rope_type!r} is not supported by the engine; expected 'default' or 'llama3'")
+            raise ValueError(f"rope_type {rope_type!r} is not supported by the engine; expected 'default', 'llama3' "
+                             "or 'yarn'")
+        if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial_rotary_factor below 1 is not supported by the engine")
         if getattr(config, "use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported by the engine")
         heads = config.num_attention_heads
@@ -106,11 +112,14 @@ class DecoderConfig:
 
 
 def rope_inv_freq(cfg: DecoderConfig) -> torch.Tensor:
-    """The rotary inverse frequencies [head_dim / 2], fp32, as HF computes them."""
+    """The rotary inverse frequencies [head_dim / 2], fp32, as HF computes them: plain, Llama
+    3.x's scaling, or YaRN's (``yarn_inv_freq``)."""
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    if cfg.rope_scaling:  # Llama 3.x frequency scaling, as in HF's _compute_llama3_parameters
-        s = dict(cfg.rope_scaling)
+    s = dict(cfg.rope_scaling or ())
+    if s.get("rope_type") == "yarn":
+        return yarn_inv_freq(inv, s, d, cfg.rope_theta)
+    if s:  # Llama 3.x frequency scaling, as in HF's _compute_llama3_parameters
         factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
         old = s["original_max_position_embeddings"]
         wavelen = 2 * torch.pi / inv
@@ -121,3 +130,43 @@ def rope_inv_freq(cfg: DecoderConfig) -> torch.Tensor:
         medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
         inv = torch.where(medium, smoothed, scaled)
     return inv
+
+
+def yarn_inv_freq(inv: torch.Tensor, s: Mapping[str, Any], d: int, theta: float) -> torch.Tensor:
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): each frequency interpolated (divided by
+    ``factor``) or kept, by how many turns it makes over the original context. Dimensions that
+    turn more than ``beta_fast`` times keep their frequency, those under ``beta_slow`` turns are
+    interpolated, and a linear ramp blends the dimensions between (their bounds rounded outwards
+    unless ``truncate`` is false)."""
+    factor, old = float(s["factor"]), float(s["original_max_position_embeddings"])
+    fast, slow = float(s.get("beta_fast") or 32), float(s.get("beta_slow") or 1)
+
+    def dim_of(turns: float) -> float:  # the dimension whose wavelength fits ``turns`` times in ``old``
+        return d * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(fast), dim_of(slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # no division by zero
+    keep = 1 - ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return (inv / factor) * (1 - keep) + inv * keep
+
+
+def rope_attention_scale(cfg: DecoderConfig) -> float:
+    """What the rotary tables are multiplied by: 1, or YaRN's attention factor (given, or
+    0.1 ln(factor) + 1, or the ratio of two such terms with ``mscale`` / ``mscale_all_dim``)."""
+    s = dict(cfg.rope_scaling or ())
+    if s.get("rope_type") != "yarn":
+        return 1.0
+    if s.get("attention_factor") is not None:
+        return float(s["attention_factor"])
+    factor = float(s["factor"])
+
+    def mscale(m: float = 1.0) -> float:
+        return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    if s.get("mscale") and s.get("mscale_all_dim"):
+        return mscale(float(s["mscale"])) / mscale(float(s["mscale_all_dim"]))
+    return mscale()

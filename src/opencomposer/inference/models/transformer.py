@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opencomposer.inference.models.attention import AttentionBatch, paged_attention
-from opencomposer.inference.models.decoder_config import DecoderConfig, rope_inv_freq
+from opencomposer.inference.models.decoder_config import DecoderConfig, rope_attention_scale, rope_inv_freq
 from opencomposer.inference.models.moe import Experts, SparseMoE, hf_expert_views, route_buffer
 
 _PER_EXPERT = re.compile(r"\.experts\.\d+\.")  # a checkpoint with one module per expert
@@ -141,13 +141,19 @@ class Rope:
     """Rotary tables for this step's positions: [T, 1, d] in the model dtype (torch path,
     as HF casts them) and [T, d/2] fp32 halves (Triton path)."""
 
-    def __init__(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, fused: bool):
+    def __init__(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, fused: bool,
+                 scale: float = 1.0):
         freqs = positions.float()[:, None] * inv_freq[None, :]
         if fused:
             self.cos_half, self.sin_half = freqs.cos(), freqs.sin()
+            if scale != 1.0:  # YaRN's attention factor, on the fp32 tables as HF applies it
+                self.cos_half, self.sin_half = self.cos_half * scale, self.sin_half * scale
         else:
             emb = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+            cos, sin = emb.cos(), emb.sin()
+            if scale != 1.0:
+                cos, sin = cos * scale, sin * scale
+            self.cos, self.sin = cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 def add_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, fused: bool):
@@ -214,11 +220,12 @@ class DecoderLM(nn.Module):
         # fp32 always, as HF does: a plain attribute, so ``model.to(bfloat16)`` leaves it alone
         # (the engine's ModelRunner moves it to the model's device)
         self.inv_freq = rope_inv_freq(cfg)
+        self.rope_scale = rope_attention_scale(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 k_caches: torch.Tensor, v_caches: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        rope = Rope(self.inv_freq, positions, x.dtype, self.fused)
+        rope = Rope(self.inv_freq, positions, x.dtype, self.fused, self.rope_scale)
         if self.fused and x.shape[0] <= self.gemv_rows and self.gemv_plan:
             return self._forward_gemv(x, rope, batch, k_caches, v_caches)
         residual = None
