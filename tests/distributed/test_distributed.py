@@ -63,6 +63,20 @@ def test_two_ranks_make_the_single_process_update(data, tmp_path):
     assert_same(got["weights"], trainer)
 
 
+def test_two_ranks_with_muon_make_the_single_process_update(data, tmp_path):
+    """``optimizer = "muon"`` sharded: each matrix's Nesterov term gathered whole, orthogonalized,
+    each rank's rows applied; the same weights as one process's Muon + AdamW steps."""
+    muon = {**data, "cfg": {**CFG, "optimizer": "muon"}}
+    got = torchrun("steps", muon, tmp_path)
+    trainer, metrics = one_process(muon)
+    assert type(trainer.optimizer).__name__ == "MuonAdamW"
+    for mine, theirs in zip(metrics, got["metrics"]):
+        assert theirs["loss"] == pytest.approx(mine["loss"], rel=1e-4, abs=1e-6)
+    assert_same(got["weights"], trainer)
+    adamw, _ = one_process(data)  # and Muon moved the weights otherwise than AdamW would
+    assert any(not torch.allclose(a, b, atol=1e-4) for a, b in zip(trainer.params, adamw.params))
+
+
 def test_two_ranks_with_a_sharded_kl_reference_make_the_single_process_update(data, tmp_path):
     got = torchrun("kl", data, tmp_path)
     model, tok = load_model("tiny-random")

@@ -115,3 +115,42 @@ def test_sandbox_hosts_that_cannot_see_the_tasks_are_named(two_nodes, toolz_task
     cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"engines": 0})})
     with pytest.raises(ClusterError, match=r"the tasks must be at the same path on every node .* misses"):
         RayCluster.start(cfg, [tmp_path / "not-on-any-node"], "tiny-random")
+
+
+def test_an_engine_actor_killed_mid_run_is_replaced_and_the_run_goes_on(two_nodes, toolz_tasks, tmp_path, monkeypatch):
+    """Engine 0's actor is killed after step 1: at the next weight sync its wait fails, it is
+    taken out and a new actor is started in its place on the weights of then; steps 2 and 3
+    run on both engines again. (One group a step, which goes to engine 0 while it is up.)"""
+    out = tmp_path / "run"
+    cfg = _config(tmp_path, toolz_tasks, out, two_nodes)
+    text = (tmp_path / "cluster.toml").read_text().replace("heldout = 0", "heldout = 1").replace(
+        "tasks_per_step = 2", "tasks_per_step = 1").replace("steps = 2", "steps = 3").replace(
+        "sandbox_hosts = 2", "sandbox_hosts = 0")
+    (tmp_path / "cluster.toml").write_text(text)
+    cfg = load_config(tmp_path / "cluster.toml", RLRunConfig)
+    started: list[RayCluster] = []
+    real = RayCluster.start.__func__
+
+    def start(cls, *args, **kwargs):
+        started.append(real(cls, *args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(RayCluster, "start", classmethod(start))
+    killed: list[int] = []
+
+    def on_step(row: dict) -> None:
+        if row["step"] == 1:
+            killed.append(ray.get(started[0].engines[0].info.remote())["pid"])
+            ray.kill(started[0].engines[0])
+
+    with pytest.warns(RuntimeWarning, match=r"rollout engine 0 \(http://.*\) failed: EngineError: could not run "
+                                            r"version 1"):
+        run_pipeline(cfg, log=lambda m: None, on_step=on_step)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["failed_rollouts"] == 0 for r in rows)
+    assert rows[0]["engine_episodes_0"] == 2 and rows[0]["engine_version_0"] == 0
+    # the new engine 0 served steps 2 and 3 on the learner's versions
+    for r, version in zip(rows[1:], (1, 2)):
+        assert r["engines_up"] == 2 and r["engine_episodes_0"] == 2 and r["engine_version_0"] == version, r
+    placed = json.loads((out / "cluster.json").read_text())
+    assert [e["replaced"] for e in placed["engines"]] == [1, 0] and placed["engines"][0]["pid"] != killed[0]

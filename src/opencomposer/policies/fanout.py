@@ -356,9 +356,11 @@ class FanoutPolicy:
             _add(slot.done, failed.stats)
             _add(slot.done_engine, _engine_counts(failed))
 
-    def each(self, fn: Callable[[BatchedPolicy], Any], doing: str) -> None:
+    def each(self, fn: Callable[[BatchedPolicy], Any], doing: str, replace_failed: bool = False) -> None:
         """``fn`` on every engine up, in order (``doing``: what it does, for the error);
-        ``EngineError`` names the engine that failed."""
+        ``EngineError`` names the engine that failed. ``replace_failed`` (engines that can be
+        rebuilt): an engine whose ``fn`` fails is taken out (warned) and rebuilt at once
+        (``revive``; the fresh one starts on the weights of now), and the run goes on."""
         for slot in self.slots:
             policy = slot.policy
             if policy is None:
@@ -366,7 +368,11 @@ class FanoutPolicy:
             try:
                 fn(policy)
             except Exception as e:
-                raise EngineError(f"rollout {slot.label}: could not {doing}: {type(e).__name__}: {e}") from e
+                if not (replace_failed and slot.revivable and self.rebuild is not None):
+                    raise EngineError(f"rollout {slot.label}: could not {doing}: {type(e).__name__}: {e}") from e
+                self._take_out(slot, policy, EngineError(f"could not {doing}: {type(e).__name__}: {e}"))
+        if replace_failed:
+            self.revive()
 
     def close(self) -> None:
         """Close every engine (queued requests finish first); episodes still running then fail."""

@@ -170,9 +170,10 @@ class Actor:
             self.external = (ExternalEngine(cfg, model_config(weights, start_model))
                              if cfg.rollout.engine in EXTERNAL else None)
             # the rollouts' engine, or [rollout] engines of them behind a FanoutPolicy (rl/engines.py)
+            replace = self.cluster.replace if self.cluster is not None and self.cluster.engines else None
             self.policy: BatchedPolicy | FanoutPolicy = rollout_engines(
                 cfg, lambda: self.weights, tokenizer, cfg.rollout.temperature, device, start_model,
-                publish=self.publish_to_store, external=self.external)
+                publish=self.publish_to_store, external=self.external, replace_server=replace)
         except BaseException:
             if self.cluster is not None:
                 self.cluster.close()

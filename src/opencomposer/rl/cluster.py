@@ -22,7 +22,10 @@ checks that each can do its work before the first step: every engine reads a pro
 to the weight store, every sandbox host sees the task directory. Engines then sample as
 ``rollout.engine = "server"`` does with ``rollout.base_urls`` (``rl/engines.py``: a group's
 rollouts on one engine, a failed engine out of dispatch, each token tagged with the version
-its engine ran); the engines take new weights from the store in flight. Sandboxes come from
+its engine ran); the engines take new weights from the store in flight. An engine that fails
+(a request, or the wait for a version at a weight sync) is taken out of dispatch and, at that
+sync, replaced by a new actor (``replace``; started and checked as at the start, on the weights
+of now); ``cluster.json`` counts the replacements. Sandboxes come from
 the hosts (``sandbox/cluster.py``: least-loaded host; the agent's and the grader's sandboxes
 are made on the host's node, from paths every node must see at the same place).
 
@@ -155,6 +158,24 @@ class RayCluster:
         self.cfg, self.engines, self.engine_info = cfg, engines, info
         self.urls = [i["url"] for i in info]
         self.sandboxes, self.started_ray = sandboxes, started_ray
+        self.replaced = [0] * len(engines)  # engine actors started again in place of one that failed
+        # starts one engine actor as ``start`` did (set by ``start``)
+        self.start_one: Callable[[], tuple[list[Any], list[dict[str, Any]]]] | None = None
+
+    def replace(self, i: int) -> str:
+        """Engine ``i``'s actor killed (if it still lives) and a new one started and checked in its
+        place (Ray places it where there is room); its URL."""
+        if self.start_one is None:
+            raise ClusterError("this cluster was not made by RayCluster.start: it cannot start engines")
+        ray = _ray()
+        try:
+            ray.kill(self.engines[i])
+        except Exception:  # noqa: BLE001 - dead already: nothing to stop
+            pass
+        handles, info = self.start_one()
+        self.engines[i], self.engine_info[i], self.urls[i] = handles[0], info[0], info[0]["url"]
+        self.replaced[i] += 1
+        return self.urls[i]
 
     @classmethod
     def start(cls, cfg: RLRunConfig, task_dirs: list[Path], model: str,
@@ -172,7 +193,7 @@ class RayCluster:
             check_capacity(c, ray.cluster_resources())
             info: list[dict[str, Any]] = []
             if c.engines:
-                engines, info = _start_engines(cfg, model)
+                engines, info = _start_engines(cfg, model, c.engines)
                 log(f"cluster: {len(engines)} engine actor(s) at {', '.join(i['url'] for i in info)}")
             if c.sandbox_hosts:
                 sandboxes = _start_sandbox_hosts(cfg, task_dirs)
@@ -185,7 +206,9 @@ class RayCluster:
             if started:
                 ray.shutdown()
             raise
-        return cls(c, engines, info, sandboxes, started)
+        cluster = cls(c, engines, info, sandboxes, started)
+        cluster.start_one = lambda: _start_engines(cfg, model, 1)
+        return cluster
 
     def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
         """A sandbox of ``spec`` on the least-loaded host (paths made absolute: the host may run
@@ -201,8 +224,8 @@ class RayCluster:
                   "resources": n.get("Resources", {})} for n in ray.nodes()]
         hosts = self.sandboxes.info() if self.sandboxes is not None else []
         return {"ray": self.cfg.ray, "nodes": nodes,
-                "engines": [{k: i[k] for k in ("url", "node_id", "node_ip", "device", "gpu_ids", "pid")}
-                            for i in self.engine_info],
+                "engines": [{**{k: i[k] for k in ("url", "node_id", "node_ip", "device", "gpu_ids", "pid")},
+                             "replaced": n} for i, n in zip(self.engine_info, self.replaced)],
                 "sandbox_hosts": [{k: h[k] for k in ("node_id", "host", "pid", "backend", "made")} for h in hosts]}
 
     def close(self) -> None:
@@ -224,7 +247,8 @@ class RayCluster:
             self.started_ray = False
 
 
-def _start_engines(cfg: RLRunConfig, model: str) -> tuple[list[Any], list[dict[str, Any]]]:
+def _start_engines(cfg: RLRunConfig, model: str, n: int) -> tuple[list[Any], list[dict[str, Any]]]:
+    """``n`` engine actors, started, placed and checked (each reads the weight store)."""
     ray = _ray()
     c, r = cfg.cluster, cfg.rollout
     assert c is not None and cfg.sync is not None  # RLRunConfig's validator
@@ -236,7 +260,7 @@ def _start_engines(cfg: RLRunConfig, model: str) -> tuple[list[Any], list[dict[s
     actor = ray.remote(EngineActor).options(
         num_cpus=c.engine_cpus, num_gpus=c.engine_gpus, resources=dict(c.engine_resources), max_concurrency=4,
         scheduling_strategy="SPREAD" if c.spread else "DEFAULT")
-    handles = [actor.remote(serve, c.start_timeout_s) for _ in range(c.engines)]
+    handles = [actor.remote(serve, c.start_timeout_s) for _ in range(n)]
     try:
         info = _wait(ray, [h.info.remote() for h in handles], c, "engine")
         _check_store(cfg, store, handles, info)

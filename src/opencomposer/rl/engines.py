@@ -52,7 +52,7 @@ ENGINE_SEED_STRIDE = 2**32
 def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperature: float, device: str,
                    start_model: str, base_model: bool = False, publish: Callable[[], Any] = lambda: None,
                    external: ExternalEngine | None = None, engine: int = 0,
-                   seed_stream: int | None = None) -> BatchedPolicy:
+                   seed_stream: int | None = None, server: str | None = None) -> BatchedPolicy:
     """A batched sampler on ``weights``, or (``base_model``) on a fresh load of the untrained
     model, so the base can be measured at any point of the run.
 
@@ -62,7 +62,8 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
     an ``opencomposer serve`` that follows the weight store (``publish`` feeds it first); "vllm"
     and "sglang" with such a server, given ``weights`` through ``external`` (``rl/external_engine.py``).
     ``engine``: which of several (its device, its server); ``seed_stream``: which seeds its
-    sampler draws (default: ``engine``'s).
+    sampler draws (default: ``engine``'s); ``server``: engine ``engine``'s server when it was
+    replaced (default: ``rollout.servers[engine]``).
     """
     r, m = cfg.rollout, cfg.model
     stream = engine if seed_stream is None else seed_stream
@@ -70,7 +71,7 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
                 "seed": cfg.run.seed + stream * ENGINE_SEED_STRIDE, "batch": r.max_batch}
     device = r.engine_devices[engine] if r.engine_devices else device
     if r.engine == "server" and not base_model:  # the base model is measured locally (the server trains on)
-        policy = make_policy("server", base_url=r.servers[engine], tokenizer=tokenizer, **sampling)
+        policy = make_policy("server", base_url=server or r.servers[engine], tokenizer=tokenizer, **sampling)
         try:
             publish()  # the server samples the trainer's weights, not its own
             policy.policy.wait_for_version(weights.version, r.sync_timeout_s)
@@ -111,10 +112,13 @@ def engine_label(cfg: RLRunConfig, device: str, i: int) -> str:
 
 def rollout_engines(cfg: RLRunConfig, weights: Callable[[], Weights], tokenizer: Any, temperature: float,
                     device: str, start_model: str, publish: Callable[[], Any] = lambda: None,
-                    external: ExternalEngine | None = None) -> BatchedPolicy | FanoutPolicy:
+                    external: ExternalEngine | None = None,
+                    replace_server: Callable[[int], str] | None = None) -> BatchedPolicy | FanoutPolicy:
     """The rollouts' sampler: ``rollout_policy`` when one engine samples, else a ``FanoutPolicy``
     over ``[rollout] engine_count`` of them; ``weights()`` is read at each build (a failed
-    built-in engine is rebuilt on the weights of then)."""
+    built-in engine is rebuilt on the weights of then). ``replace_server(i)``: a new server in
+    place of server engine ``i`` that failed, its URL returned (the Ray cluster's engine actors,
+    ``rl/cluster.py``); without it a failed server stays out."""
     n = cfg.rollout.engine_count
     if n == 1:
         return rollout_policy(cfg, weights(), tokenizer, temperature, device, start_model, publish=publish,
@@ -122,16 +126,17 @@ def rollout_engines(cfg: RLRunConfig, weights: Callable[[], Weights], tokenizer:
     labels = [engine_label(cfg, device, i) for i in range(n)]
     rebuilds: Counter[int] = Counter()
 
-    def build(i: int, stream: int | None = None) -> BatchedPolicy:
+    def build(i: int, stream: int | None = None, server: str | None = None) -> BatchedPolicy:
         try:
             return rollout_policy(cfg, weights(), tokenizer, temperature, device, start_model, publish=publish,
-                                  external=external, engine=i, seed_stream=stream)
+                                  external=external, engine=i, seed_stream=stream, server=server)
         except Exception as e:
             raise EngineError(f"rollout {labels[i]}: could not start: {type(e).__name__}: {e}") from e
 
     def rebuild(i: int) -> BatchedPolicy:  # a seed stream of its own: no draw of the failed engine repeats
         rebuilds[i] += 1
-        return build(i, stream=i + n * rebuilds[i])
+        server = replace_server(i) if cfg.rollout.engine == "server" and replace_server is not None else None
+        return build(i, stream=i + n * rebuilds[i], server=server)
 
     built: list[BatchedPolicy] = []
     try:
@@ -143,7 +148,8 @@ def rollout_engines(cfg: RLRunConfig, weights: Callable[[], Weights], tokenizer:
         for p in built:
             p.close()
         raise
-    return FanoutPolicy(built, labels, rebuild=rebuild if cfg.rollout.engine == "builtin" else None)
+    rebuildable = cfg.rollout.engine == "builtin" or (cfg.rollout.engine == "server" and replace_server is not None)
+    return FanoutPolicy(built, labels, rebuild=rebuild if rebuildable else None)
 
 
 def same_model(servers: list[BatchedPolicy], labels: list[str]) -> None:
@@ -176,8 +182,12 @@ def sync_engines(policy: BatchedPolicy | FanoutPolicy, cfg: RLRunConfig, weights
     if r.engine == "server":  # through the weight store: publish, then wait for each server
         publish()
         if wait:
-            each_engine(policy, lambda p: p.policy.wait_for_version(w.version, r.sync_timeout_s),
-                        f"run version {w.version} within rollout.sync_timeout_s = {r.sync_timeout_s:g} s")
+            doing = f"run version {w.version} within rollout.sync_timeout_s = {r.sync_timeout_s:g} s"
+            if isinstance(policy, FanoutPolicy):  # servers that can be replaced (Ray's) are, when they fail here
+                policy.each(lambda p: p.policy.wait_for_version(w.version, r.sync_timeout_s), doing,
+                            replace_failed=True)
+            else:
+                each_engine(policy, lambda p: p.policy.wait_for_version(w.version, r.sync_timeout_s), doing)
     elif external is not None:  # written to a directory, loaded through the server's endpoint
         return external.push(policy, w)
     elif r.engine == "builtin":

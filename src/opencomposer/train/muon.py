@@ -22,10 +22,14 @@ rows are tokens, not directions of a hidden space); everything else (norms, bias
 the head) goes to AdamW. One ``torch.optim.Optimizer`` holds both, as param groups flagged
 ``muon``, so the trainer's schedule, ``state_dict`` and checkpoints treat it like AdamW.
 
-Sharded (FSDP2) training with Muon needs the whole matrix per update (an all-gather of each
-gradient); that path is not built yet, so the trainer refuses the combination by name.
+Sharded (FSDP2, torchrun) training: a hidden matrix's parameter, gradient and momentum are
+DTensors split by rows over the ranks. The momentum stays sharded (each rank updates its rows);
+the Nesterov term is all-gathered (``full_tensor``), orthogonalized whole on every rank (the same
+computation everywhere: redundant work, cheap at small world sizes; handing each matrix to one
+rank and scattering the results is not built), and each rank applies its own rows. Two gloo
+ranks make the single-process update (``tests/distributed/test_distributed.py``).
 
-Test: ``pytest tests/unit/train/test_muon.py``.
+Test: ``pytest tests/unit/train/test_muon.py tests/distributed/test_distributed.py -k muon``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -97,8 +102,13 @@ class MuonAdamW(torch.optim.Optimizer):
         buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
         mu = group["momentum"]
         buf.mul_(mu).add_(p.grad)
-        update = orthogonalize(p.grad.add(buf, alpha=mu))  # Nesterov: the gradient plus the new momentum
-        p.add_(update, alpha=-lr * RMS_MATCH * max(p.shape) ** 0.5)
+        nesterov = p.grad.add(buf, alpha=mu)  # the gradient plus the new momentum
+        if isinstance(nesterov, DTensor):  # sharded (FSDP2): Newton-Schulz needs the whole matrix
+            whole = orthogonalize(nesterov.full_tensor())  # an all-gather; every rank computes the same
+            update = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)  # its own shard
+        else:
+            update = orthogonalize(nesterov)
+        p.add_(update, alpha=-lr * RMS_MATCH * max(p.shape) ** 0.5)  # p.shape: the whole matrix's
 
     def _adamw(self, p: torch.Tensor, group: dict, lr: float) -> None:
         state = self.state[p]

@@ -265,9 +265,6 @@ class Trainer:
         """AdamW, or Muon + AdamW (``train/muon.py``) by ``cfg.optimizer``, over the trainable parameters."""
         c = self.cfg
         if c.optimizer == "muon":
-            if self.dist.enabled:
-                raise ValueError("train.optimizer = 'muon' is not built for sharded (torchrun) training yet: "
-                                 "use 'adamw' there")
             from opencomposer.train.muon import MuonAdamW
 
             return MuonAdamW(model.named_parameters(), lr=c.lr, momentum=c.muon_momentum, betas=tuple(c.betas),
