@@ -39,3 +39,29 @@ def test_bench_train_refuses_an_unknown_arm():
 def test_bench_train_refuses_an_unknown_device():
     r = CliRunner().invoke(app, ["bench", "train", "--model", "tiny-random", "--device", "tpu"])
     assert r.exit_code != 0 and "--device 'tpu': expected cpu, cuda or cuda:N" in r.output
+
+
+def test_bench_train_plain_hf_baseline_on_dense_and_rl_batches_of_a_random_shape():
+    """``--arms hf,...``: the plain HF forward + backward + AdamW against the trainer on the same
+    batches; ``--batches dense`` gives the same losses (the same cross-entropy), ``rl`` times RL
+    steps on GRPO groups; ``--model shape:tiny`` is a random-weight model of that shape."""
+    for batches, arms, tokens in (("dense", "hf,packed_whole", "512"), ("rl", "hf,shared_whole,shared", "4096")):
+        r = CliRunner().invoke(app, ["bench", "train", "--model", "shape:tiny", "--arms", arms, "--batches", batches,
+                                     "--tokens", tokens, "--steps", "1", "--warmup", "0"])
+        assert r.exit_code == 0, r.output
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert res["batches"] == batches and [a["arm"] for a in res["arms"]] == arms.split(",")
+        hf, *trainer = res["arms"]
+        assert all(a["tokens_per_second"] > 0 and a["model_gflop"] == hf["model_gflop"] > 0 for a in res["arms"])
+        assert hf["mfu"] is None and res["datasheet_peak_gflops"] is None  # a CPU has no datasheet bf16 peak
+        if batches == "dense":  # the same loss on the same weights and windows, to float rounding
+            assert trainer[0]["max_loss_diff"] < 1e-4, res
+        else:  # an RL step's loss is not cross-entropy; the two trainer arms agree with each other
+            assert trainer[0]["max_loss_diff"] is None
+            assert abs(trainer[1]["losses"][0] - trainer[0]["losses"][0]) < 1e-4
+            assert trainer[0]["run_fraction"] < 1  # a group's shared prompt runs once a row
+
+
+def test_bench_train_refuses_an_unknown_batch_kind():
+    r = CliRunner().invoke(app, ["bench", "train", "--model", "tiny-random", "--batches", "sparse"])
+    assert r.exit_code != 0 and "--batches 'sparse': expected one of oracle, rl, dense" in r.output

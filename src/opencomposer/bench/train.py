@@ -6,6 +6,16 @@ tokens/s counts every sample's tokens (a shared prefix in each sample that holds
     opencomposer bench train                                   # the embedded model, 8k-token micro-batches
     opencomposer bench train --model tiny-random --tokens 512 --steps 1 --warmup 0   # a quick check
     opencomposer bench train --device cuda --tokens 16384 --arms baseline,packed_whole,shared_whole,shared
+    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches dense --tokens 16384 --arms hf,packed_whole
+    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches rl --tokens 16384 --arms hf,shared_whole
+
+Batches (``--batches``): ``oracle`` (below), ``rl`` (GRPO groups of 8 rollouts sharing their
+first prompt, advantages of either sign, timed through the trainer's RL step) or ``dense``
+(full windows of min(--tokens, the model's context) tokens, a loss on every token). Arm ``hf``
+is the plain baseline: the model's own forward with labels on right-padded rows, backward,
+``torch.optim.AdamW`` (``PlainHF``). ``--model shape:NAME``: random weights of a real shape
+(``qwen2.5-1.5b``, ``qwen2.5-7b``...). On a GPU ``mfu`` is an arm's model FLOPs over the card's
+dense bf16 peak (``bench.fsdp.PEAK_BF16``).
 
 On a GPU (``--device cuda``) each step is timed to the end of its kernels and the peak of
 allocated GPU memory is reported too; bf16 autocast where native, so losses agree to bf16's
@@ -57,74 +67,190 @@ ARMS: dict[str, dict[str, Any]] = {
 SYSTEM_TOKENS = 1100  # the harness's system prompt and tool schemas: the same first tokens in every sample
 
 
+def _spans(rng: random.Random, scale: float) -> Callable[[int, int], int]:
+    def span(lo: int, hi: int) -> int:
+        return max(1, int(rng.randint(lo, hi) * scale))
+    return span
+
+
+def _system(vocab: int, scale: float) -> list[int]:
+    """The same first tokens in every sample: the harness's system prompt and tool schemas."""
+    return [random.Random(-1).randrange(vocab) for _ in range(max(1, int(SYSTEM_TOKENS * scale)))]
+
+
+def _turns(rng: random.Random, span: Callable[[int, int], int], vocab: int) -> tuple[list[int], list[int]]:
+    """2-5 turns: a 60-160-token assistant message (the loss tokens), and between two of them a
+    50-400-token tool result."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for turn in range(rng.randint(2, 5)):
+        if turn:
+            tool = span(50, 400)
+            ids += [rng.randrange(vocab) for _ in range(tool)]
+            mask += [0] * tool
+        reply = span(60, 160)
+        ids += [rng.randrange(vocab) for _ in range(reply)]
+        mask += [1] * reply
+    return ids, mask
+
+
 def oracle_like_samples(n_tokens: int, vocab: int, seed: int, scale: float = 1.0) -> list[Any]:
     """Samples of about ``n_tokens`` in all, shaped like oracle SFT transcripts (module docstring);
     ``scale`` shrinks every span (a tiny model's short context)."""
     from opencomposer.train.samples import Sample
 
     rng = random.Random(seed)
-
-    def span(lo: int, hi: int) -> int:
-        return max(1, int(rng.randint(lo, hi) * scale))
-
-    system = [random.Random(-1).randrange(vocab) for _ in range(max(1, int(SYSTEM_TOKENS * scale)))]
+    span, system = _spans(rng, scale), _system(vocab, scale)
     samples, total = [], 0
     while True:
-        task = span(40, 200)  # the task's prompt: different in every sample
-        ids = system + [rng.randrange(vocab) for _ in range(task)]
-        mask = [0] * len(ids)
-        for turn in range(rng.randint(2, 5)):
-            if turn:
-                tool = span(50, 400)
-                ids += [rng.randrange(vocab) for _ in range(tool)]
-                mask += [0] * tool
-            reply = span(60, 160)
-            ids += [rng.randrange(vocab) for _ in range(reply)]
-            mask += [1] * reply
+        prompt = system + [rng.randrange(vocab) for _ in range(span(40, 200))]  # a different task each
+        turns, mask = _turns(rng, span, vocab)
+        ids = prompt + turns
         if total + len(ids) > n_tokens and samples:
             return samples
-        samples.append(Sample(input_ids=ids, loss_mask=mask, old_logprobs=[0.0] * len(ids)))
+        samples.append(Sample(input_ids=ids, loss_mask=[0] * len(prompt) + mask, old_logprobs=[0.0] * len(ids)))
         total += len(ids)
 
 
-def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr: float, seed: int,
-            device: str = "cpu") -> dict[str, Any]:
-    """One arm in this process: build the trainer, train ``warmup + steps`` SFT steps."""
+def rl_like_samples(n_tokens: int, vocab: int, seed: int, scale: float = 1.0, k: int = 8) -> list[Any]:
+    """GRPO groups of ``k`` rollouts, about ``n_tokens`` in all (at least one group): a group's
+    rollouts share their first prompt (the system prompt and one task), then each takes its own
+    turns; sampler logprobs, and advantages of either sign, as an RL step trains them."""
+    from opencomposer.train.samples import Sample
+
+    rng = random.Random(seed)
+    span, system = _spans(rng, scale), _system(vocab, scale)
+    samples: list[Any] = []
+    while True:
+        prompt = system + [rng.randrange(vocab) for _ in range(span(40, 200))]
+        group = []
+        for i in range(k):
+            turns, mask = _turns(rng, span, vocab)
+            ids = prompt + turns
+            group.append(Sample(input_ids=ids, loss_mask=[0] * len(prompt) + mask, old_logprobs=[-1.0] * len(ids),
+                                advantage=1.0 if i % 2 else -1.0))
+        if samples and sum(len(s.input_ids) for s in samples + group) > n_tokens:
+            return samples
+        samples += group
+
+
+def dense_samples(n_tokens: int, vocab: int, seed: int, seq_len: int) -> list[Any]:
+    """Full windows of ``seq_len`` random tokens, a loss on every token but the first (pretraining's
+    and dense SFT's shape), ``n_tokens // seq_len`` of them (at least one)."""
+    from opencomposer.train.samples import Sample
+
+    rng = random.Random(seed)
+    return [Sample(input_ids=[rng.randrange(vocab) for _ in range(seq_len)], loss_mask=[0] + [1] * (seq_len - 1),
+                   old_logprobs=[0.0] * seq_len) for _ in range(max(1, n_tokens // seq_len))]
+
+
+BATCHES = ("oracle", "rl", "dense")
+
+
+def make_batch(kind: str, tokens: int, vocab: int, seed: int, context: int) -> list[Any]:
+    """One step's samples of ``kind`` (``BATCHES``) for a model of ``context`` positions."""
+    scale = min(1.0, context / 3200)
+    if kind == "oracle":
+        return oracle_like_samples(tokens, vocab, seed, scale)
+    if kind == "rl":
+        return rl_like_samples(tokens, vocab, seed, scale)
+    return dense_samples(tokens, vocab, seed, min(tokens, context))
+
+
+def load_for_bench(model_name: str, device: str) -> tuple[Any, Any]:
+    """``load_model(model_name)``, or ``shape:NAME``: a randomly initialised model of a real shape
+    (``bench.toolkit.SHAPES``, ``bench.fsdp``'s 7B) with a stand-in tokenizer (pad id 0)."""
+    from types import SimpleNamespace
+
     import torch
 
+    if model_name.startswith("shape:"):
+        from opencomposer.bench.fsdp import EXTRA_SHAPES
+        from opencomposer.bench.toolkit import SHAPES, random_model
+
+        SHAPES.update(EXTRA_SHAPES)
+        return random_model(model_name.removeprefix("shape:"), device, torch.float32), SimpleNamespace(pad_token_id=0)
     from opencomposer.models import load_model
+
+    return load_model(model_name, device=device)
+
+
+def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr: float, seed: int,
+            device: str = "cpu", batches: str = "oracle") -> dict[str, Any]:
+    """One arm in this process: build the trainer (or, arm ``hf``, a plain HF model and AdamW),
+    train ``warmup + steps`` steps on ``batches`` (SFT steps; ``rl``: RL steps)."""
+    import torch
+
     from opencomposer.train.config import TrainConfig
+    from opencomposer.train.loss import LossConfig
     from opencomposer.train.trainer import Trainer
 
     torch.manual_seed(seed)
-    model, tok = load_model(model_name, device=device)
+    model, tok = load_for_bench(model_name, device)
     cuda = device.startswith("cuda")
     loaded_rss = _rss_mb()
-    cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **ARMS[arm])
-    trainer = Trainer(model, tok, cfg, name=model_name)
-    scale = min(1.0, model.config.max_position_embeddings / 3200)
+    context, vocab = int(model.config.max_position_embeddings), model.config.vocab_size
+    cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **ARMS["baseline" if arm == "hf" else arm])
+    trainer = Trainer(model, tok, cfg, name=model_name)  # arm hf: for its collate and the FLOP count only
+    step_fn = PlainHF(model, lr, trainer.bf16, tok).step if arm == "hf" else \
+        (lambda b: trainer.rl_step(b, LossConfig(), float(sum(len(s.input_ids) for s in b)))) if batches == "rl" \
+        else trainer.sft_step
     losses, seconds, n_tokens, passes = [], [], 0.0, 0
     for step in range(warmup + steps):
-        batch = oracle_like_samples(tokens, model.config.vocab_size, seed + step, scale)
+        batch = make_batch(batches, tokens, vocab, seed + step, context)
         t0 = time.perf_counter()
-        m = trainer.sft_step(batch)
+        m = step_fn(batch)
         if cuda:
             torch.cuda.synchronize()  # the step's kernels done, not only queued
         losses.append(round(m["loss"], 6))
         if step >= warmup:
             seconds.append(time.perf_counter() - t0)
-            n_tokens += m["tokens"]
+            n_tokens += sum(len(s.input_ids) for s in batch)
             passes += len(trainer._micro_batches(batch))
     total = sum(seconds)
-    work = step_work(trainer, model, [oracle_like_samples(tokens, model.config.vocab_size, seed + step, scale)
+    work = step_work(trainer, model, [make_batch(batches, tokens, vocab, seed + step, context)
                                       for step in range(warmup, warmup + steps)])
-    return {"arm": arm, "settings": ARMS[arm], "tokens_per_second": round(n_tokens / total, 1) if total else 0.0,
+    return {"arm": arm, "settings": ARMS.get(arm, {"plain_hf": True}), "tokens_per_second": round(n_tokens / total, 1) if total else 0.0,
             **work, "achieved_gflops": round(work["model_gflop"] / total, 2) if total else 0.0,
             "step_seconds": [round(s, 2) for s in seconds], "timed_tokens": int(n_tokens), "forward_passes": passes,
             "losses": losses, "peak_rss_mb": _rss_mb(), "rss_after_load_mb": loaded_rss,
             "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name() if cuda else "cpu",
             "bf16": trainer.bf16,
             **({"peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if cuda else {})}
+
+
+class PlainHF:
+    """The baseline the trainer is measured against: the model's own forward with ``labels``
+    (cross-entropy on the loss tokens, rows right-padded), ``backward``, ``torch.optim.AdamW``;
+    bf16 autocast where the trainer would use it. No packing, chunking or checkpointing."""
+
+    def __init__(self, model: Any, lr: float, bf16: bool, tok: Any):
+        import torch
+
+        self.model, self.bf16 = model.train(), bf16
+        self.pad = getattr(tok, "pad_token_id", None) or 0
+        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+    def step(self, batch: list[Any]) -> dict[str, float]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        width = max(len(s.input_ids) for s in batch)
+        ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, s in enumerate(batch):
+            n = len(s.input_ids)
+            ids[i, :n] = torch.tensor(s.input_ids)
+            attn[i, :n] = 1
+            labels[i, :n] = torch.where(torch.tensor(s.loss_mask, dtype=torch.bool), ids[i, :n], -100)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device),
+                              use_cache=False).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return {"loss": float(loss)}
 
 
 def step_work(trainer: Any, model: Any, batches: list[list[Any]]) -> dict[str, Any]:
@@ -162,16 +288,18 @@ def gemm_peak_gflops(device: str = "cpu", n: int = 4096, repeats: int = 3) -> fl
 
 
 def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, lr: float = 1e-4, seed: int = 0,
-        log: Callable[[str], None] = print, device: str = "cpu") -> dict[str, Any]:
+        log: Callable[[str], None] = print, device: str = "cpu", batches: str = "oracle") -> dict[str, Any]:
     """Every arm in its own process; returns the figures and each arm's speed-up over the first."""
-    unknown = sorted(set(arms) - set(ARMS))
+    unknown = sorted(set(arms) - set(ARMS) - {"hf"})
     if unknown:
-        raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; expected some of {','.join(ARMS)}")
+        raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; expected some of hf,{','.join(ARMS)}")
+    if batches not in BATCHES:
+        raise ValueError(f"--batches {batches!r}: expected one of {', '.join(BATCHES)}")
     results = []
     for arm in arms:
-        log(f"bench train: {arm} ({ARMS[arm]}) ...")
+        log(f"bench train: {arm} ({ARMS.get(arm, 'plain HF forward + backward + AdamW')}), {batches} batches ...")
         cmd = [sys.executable, "-m", "opencomposer.bench.train", arm, model_name, str(tokens), str(steps),
-               str(warmup), str(lr), str(seed), device]
+               str(warmup), str(lr), str(seed), device, batches]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"bench train arm {arm} failed:\n{out.stderr[-3000:]}")
@@ -183,10 +311,14 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
     first = results[0]
     peak = gemm_peak_gflops(device)  # after the arms: the machine as they found it, in this run
     per_token = first["model_flop_per_token"]
+    datasheet = _datasheet_peak_gflops(first["device"])
     for r in results:
         r["speedup"] = round(r["tokens_per_second"] / first["tokens_per_second"], 2) if first["tokens_per_second"] else None
-        r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], first["losses"]))
+        # an RL step's loss is not the plain baseline's cross-entropy: compared between trainer arms only
+        same_loss = batches != "rl" or (r["arm"] == "hf") == (first["arm"] == "hf")
+        r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], first["losses"])) if same_loss else None
         r["mfu_of_gemm_peak"] = round(r["achieved_gflops"] / peak, 3) if peak else None
+        r["mfu"] = round(r["achieved_gflops"] / datasheet, 3) if datasheet else None  # GPUs: the dense bf16 peak
     # the ceiling: every model FLOP at the measured matmul rate (no recomputation); sharing runs
     # run_fraction of the tokens, which lifts it by 1 / run_fraction (attention counted as if unshared)
     bound = peak * 1e9 / per_token if per_token else 0.0
@@ -200,8 +332,16 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
     log(f"ceiling: matmuls at {peak} GFLOP/s -> {ceiling['tokens_per_second_at_gemm_peak']} tokens/s unshared, "
         f"{ceiling['tokens_per_second_at_gemm_peak_shared']} with the best arm's sharing; 3x the first arm "
         f"({ceiling['three_x_first_arm']}) needs {ceiling['three_x_needs_fraction_of_peak']} of that peak")
-    return {"bench": "train", "model": model_name, "device": device, "micro_batch_tokens": tokens, "steps": steps, "warmup": warmup,
-            "lr": lr, "arms": results, "ceiling": ceiling, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {"bench": "train", "model": model_name, "device": device, "batches": batches, "micro_batch_tokens": tokens,
+            "steps": steps, "warmup": warmup, "lr": lr, "arms": results, "ceiling": ceiling,
+            "datasheet_peak_gflops": datasheet, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def _datasheet_peak_gflops(device_name: str) -> float | None:
+    """The GPU's dense bf16 peak (``bench.fsdp.PEAK_BF16``), for MFU; None on a CPU or an unlisted GPU."""
+    from opencomposer.bench.fsdp import PEAK_BF16
+
+    return next((v / 1e9 for k, v in PEAK_BF16.items() if k in device_name), None)
 
 
 def _rss_mb() -> float:
@@ -209,5 +349,5 @@ def _rss_mb() -> float:
 
 
 if __name__ == "__main__":  # one arm, in the fresh process ``run`` starts
-    arm, name, tokens, steps, warmup, lr, seed, device = sys.argv[1:9]
-    print(json.dumps(run_arm(arm, name, int(tokens), int(steps), int(warmup), float(lr), int(seed), device)))
+    arm, name, tokens, steps, warmup, lr, seed, device, batches = sys.argv[1:10]
+    print(json.dumps(run_arm(arm, name, int(tokens), int(steps), int(warmup), float(lr), int(seed), device, batches)))

@@ -196,22 +196,26 @@ def bench_spec(
 
 @bench_app.command("train")
 def bench_train(
-    model: str = typer.Option("smollm2-135m", help="the model to train (smollm2-135m: the embedded one)"),
+    model: str = typer.Option("smollm2-135m", help="the model to train (smollm2-135m: the embedded one; "
+                              "shape:qwen2.5-1.5b: random weights of that shape)"),
     arms: str = typer.Option("baseline,packed_chunked,packed_chunked_ckpt,shared,shared_ckpt",
                              help="comma-separated; the first is what the others' speed-up is over"),
     tokens: int = typer.Option(8192, min=16, help="micro_batch_tokens; each step trains about this many tokens"),
     steps: int = typer.Option(2, min=1, help="timed optimizer steps per arm"),
     warmup: int = typer.Option(1, min=0, help="untimed steps first"),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N"),
+    batches: str = typer.Option("oracle", help="oracle (SFT transcripts) | rl (GRPO groups, RL steps) | dense "
+                                "(full windows)"),
 ) -> None:
-    """SFT: tokens/s and peak memory of the padded, whole-logits trainer path vs packed + chunked + shared."""
+    """The trainer's tokens/s, model FLOP/s and peak memory per arm (hf: a plain HF forward + backward + AdamW;
+    baseline: the padded, whole-logits trainer path; packed, chunked, shared...), against the machine's peak."""
     from opencomposer.bench.train import run
 
     if device != "cpu" and not device.startswith("cuda"):
         fail(ValueError(f"--device {device!r}: expected cpu, cuda or cuda:N"))
     try:
         res = run(model, [a.strip() for a in arms.split(",") if a.strip()], tokens, steps, warmup,
-                  log=lambda m: err.print(m, highlight=False), device=device)
+                  log=lambda m: err.print(m, highlight=False), device=device, batches=batches)
     except (ValueError, RuntimeError) as e:
         fail(e)
     emit(res)
