@@ -15,7 +15,9 @@
 #     carry [.gpuw, .gpua] / [.gpub, .gpup1] / [.gpuc, .gpup2] / [.gpup3, .gpup4] / ...:
 #                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
-#     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`)
+#     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`;
+#                                    BENCH_ARGS="--model shape:qwen2.5-1.5b --batches dense ..." for other shapes)
+#     issue 31's async measurement:  benchmarks/learn_device.sh async   (max_staleness 0, 1, 2; call again to go on)
 #   A directory that must outlive the session (an SFT model, LoRA RL checkpoints) comes back 60 MiB a call:
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
@@ -133,9 +135,20 @@ if [ ! -x $E/bin/python ] || ! $E/bin/python -m pytest --version >/dev/null 2>&1
   $E/bin/python -m pytest --version
 fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-if [ "${1:-}" = bench ]; then  # the trainer's paths on this GPU, on SFT-shaped batches of the embedded model
-  python3 -m opencomposer.cli bench train --device cuda --tokens 16384 --steps 12 --warmup 3 \
-    --arms baseline,packed_whole,shared_whole,shared 2>&1 | tee ${OUT:-/tmp}/bench-train.log
+if [ "${1:-}" = bench ]; then  # the trainer's paths on this GPU (BENCH_ARGS: e.g. issue 32's MFU goals:
+  # "--model shape:qwen2.5-1.5b --batches dense --tokens 16384 --arms hf,packed_whole")
+  read -ra BA <<< "${BENCH_ARGS:---tokens 16384 --arms baseline,packed_whole,shared_whole,shared}"
+  python3 -m opencomposer.cli bench train --device cuda --steps 12 --warmup 3 "${BA[@]}" 2>&1 \
+    | tee -a ${OUT:-/tmp}/bench-train.log
+  exit ${PIPESTATUS[0]}
+fi
+if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)
+  M=smollm2-135m; [ -f $RUN/replace-lines/sft_model/config.json ] && M=$RUN/replace-lines/sft_model
+  LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
+  # a run that the call's end cuts resumes from its last checkpoint at the next call (--resume)
+  timeout --kill-after=5 $LEFT python3 benchmarks/bench_async_rl.py --config configs/train/async-gpu.toml \
+    --out $RUN/async --tasks $T/factory --model $M --staleness 0 1 2 --resume --deadline-s $(( LEFT - 240 )) \
+    2>&1 | grep --line-buffered -v "Loading weights" | tee -a ${OUT:-/tmp}/async.log
   exit ${PIPESTATUS[0]}
 fi
 
