@@ -192,7 +192,7 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
     context, vocab = int(model.config.max_position_embeddings), model.config.vocab_size
     cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **ARMS["baseline" if arm == "hf" else arm])
     trainer = Trainer(model, tok, cfg, name=model_name)  # arm hf: for its collate and the FLOP count only
-    step_fn = PlainHF(model, lr, trainer.bf16, tok).step if arm == "hf" else \
+    step_fn = PlainHF(model, lr, trainer.bf16, tok, tokens).step if arm == "hf" else \
         (lambda b: trainer.rl_step(b, LossConfig(), float(sum(len(s.input_ids) for s in b)))) if batches == "rl" \
         else trainer.sft_step
     losses, seconds, n_tokens, passes = [], [], 0.0, 0
@@ -222,35 +222,52 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
 class PlainHF:
     """The baseline the trainer is measured against: the model's own forward with ``labels``
     (cross-entropy on the loss tokens, rows right-padded), ``backward``, ``torch.optim.AdamW``;
-    bf16 autocast where the trainer would use it. No packing, chunking or checkpointing."""
+    bf16 autocast where the trainer would use it. No packing, chunking or checkpointing. A step's
+    samples go in micro-batches of at most ``tokens`` padded positions (one sample at least), as
+    the trainer's, the gradients summed, the loss the mean over the step's loss tokens."""
 
-    def __init__(self, model: Any, lr: float, bf16: bool, tok: Any):
+    def __init__(self, model: Any, lr: float, bf16: bool, tok: Any, tokens: int):
         import torch
 
-        self.model, self.bf16 = model.train(), bf16
+        self.model, self.bf16, self.tokens = model.train(), bf16, tokens
         self.pad = getattr(tok, "pad_token_id", None) or 0
         self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+    def micro_batches(self, batch: list[Any]) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        for s in batch:
+            rows = out[-1] + [s] if out else [s]
+            if out and len(rows) * max(len(r.input_ids) for r in rows) <= self.tokens:
+                out[-1] = rows
+            else:
+                out.append([s])
+        return out
 
     def step(self, batch: list[Any]) -> dict[str, float]:
         import torch
 
         device = next(self.model.parameters()).device
-        width = max(len(s.input_ids) for s in batch)
-        ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, s in enumerate(batch):
-            n = len(s.input_ids)
-            ids[i, :n] = torch.tensor(s.input_ids)
-            attn[i, :n] = 1
-            labels[i, :n] = torch.where(torch.tensor(s.loss_mask, dtype=torch.bool), ids[i, :n], -100)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            loss = self.model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device),
-                              use_cache=False).loss
-        loss.backward()
+        total = sum(sum(s.loss_mask[1:]) for s in batch) or 1  # targets with a token before them
+        summed = 0.0
+        for mb in self.micro_batches(batch):
+            width = max(len(s.input_ids) for s in mb)
+            ids = torch.full((len(mb), width), self.pad, dtype=torch.long)
+            labels = torch.full((len(mb), width), -100, dtype=torch.long)
+            attn = torch.zeros((len(mb), width), dtype=torch.long)
+            for i, s in enumerate(mb):
+                n = len(s.input_ids)
+                ids[i, :n] = torch.tensor(s.input_ids)
+                attn[i, :n] = 1
+                labels[i, :n] = torch.where(torch.tensor(s.loss_mask, dtype=torch.bool), ids[i, :n], -100)
+            count = int((labels[:, 1:] != -100).sum())
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                loss = self.model(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                  labels=labels.to(device), use_cache=False).loss
+            (loss * (count / total)).backward()  # HF's mean over this micro-batch, weighted to the step's
+            summed += float(loss) * count
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return {"loss": float(loss)}
+        return {"loss": summed / total}
 
 
 def step_work(trainer: Any, model: Any, batches: list[list[Any]]) -> dict[str, Any]:
@@ -302,7 +319,8 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
                str(warmup), str(lr), str(seed), device, batches]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
-            raise RuntimeError(f"bench train arm {arm} failed:\n{out.stderr[-3000:]}")
+            why = " (killed by SIGKILL: out of memory?)" if out.returncode == -9 else ""
+            raise RuntimeError(f"bench train arm {arm} failed, exit {out.returncode}{why}:\n{out.stderr[-3000:]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
         gpu = f", peak GPU {res['peak_gpu_mb']} MB" if "peak_gpu_mb" in res else ""
         log(f"  {res['tokens_per_second']} tokens/s ({res['achieved_gflops']} model GFLOP/s), peak RSS "
