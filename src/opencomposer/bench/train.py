@@ -264,7 +264,7 @@ class PlainHF:
                 loss = self.model(input_ids=ids.to(device), attention_mask=attn.to(device),
                                   labels=labels.to(device), use_cache=False).loss
             (loss * (count / total)).backward()  # HF's mean over this micro-batch, weighted to the step's
-            summed += float(loss) * count
+            summed += loss.item() * count
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return {"loss": summed / total}
