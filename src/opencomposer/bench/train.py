@@ -195,7 +195,7 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
     step_fn = PlainHF(model, lr, trainer.bf16, tok, tokens).step if arm == "hf" else \
         (lambda b: trainer.rl_step(b, LossConfig(), float(sum(len(s.input_ids) for s in b)))) if batches == "rl" \
         else trainer.sft_step
-    losses, seconds, n_tokens, passes = [], [], 0.0, 0
+    losses, seconds, n_tokens, passes, timed = [], [], 0.0, 0, []
     for step in range(warmup + steps):
         batch = make_batch(batches, tokens, vocab, seed + step, context)
         t0 = time.perf_counter()
@@ -207,9 +207,9 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
             seconds.append(time.perf_counter() - t0)
             n_tokens += sum(len(s.input_ids) for s in batch)
             passes += len(trainer._micro_batches(batch))
+            timed.append(batch)
     total = sum(seconds)
-    work = step_work(trainer, model, [make_batch(batches, tokens, vocab, seed + step, context)
-                                      for step in range(warmup, warmup + steps)])
+    work = step_work(trainer, model, timed)
     return {"arm": arm, "settings": ARMS.get(arm, {"plain_hf": True}), "tokens_per_second": round(n_tokens / total, 1) if total else 0.0,
             **work, "achieved_gflops": round(work["model_gflop"] / total, 2) if total else 0.0,
             "step_seconds": [round(s, 2) for s in seconds], "timed_tokens": int(n_tokens), "forward_passes": passes,

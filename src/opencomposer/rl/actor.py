@@ -216,9 +216,12 @@ class Actor:
         atomic_write_text(self.out / "cluster.json", json.dumps(cluster.placement(), indent=1))
 
     def make_policy(self, temperature: float, base_model: bool = False) -> BatchedPolicy:
-        """A batched sampler on the latest weights, one engine (``rollout_policy``): the evaluations'."""
+        """A batched sampler on the latest weights, one engine (``rollout_policy``): the evaluations'.
+        On a Ray cluster: engine 0's actor as it is now (replaced ones have a new URL)."""
+        server = self.cluster.urls[0] if self.cluster is not None and self.cluster.engines else None
         return rollout_policy(self.cfg, self.weights, self.tokenizer, temperature, self.device, self.start_model,
-                              base_model=base_model, publish=self.publish_to_store, external=self.external)
+                              base_model=base_model, publish=self.publish_to_store, external=self.external,
+                              server=server)
 
     # ------------------------------------------------------------------ weights from the learner
 

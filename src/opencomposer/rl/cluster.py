@@ -154,26 +154,28 @@ class RayCluster:
     """The actors of one run; see the module docstring."""
 
     def __init__(self, cfg: ClusterSection, engines: list[Any], info: list[dict[str, Any]],
-                 sandboxes: SandboxCluster | None, started_ray: bool):
+                 sandboxes: SandboxCluster | None, started_ray: bool,
+                 start_one: Callable[[], tuple[list[Any], list[dict[str, Any]]]]):
         self.cfg, self.engines, self.engine_info = cfg, engines, info
-        self.urls = [i["url"] for i in info]
         self.sandboxes, self.started_ray = sandboxes, started_ray
         self.replaced = [0] * len(engines)  # engine actors started again in place of one that failed
-        # starts one engine actor as ``start`` did (set by ``start``)
-        self.start_one: Callable[[], tuple[list[Any], list[dict[str, Any]]]] | None = None
+        self.start_one = start_one  # one engine actor, started and checked as ``start`` did
+
+    @property
+    def urls(self) -> list[str]:
+        """Each engine's server, as the actors report it."""
+        return [i["url"] for i in self.engine_info]
 
     def replace(self, i: int) -> str:
         """Engine ``i``'s actor killed (if it still lives) and a new one started and checked in its
         place (Ray places it where there is room); its URL."""
-        if self.start_one is None:
-            raise ClusterError("this cluster was not made by RayCluster.start: it cannot start engines")
         ray = _ray()
         try:
             ray.kill(self.engines[i])
         except Exception:  # noqa: BLE001 - dead already: nothing to stop
             pass
         handles, info = self.start_one()
-        self.engines[i], self.engine_info[i], self.urls[i] = handles[0], info[0], info[0]["url"]
+        self.engines[i], self.engine_info[i] = handles[0], info[0]
         self.replaced[i] += 1
         return self.urls[i]
 
@@ -206,9 +208,7 @@ class RayCluster:
             if started:
                 ray.shutdown()
             raise
-        cluster = cls(c, engines, info, sandboxes, started)
-        cluster.start_one = lambda: _start_engines(cfg, model, 1)
-        return cluster
+        return cls(c, engines, info, sandboxes, started, start_one=lambda: _start_engines(cfg, model, 1))
 
     def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
         """A sandbox of ``spec`` on the least-loaded host (paths made absolute: the host may run
