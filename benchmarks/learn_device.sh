@@ -40,6 +40,12 @@ if [ "${1:-}" = prepare ]; then
   mkdir -p out/packs
   [ -e out/packs/train.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/train.ocpack "${P[@]}"
   [ -e out/packs/heldout.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/heldout-libs -o out/packs/heldout.ocpack "${P[@]}"
+  # configs/learn/gpu-lines.toml's line-level tasks (configs/tasks/lines.toml, lines-heldout.toml), when made
+  for x in lines lines-heldout; do
+    if [ -d out/$x ] && [ ! -e out/packs/$x.ocpack.part-000 ]; then
+      .venv/bin/opencomposer tasks pack out/$x -o out/packs/$x.ocpack "${P[@]}"
+    fi
+  done
   # RL's extra pool ([learn] rl_extra_dirs): the factory's other libraries, packed without the train pack's
   if [ ! -e out/packs/extra.ocpack.part-000 ]; then
     [ -d runs/learn-gpu/tasks/factory ] || .venv/bin/opencomposer tasks unpack out/packs/train.ocpack \
@@ -116,7 +122,7 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
   exit $?
 fi
 T=$RUN/tasks
-for pair in train:factory heldout:heldout-libs extra:factory-extra; do
+for pair in train:factory heldout:heldout-libs extra:factory-extra lines:lines lines-heldout:lines-heldout; do
   pack=${pair%%:*}; dest=$T/${pair##*:}
   if [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
     echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue

@@ -76,7 +76,7 @@ from opencomposer.train.export import export_model  # noqa: E402
 
 SPLITS = ("train", "validation", "heldout_functions", "heldout_libraries", "humaneval_heldout")
 EVAL_SPLITS = SPLITS[1:]
-Level = Literal["block", "body", "function", "class", "feature"]
+Level = Literal["line", "block", "body", "function", "class", "feature"]
 EvalSplit = Literal["validation", "heldout_functions", "heldout_libraries", "humaneval_heldout"]
 
 
@@ -104,6 +104,10 @@ class LearnSection(Strict):
                                      "single-epoch RL uses tasks_per_step x steps tasks")
     eval_splits: list[EvalSplit] = Field(list(EVAL_SPLITS), min_length=1,
                                          description="the splits each stage evaluates (a settings arm: validation)")
+    sft_model: str | None = Field(None, description="the sft_model directory of an earlier run: this run's sft "
+                                  "stage evaluates it instead of training one and RL starts from it; none of "
+                                  "this run's held-out libraries may be a library that run trained on (read "
+                                  "from its splits.json beside the model)")
 
     @model_validator(mode="after")
     def _disjoint(self) -> LearnSection:
@@ -300,9 +304,34 @@ def sft_traces(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock
     return trajs
 
 
+def library_of(task_name: str) -> str:
+    """``idna-3.20__idna_core__f__line`` -> ``idna-3.20`` (factory task ids); HumanEval ids are their own."""
+    return task_name.split("__", 1)[0]
+
+
+def earlier_sft_model(cfg: LearnConfig, splits: dict[str, list[Path]]) -> Path:
+    """``[learn] sft_model``, checked: a model directory, and none of this run's held-out libraries
+    among the libraries the run that made it trained on (its ``splits.json``)."""
+    model_dir = Path(cfg.learn.sft_model)
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"[learn] sft_model = {str(model_dir)!r}: no config.json there (expected the sft_model "
+                         "directory an earlier learning run exported)")
+    earlier = model_dir.parent / "splits.json"
+    if not earlier.is_file():
+        raise SystemExit(f"[learn] sft_model = {str(model_dir)!r}: no {earlier} beside it, so what it trained on "
+                         "cannot be checked against this run's held-out libraries")
+    trained = {library_of(t) for t in json.loads(earlier.read_text()).get("train", [])}
+    held = {library_of(p.name) for p in splits["heldout_libraries"]}
+    if both := sorted(trained & held):
+        raise SystemExit(f"[learn] sft_model: the run that made it trained on {both}, which this run holds out "
+                         f"({earlier} 'train')")
+    return model_dir
+
+
 def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> Path:
-    """SFT on oracle traces of the train split (exported to ``<out>/sft_model``), then evaluated."""
-    model_dir = out / "sft_model"
+    """SFT on oracle traces of the train split (exported to ``<out>/sft_model``), then evaluated; with
+    ``[learn] sft_model``, that model evaluated instead."""
+    model_dir = earlier_sft_model(cfg, splits) if cfg.learn.sft_model else out / "sft_model"
     done = (model_dir / "config.json").exists()
     if done and ("sft" not in cfg.eval.stages or not _missing(cfg, out, "sft", splits)):
         return model_dir

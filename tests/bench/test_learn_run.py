@@ -220,3 +220,27 @@ def test_an_rl_only_pool_of_other_libraries(tmp_path, toolz_tasks):
     c.learn.rl_extra_dirs = [str(toolz_tasks)]  # the training library again
     with pytest.raises(SystemExit, match=r"libraries \['toolz'\] are also in train_dirs"):
         lr.make_splits(c, out, None, said.append)
+
+
+def test_an_earlier_sft_model_is_checked_against_the_held_out_libraries(tmp_path, toolz_tasks):
+    """[learn] sft_model: another run's SFT model, evaluated and trained on by RL instead of a new SFT;
+    refused when it is not a model directory, when what it trained on is unknown, or when that run
+    trained on a library this run holds out."""
+    out = tmp_path / "run"
+    c = load_config(write_config(tmp_path, toolz_tasks, out), lr.LearnConfig)
+    held = sorted(p.parent for p in toolz_tasks.glob("*/task.toml"))[:2]
+    splits = {"heldout_libraries": held}
+    earlier = tmp_path / "earlier"
+    c.learn.sft_model = str(earlier / "sft_model")
+    with pytest.raises(SystemExit, match="no config.json there"):
+        lr.earlier_sft_model(c, splits)
+    (earlier / "sft_model").mkdir(parents=True)
+    (earlier / "sft_model" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="cannot be checked"):
+        lr.earlier_sft_model(c, splits)
+    lib = lr.library_of(held[0].name)
+    (earlier / "splits.json").write_text(json.dumps({"train": [held[1].name, "HumanEval_53"]}))
+    with pytest.raises(SystemExit, match=rf"trained on \['{lib}'\], which this run holds out"):
+        lr.earlier_sft_model(c, splits)
+    (earlier / "splits.json").write_text(json.dumps({"train": ["other-1.0__other__f__body", "HumanEval_53"]}))
+    assert lr.earlier_sft_model(c, splits) == earlier / "sft_model"

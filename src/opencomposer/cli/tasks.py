@@ -31,7 +31,7 @@ def tasks_make(
     seed: int = typer.Option(0, help="seed for candidate order, levels and wording"),
     sandbox: Optional[str] = typer.Option(None, help="of the library's test runs: " + SANDBOX_HELP + "; with "
                                            "--config: overrides factory.backend"),
-    levels: str = typer.Option("body,function", help="comma-separated deletion levels: block,body,function,class,feature"),
+    levels: str = typer.Option("body,function", help="comma-separated deletion levels: line,block,body,function,class,feature"),
     workers: int = typer.Option(2, min=1, help="candidates validated in parallel"),
     config: Optional[Path] = typer.Option(None, help="factory config (configs/tasks/factory.toml): many libraries"),
 ) -> None:

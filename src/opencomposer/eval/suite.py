@@ -29,7 +29,7 @@ A suite file lists sources; relative paths are relative to the suite file::
     repos = "clones/"
 
 A task's difficulty is the source's ``difficulty`` when given, else the deletion level the
-task factory wrote (``task.toml`` ``feature.level``: block < body < function < class < feature).
+task factory wrote (``task.toml`` ``feature.level``: line < block < body < function < class < feature).
 
 Test: ``pytest tests/unit/eval/test_suite.py``.
 """

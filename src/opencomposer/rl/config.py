@@ -32,7 +32,7 @@ class TasksSection(Strict):
     max_per_source: int = Field(40, ge=1)
     heldout: int = Field(8, ge=0, description="tasks kept out of training, for pass@1 before/after")
     seed: int = 0
-    levels: list[Literal["block", "body", "function", "class", "feature"]] = ["body"]
+    levels: list[Literal["line", "block", "body", "function", "class", "feature"]] = ["body"]
     factory: str | None = Field(None, description="factory config (configs/tasks/factory.toml): with harder_every, "
                                 "the trainer asks it for harder tasks as its pass rate rises")
     harder_every: int = Field(0, ge=0, description="every N steps, report the rolling pass@1 to the factory "

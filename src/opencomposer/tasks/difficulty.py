@@ -1,14 +1,14 @@
 """Difficulty on demand: which deletion levels to draw, moved up as the policy's pass rate rises.
 
-Levels are ranked by how much code a task removes (``deletion.LEVELS``: block < body <
+Levels are ranked by how much code a task removes (``deletion.LEVELS``: line < block < body <
 function < class < feature). ``LevelSchedule`` keeps a position on that ladder and turns it
 into sampling weights for ``make.make_tasks(levels=...)``: the level at the position gets
 the most weight, its neighbours less, every level a small floor so the pool never loses a
 kind entirely. The trainer reports its recent pass rate; above ``raise_at`` the position
 moves up by ``step``, below ``lower_at`` it moves down::
 
-    sched = LevelSchedule(position=1.0)     # centred on "body"
-    sched.update(0.85)                      # -> True, position 1.5: body and function
+    sched = LevelSchedule(position=2.0)     # centred on "body"
+    sched.update(0.85)                      # -> True, position 2.5: body and function
     make_tasks(src, out, 20, levels=sched.weights())
 
 ``TaskFactory.harder(pass_rate)`` (tasks/factory.py) wraps this for the trainer.
@@ -27,7 +27,7 @@ RANK = {lv: i for i, lv in enumerate(LEVELS)}
 
 
 class LevelSchedule(Strict):
-    position: float = Field(1.0, ge=0, le=len(LEVELS) - 1, description="0 = block ... 4 = feature")
+    position: float = Field(2.0, ge=0, le=len(LEVELS) - 1, description="0 = line, 1 = block ... 5 = feature")
     raise_at: float = Field(0.7, gt=0, le=1, description="pass rate at or above which tasks get harder")
     lower_at: float = Field(0.2, ge=0, lt=1, description="pass rate below which tasks get easier")
     step: float = Field(0.5, gt=0, le=len(LEVELS) - 1)

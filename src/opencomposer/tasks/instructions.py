@@ -57,6 +57,15 @@ METHOD_WHAT = [
     "Class `{cls}` in {file} lost `{name}`, which callers still use. Add it back: {what}",
     "Restore {sym} in {file}; it is still used. What it did: {what}",
 ]
+LINE = [  # one line: the easiest rung, for a small model's first RL steps
+    "One line was deleted from {sym} in {file}. Put it back.",
+    "{sym} ({file}) is missing a single line and no longer behaves as the library expects. Restore it.",
+    "{file}: a line of {sym} was removed. Find where and add it back.",
+]
+LINE_WHAT = [
+    "One line was deleted from {sym} in {file}. Put it back. It should: {what}",
+    "{sym} ({file}) is missing a single line. Restore it so it does what its docstring says: {what}",
+]
 BLOCK = [  # a block: the agent must find what is missing inside a body that still runs
     "{sym} in {file} is missing part of its logic ({n} lines were removed). Restore them.",
     "Something was cut out of {sym} ({file}); it no longer behaves as the library expects. Fix it.",
@@ -96,6 +105,8 @@ def make_instruction(
         is_method = "." in cand.qualname
         templates = (METHOD_WHAT if what else METHOD) if is_method else (
             FUNCTION_WHAT if what else FUNCTION)
+    elif level == "line":
+        templates = LINE_WHAT if what else LINE
     elif level == "block":
         templates = BLOCK_WHAT if what else BLOCK
     elif level == "class":

@@ -28,22 +28,23 @@ from opencomposer.tasks.prepare import Prepared
 
 
 def job_key(obj, level: str) -> str:
-    """What a job uses up: a function's ``block`` (one inner statement) or its whole body
-    (``body``, ``function`` and a ``feature`` anchored on it all remove that), or a class."""
+    """What a job uses up: a function's ``line`` or ``block`` (one inner statement) or its whole
+    body (``body``, ``function`` and a ``feature`` anchored on it all remove that), or a class."""
     cand = obj.anchor if isinstance(obj, deletion.Feature) else obj
-    return f"{cand.id}#{'block' if level == 'block' else 'whole'}"
+    return f"{cand.id}#{level if level in ('line', 'block') else 'whole'}"
 
 
 def draw_jobs(prep: Prepared, weights: dict[str, float], rng: random.Random) -> list[tuple[object, str]]:
     """(candidate or feature, level) pairs in the order to try them: each draw picks a level with
     probability proportional to its weight among levels that still have unused candidates,
-    then an unused candidate of that level. A function gives at most two jobs: one block
-    deletion and one whole-body one (body, function or a feature anchored on it)."""
+    then an unused candidate of that level. A function gives at most three jobs: one line
+    deletion, one block deletion and one whole-body one (body, function or a feature anchored on it)."""
     classes = weights.get("class", 0) > 0
     cands = deletion.find_candidates(prep.root, prep.layout.package_dirs,
                                      prep.test_map.lines if prep.test_map else None, classes=classes)
     funcs = [c for c in cands if c.kind == "function"]
     pools: dict[str, list] = {
+        "line": [c for c in funcs if "line" in c.levels],
         "block": [c for c in funcs if "block" in c.levels],
         "body": list(funcs),
         "function": [c for c in funcs if "function" in c.levels],

@@ -5,9 +5,11 @@ there: in git history, bytecode, caches, build trees or archives. Three steps:
 
 - ``scrub_workspace(ws)`` removes every such channel; ``fresh_git(ws)`` then makes a clean
   single-commit repo (fixed author and date: the same files give the same commit).
-- ``distinctive_lines(removed)`` picks the deleted lines worth searching for.
-- ``probe(roots, lines)`` searches plain files, ``.pyc`` bytecode, archives (.whl/.zip/.tar.*)
-  and git objects for them, and reports what it checked and every hit.
+- ``distinctive_lines(removed)`` picks the deleted lines worth searching for, and
+  ``gold_windows(patch)`` each run of deleted lines with the unchanged lines around it (a
+  one-line deletion has no distinctive line, but a copy of the original holds it in its place).
+- ``probe(roots, lines, windows)`` searches plain files, ``.pyc`` bytecode, archives
+  (.whl/.zip/.tar.*) and git objects for them, and reports what it checked and every hit.
 
 Bytecode holds no source text, so for ``.pyc`` files of this interpreter's version each line
 is compiled on its own and its names and constants, in order, are looked for among the
@@ -77,6 +79,7 @@ class ProbeResult:
     hits: list[Hit] = field(default_factory=list)
 
     n_lines: int = 0  # distinctive lines searched for
+    window_hits: list[Hit] = field(default_factory=list)  # a deletion found with its context: a copy
 
     @property
     def clean(self) -> bool:
@@ -160,9 +163,10 @@ def fresh_git(ws: Path) -> str:
     return git("rev-parse", "HEAD")
 
 
-def probe(root_paths: list[Path], lines: list[str]) -> ProbeResult:
-    """Search every file under the roots (and git objects of repos there) for ``lines``."""
-    result = _Searcher(lines)
+def probe(root_paths: list[Path], lines: list[str], windows: list[tuple[str, ...]] = ()) -> ProbeResult:
+    """Search every file under the roots (and git objects of repos there) for ``lines`` and for
+    ``windows`` (sequences of stripped lines, found as consecutive lines at any indentation)."""
+    result = _Searcher(lines, windows)
     for root in map(Path, root_paths):
         if root.is_file():
             result.blob(str(root), root.read_bytes())
@@ -185,7 +189,11 @@ def probe(root_paths: list[Path], lines: list[str]) -> ProbeResult:
 class _Searcher:
     """One probe: the compiled patterns, and the result it fills in."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self, lines: list[str], windows: list[tuple[str, ...]] = ()) -> None:
+        self.windows = [(max(w, key=len).encode(), " / ".join(x for x in w if x),
+                         re.compile(rb"(?m)^" + rb"\r?\n".join(rb"[ \t]*" + re.escape(x.encode()) + rb"[ \t]*"
+                                                              for x in w) + rb"\r?$"))
+                        for w in windows if any(w)]
         self.lines = [s.strip() for s in lines if s.strip()]
         self.out = ProbeResult(n_lines=len(self.lines))
         self.needles = [s.encode() for s in self.lines]
@@ -211,6 +219,9 @@ class _Searcher:
         self.text(name, data, kind)
 
     def text(self, name: str, data: bytes, kind: str) -> None:
+        for needle, said, pattern in self.windows:
+            if needle in data and (m := pattern.search(data)):
+                self.out.window_hits.append(Hit(name, data.count(b"\n", 0, m.start()) + 1, kind, said))
         if not any(n in data for n in self.needles):  # fast path: bytes.__contains__ is memmem
             return
         for m in self.pattern.finditer(data):
@@ -373,6 +384,42 @@ def gold_added_lines(patch: str) -> str:
     return "\n".join(l[1:] for l in patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
 
 
+def gold_windows(patch: str, context: int = 2) -> list[tuple[str, ...]]:
+    """Each run of lines the gold patch adds, with up to ``context`` unchanged lines before and
+    after it, stripped, in the original file's order (lines the patch removes are not in the
+    original, so they are skipped). A file holding one of these sequences holds the deleted code
+    where it belongs: a copy, however short the deletion (``return best``)."""
+    out: list[tuple[str, ...]] = []
+    hunk: list[tuple[str, str]] = []  # (" " | "+", stripped text) of one hunk, "-" lines dropped
+
+    def flush() -> None:
+        i = 0
+        while i < len(hunk):
+            if hunk[i][0] != "+":
+                i += 1
+                continue
+            j = i
+            while j < len(hunk) and hunk[j][0] == "+":
+                j += 1
+            before = [t for _, t in hunk[max(0, i - context):i]]
+            after = [t for k, t in hunk[j:j + context] if k == " "]
+            out.append((*before, *(t for _, t in hunk[i:j]), *after))
+            i = j
+        hunk.clear()
+
+    for line in patch.splitlines():
+        if line.startswith("@@"):
+            flush()
+        elif line.startswith(("+++", "---")):
+            continue
+        elif line[:1] in (" ", "+"):
+            hunk.append((line[:1], line[1:].strip()))
+        elif line == "":
+            hunk.append((" ", ""))  # an empty context line some tools write without its space
+    flush()
+    return out
+
+
 def _probe_roots(task: Task) -> list[Path]:
     """What a sandbox can read that may hold the library: the workspace and the env.
 
@@ -389,13 +436,17 @@ def leak_scan(task: Task) -> tuple[dict, dict]:
     ``check_task`` again on the finished directory. In the workspace any deleted line is a
     leak (lines that remain elsewhere in it were dropped by ``distinctive_lines``). Outside it
     (the env, site-packages) a leak is a copy: a file holding >= 3 distinct deleted lines;
-    one or two short lines there are shared idioms ("return self[key]"), and deletions with
-    fewer distinctive lines reveal nothing.
+    one or two short lines there are shared idioms ("return self[key]"). Anywhere, a file
+    holding a deleted run of lines between the lines that surround it (``gold_windows``) holds
+    a copy, which is how a one-line deletion (no distinctive line at all) is caught.
     """
     lines = distinctive_lines(gold_added_lines(task.gold_patch), remaining=task.workspace)
+    windows = gold_windows(task.gold_patch)
     roots = _probe_roots(task)
-    inside = probe(roots[:1], lines)
-    outside = probe(roots[1:], lines)
+    inside = probe(roots[:1], lines, windows)
+    outside = probe(roots[1:], lines, windows)
     suspects = {**inside.suspects(min_lines=1),
                 **{p: t for p, t in outside.suspects(min_lines=3).items() if len(t) >= 3}}
+    for h in inside.window_hits + outside.window_hits:
+        suspects.setdefault(h.path, set()).add(h.text)
     return dict(inside.checked + outside.checked), suspects

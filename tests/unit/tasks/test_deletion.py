@@ -199,7 +199,8 @@ def test_candidates_on_sample(tmp_path: Path) -> None:
     assert helper.end_lineno == 16 and helper.n_body_lines == 5
     scaled = _by_name(cands)["Shape.scaled"]
     assert scaled.decorator_lineno == scaled.lineno - 1
-    assert helper.levels == ("body", "function") and _by_name(cands)["unused"].levels == ("body",)
+    assert helper.levels == ("line", "body", "function") and _by_name(cands)["unused"].levels == ("line", "body")
+    assert helper.line == 13  # `out = []`: of the body's one-line statements, the one its name's checksum picks
 
 
 def test_body_deletion_keeps_signature_and_docstring(tmp_path: Path) -> None:
@@ -251,7 +252,7 @@ def test_refusals(tmp_path: Path) -> None:
 def test_every_sample_deletion_parses_and_patch_restores(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     deletions = _all_deletions(repo, find_candidates(repo, ["pkg"]))
-    assert len(deletions) == len(EXPECTED) + 3
+    assert len(deletions) == 2 * len(EXPECTED) + 3  # a line and a body each, a function for three
     for d in deletions:
         ast.parse(d.after)
         assert d.before == SAMPLE
@@ -267,9 +268,13 @@ def test_crlf_tabs_and_no_final_newline(tmp_path: Path) -> None:
         cands = find_candidates(repo, ["pkg"])
         assert [c.qualname for c in cands] == ["f", "last"]
         deletions = _all_deletions(repo, cands)
+        bodies = [d for d in deletions if d.level == "body"]
         nl = "\r\n" if "\r\n" in variant else "\n"
-        assert f"def f(a):{nl}\traise NotImplementedError{nl}{nl}{nl}def g" in deletions[0].after
-        assert deletions[-1].after.endswith("\traise NotImplementedError")  # no newline added
+        assert f"def f(a):{nl}\traise NotImplementedError{nl}{nl}{nl}def g" in bodies[0].after
+        assert bodies[-1].after.endswith("\traise NotImplementedError")  # no newline added
+        for d in (d for d in deletions if d.level == "line"):  # one whole line, its ending included
+            assert d.removed.startswith("\t") and d.removed.count(nl) <= 1
+            assert len(d.after.splitlines()) == len(variant.splitlines()) - 1
         _assert_patches_restore(tmp_path / str(len(variant)), deletions)
     assert "\\ No newline at end of file" in make_patch(text, deletions[-1].after, "pkg/mod.py")
 

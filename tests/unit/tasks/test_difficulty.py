@@ -12,26 +12,30 @@ from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 
 
 def test_weights_follow_position() -> None:
-    s = LevelSchedule(position=1.0, width=1.0, floor=0.0)
-    assert s.weights() == {"block": 0.0, "body": 1.0, "function": 0.0, "class": 0.0, "feature": 0.0}
-    s = LevelSchedule(position=2.0, width=2.0, floor=0.05)
+    s = LevelSchedule(position=2.0, width=1.0, floor=0.0)
+    assert s.weights() == {"line": 0.0, "block": 0.0, "body": 1.0, "function": 0.0, "class": 0.0, "feature": 0.0}
+    s = LevelSchedule(position=3.0, width=2.0, floor=0.05)
     w = s.weights()
     assert abs(sum(w.values()) - 1) < 1e-3 and max(w, key=w.get) == "function"
-    assert w["body"] == w["class"] > w["block"] == w["feature"] > 0
+    assert w["body"] == w["class"] > w["block"] == w["feature"] == w["line"] > 0  # the floor
+    assert LevelSchedule().level == "body"  # the default centre
 
 
 def test_update_moves_along_the_ladder() -> None:
-    s = LevelSchedule(position=1.0, step=1.0)
+    s = LevelSchedule(position=2.0, step=1.0)
     assert s.level == "body"
     assert s.update(0.9) and s.level == "function"
     assert not s.update(0.5) and s.level == "function"  # in between: stay
     assert s.update(0.1) and s.level == "body"
     for _ in range(10):
         s.update(1.0)
-    assert s.position == 4 and s.level == "feature"  # capped at the hardest level
+    assert s.position == 5 and s.level == "feature"  # capped at the hardest level
+    for _ in range(10):
+        s.update(0.0)
+    assert s.position == 0 and s.level == "line"  # and floored at the easiest
     with pytest.raises(ValueError, match="pass_rate must be within 0..1"):
         s.update(1.5)
-    assert mean_level({"block": 1, "feature": 1}) == 2.0 and mean_level({}) == 0.0
+    assert mean_level({"block": 1, "feature": 1}) == 3.0 and mean_level({}) == 0.0
 
 
 def test_bad_schedule_is_a_config_error() -> None:
@@ -46,13 +50,13 @@ def test_bad_schedule_is_a_config_error() -> None:
 
 def test_factory_harder_is_the_trainer_hook(tmp_path) -> None:
     cfg = validate({"libraries": [{"spec": "toolz==1.2.0"}],
-                    "difficulty": {"position": 1.0, "step": 1.0, "width": 1.0, "floor": 0.0}},
+                    "difficulty": {"position": 2.0, "step": 1.0, "width": 1.0, "floor": 0.0}},
                    FactoryConfig, "f.toml")
     f = TaskFactory(cfg, tmp_path)
     assert f.harder(0.5) == cfg.difficulty.weights()  # no change in the middle band
     w = f.harder(0.95)
     assert w["function"] == 1.0 and f.schedule.level == "function"
-    assert cfg.difficulty.position == 1.0  # the config itself is not mutated
+    assert cfg.difficulty.position == 2.0  # the config itself is not mutated
 
 
 def test_cli_factory_config_errors(tmp_path) -> None:

@@ -127,7 +127,7 @@ def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
     cfg = validate({
         "factory": {"max_per_library": 3, "workers": 1, "test_timeout": 120,
                     "backend": "local"},  # by name: test_flaky counts its runs in a host file
-        "difficulty": {"position": 0.0, "width": 0.5, "floor": 0.0, "step": 4.0},
+        "difficulty": {"position": 1.0, "width": 0.5, "floor": 0.0, "step": 4.0},
         "libraries": [{"spec": str(bad)}, {"spec": str(good)}],
     }, FactoryConfig, "test")
     out = tmp_path / "tasks"
@@ -181,7 +181,7 @@ def test_factory_never_writes_a_task_the_leak_probe_flags(tmp_path: Path) -> Non
     cfg = validate({
         "factory": {"max_per_library": 20, "workers": 1, "test_timeout": 120,
                     "backend": "local"},  # by name: test_flaky counts its runs in a host file
-        "difficulty": {"position": 2.0, "width": 4.0},
+        "difficulty": {"position": 3.0, "width": 4.0},
         "libraries": [{"spec": str(lib)}],
     }, FactoryConfig, "test")
     out = tmp_path / "tasks"

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from opencomposer.tasks.deletion import delete, find_candidates
+from opencomposer.tasks.deletion import make_patch
 from opencomposer.tasks.leakage import (
     distinctive_lines,
     fresh_git,
+    gold_windows,
     probe,
     scrub_workspace,
 )
@@ -208,3 +210,29 @@ def test_a_deleted_line_also_in_a_non_python_file_of_the_workspace_is_not_distin
     removed = "    parser = make_parser()\n    parser.add_argument('--out')\n    return parser.parse_args(argv)\n"
     lines = distinctive_lines(removed, remaining=tmp_path)
     assert "parser.add_argument('--out')" not in lines and "return parser.parse_args(argv)" in lines
+
+
+def test_a_one_line_deletion_is_found_in_a_copy_by_its_context(tmp_path: Path) -> None:
+    """`return chunked(iterable, 2)`'s loss has no distinctive line (too plain), but a copy of the
+    original holds it between the lines around it: the window probe finds that copy, in a plain
+    file and inside an archive, and never in the workspace that lacks it."""
+    after = ORIGINAL.replace("    return chunked(iterable, 2)\n", "")
+    patch = make_patch(ORIGINAL, after, "pkg/mod.py")
+    windows = gold_windows(patch)
+    assert windows == [("", "def pairs(iterable):", "return chunked(iterable, 2)")]
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg/mod.py").write_text(after)
+    (ws / "pkg/other.py").write_text("def g(iterable):\n    return chunked(iterable, 2)\n")  # the line alone: no copy
+    assert probe([ws], [], windows).window_hits == []
+    (ws / "vendor").mkdir()
+    (ws / "vendor/mod_copy.py").write_text("# kept\n" + ORIGINAL.replace("    ", "\t"))  # other indentation too
+    with zipfile.ZipFile(ws / "vendor/old.zip", "w") as z:
+        z.writestr("pkg/mod.py", ORIGINAL)
+    hits = probe([ws], [], windows).window_hits
+    # each hit at the window's first line (the blank line before `def pairs`)
+    assert {(h.path, h.line) for h in hits} == {(str(ws / "vendor/mod_copy.py"), 17),
+                                                (str(ws / "vendor/old.zip") + "!pkg/mod.py", 16)}
+    # a body replaced by a stub: the removed stub line is not part of the original's window
+    body = ORIGINAL.replace("    return chunked(iterable, 2)\n", "    raise NotImplementedError\n")
+    assert gold_windows(make_patch(ORIGINAL, body, "pkg/mod.py")) == windows

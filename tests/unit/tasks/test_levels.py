@@ -1,4 +1,4 @@
-"""Deletion levels beyond body/function: a block, a class, a feature across two files.
+"""Deletion levels beyond body/function: a line, a block, a class, a feature across two files.
 Every deletion parses, leaves the rest byte-identical, and its gold patch restores the
 original under GNU ``patch -p1``; the instruction names what is missing, not the code."""
 
@@ -22,6 +22,7 @@ from opencomposer.tasks.deletion import (
     find_features,
     read_source,
 )
+from opencomposer.tasks.deletion.candidates import pick_line
 from opencomposer.tasks.instructions import make_instruction
 
 needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
@@ -104,7 +105,50 @@ def _restore(tmp_path: Path, files: dict[str, tuple[str, str]], patch: str) -> N
 
 
 def test_levels_are_ranked() -> None:
-    assert LEVELS == ("block", "body", "function", "class", "feature")
+    assert LEVELS == ("line", "block", "body", "function", "class", "feature")
+
+
+@needs_patch
+def test_line_level(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    cands = {c.qualname: c for c in find_candidates(repo, ["pkg"])}
+    area = cands["Box.area"]
+    # one-line simple statements not alone in their suite: 13, 16, 17 (inside the `if`), 18
+    assert area.line in (13, 16, 17, 18) and area.levels[0] == "line"
+    d = delete(read_source(repo / area.file), area, "line")
+    assert d.removed == SHAPES.splitlines(keepends=True)[area.line - 1]
+    assert d.after.count("\n") == SHAPES.count("\n") - 1
+    ast.parse(d.after)
+    _restore(tmp_path, d.files, d.patch)
+    # the same source always gives the same line; given coverage, only an executed line is offered
+    assert {c.qualname: c.line for c in find_candidates(repo, ["pkg"])} == {q: c.line for q, c in cands.items()}
+    covered = {"pkg/shapes.py": set(range(12, 16)) | {18, 26, 27}}
+    again = {c.qualname: c for c in find_candidates(repo, ["pkg"], covered)}
+    assert again["Box.area"].line in (13, 18)
+    text = make_instruction(area, "line", definition_text(d.before, area), random.Random(0))
+    assert "`Box.area`" in text and "line" in text and d.removed.strip() not in text
+
+
+def test_pick_line_skips_what_tests_cannot_see() -> None:
+    src = (
+        "def f(x):\n"
+        '    """Doc."""\n'
+        "    if x:\n"
+        "        return None\n"       # return None: nothing the tests could tell apart
+        "    y: int\n"                # annotation without a value
+        "    pass\n"
+        "    a = 1; b = 2\n"          # shares its line
+        "    z = (x +\n"
+        "         1)\n"               # two lines: not "a line"
+        "    return\n"
+    )
+    body = ast.parse(src).body[0].body[1:]
+    assert pick_line(body, src.splitlines(keepends=True), None, "k") is None
+    ok = src.replace("    pass\n", "    log(x)\n")
+    assert pick_line(ast.parse(ok).body[0].body[1:], ok.splitlines(keepends=True), None, "k") == 6
+    # the only statement of its suite is never taken (the suite would be left empty)
+    alone = "def g(x):\n    for i in x:\n        total = i\n    return total\n"
+    assert pick_line(ast.parse(alone).body[0].body, alone.splitlines(keepends=True), None, "k") == 4
 
 
 @needs_patch

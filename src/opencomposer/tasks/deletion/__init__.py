@@ -2,6 +2,7 @@
 
 Levels, from the least to the most code removed (``LEVELS``):
 
+- ``line``: one simple statement (a ``return``, an assignment, a call) on a line of its own.
 - ``block``: one compound statement (``if``/``for``/``with``/...) inside a function body.
 - ``body``: the body becomes ``raise NotImplementedError``; signature and docstring stay.
 - ``function``: the whole definition goes; offered only when library code still calls it.

@@ -7,7 +7,10 @@ overload, property setter or boilerplate ``__init__``. Which levels it allows:
 - ``body`` always; ``function`` when other library code still uses its name (callers then
   point at what is missing); ``block`` when its body holds a compound statement (``if``,
   ``for``, ``while``, ``with``, ``try``) of >= 2 statements that is not the whole body and,
-  given coverage, that the tests executed.
+  given coverage, that the tests executed; ``line`` when it holds a one-line simple statement
+  (a ``return`` of a value, an assignment, a call) that is not alone in its suite and, given
+  coverage, that the tests executed (one of them, chosen by a checksum of the candidate's name,
+  so the same source always gives the same task).
 
 A class candidate (``kind == "class"``, level ``class``: its body is deleted) is a class
 with >= 2 methods, >= 5 statements and a body of <= 150 lines whose name other library code
@@ -24,6 +27,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +36,8 @@ from pathlib import Path
 from opencomposer.tasks import pyparse
 from opencomposer.tasks.deletion.lines import (
     DeletionError,
+    alone_after,
+    alone_before,
     body_region,
     definition_region,
     is_docstring,
@@ -41,8 +47,8 @@ from opencomposer.tasks.deletion.lines import (
 )
 
 # Ordered from the least to the most code removed; difficulty.py ranks them this way.
-LEVELS: tuple[str, ...] = ("block", "body", "function", "class", "feature")
-FUNCTION_LEVELS: tuple[str, ...] = ("block", "body", "function")
+LEVELS: tuple[str, ...] = ("line", "block", "body", "function", "class", "feature")
+FUNCTION_LEVELS: tuple[str, ...] = ("line", "block", "body", "function")
 
 SKIP_DIRS = frozenset(
     ["tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "build", "dist", "__pycache__", "_vendor", "vendor", "site-packages"]
@@ -54,6 +60,7 @@ SKIP_DECORATORS = frozenset(
 ACCESSORS = frozenset({"setter", "getter", "deleter"})  # @prop.setter and friends
 BLOCK_TYPES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)
 BLOCK_KEYWORDS = ("if", "for", "async", "while", "with", "try")  # not "elif": no line of its own
+LINE_TYPES = (ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)  # see pick_line
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class Candidate:
     n_statements: int  # statements in the body, nested ones counted, docstring not
     has_docstring: bool
     block: tuple[int, int] | None = None  # lines of the block removed at level "block"
+    line: int | None = None  # the line removed at level "line"
     kind: str = "function"  # or "class"
     calls: tuple[str, ...] = ()  # names this function calls (for multi-function features)
     id: str = field(init=False)  # stable: "pkg.mod--Class.method"
@@ -83,7 +91,7 @@ class Candidate:
         if self.kind == "class":
             return ("class",)
         own = ("body", "function") if self.level == "function" else ("body",)
-        return (("block",) if self.block else ()) + own
+        return (("line",) if self.line else ()) + (("block",) if self.block else ()) + own
 
 
 def iter_source_files(repo: Path, package_dirs: list[str]) -> Iterator[Path]:
@@ -253,7 +261,7 @@ def _judge(node, qualname: str, scope: ast.AST, lines: list[str], rel: str, used
     return Candidate(rel, qualname, name, node.lineno, region[1], region[0],
                      region[1] - region[0] + 1, "function" if whole else "body", first,
                      n_stmts, has_doc, block=pick_block(body, lines, hit),
-                     calls=names_called(node))
+                     line=pick_line(body, lines, hit, f"{rel}:{qualname}"), calls=names_called(node))
 
 
 def pick_block(body: list[ast.stmt], lines: list[str], hit: set[int] | None,
@@ -284,6 +292,42 @@ def pick_block(body: list[ast.stmt], lines: list[str], hit: set[int] | None,
 
     visit(body)
     return best[1] if best else None
+
+
+def pick_line(body: list[ast.stmt], lines: list[str], hit: set[int] | None, key: str) -> int | None:
+    """A one-line simple statement of a function body worth deleting on its own: a ``return``
+    of a value (not ``None``), an assignment with a value, or a call; alone on its line, not the
+    only statement of its suite, executed if ``hit`` is given. Of those, the one at index
+    ``crc32(key) % count`` (stable across runs, unlike ``hash``); None if there is none."""
+    found: list[int] = []
+
+    def visit(suite: list[ast.stmt]) -> None:
+        for s in suite:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(s, LINE_TYPES) and len(suite) > 1 and s.lineno == s.end_lineno and \
+                    _worth_a_line(s) and alone_before(lines, s.lineno, s.col_offset) and \
+                    alone_after(lines, s.end_lineno, s.end_col_offset) and (hit is None or s.lineno in hit):
+                found.append(s.lineno)
+            for attr in ("body", "orelse", "finalbody"):
+                visit(getattr(s, attr, []) or [])
+            for h in getattr(s, "handlers", []) or []:
+                visit(h.body)
+
+    visit(body)
+    return found[zlib.crc32(key.encode()) % len(found)] if found else None
+
+
+def _worth_a_line(s: ast.stmt) -> bool:
+    """Not a docstring, ``return``/``return None`` or a value-less annotation: a line whose loss
+    the tests can notice and whose text the rest of the function hints at."""
+    if isinstance(s, ast.Return):
+        return s.value is not None and not (isinstance(s.value, ast.Constant) and s.value.value is None)
+    if isinstance(s, ast.AnnAssign):
+        return s.value is not None
+    if isinstance(s, ast.Expr):
+        return isinstance(s.value, (ast.Call, ast.Await))
+    return True
 
 
 def _judge_class(node: ast.ClassDef, qualname: str, lines: list[str], rel: str, used: Counter,

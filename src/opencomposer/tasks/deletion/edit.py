@@ -1,5 +1,6 @@
 """Delete one candidate from its source at one level; the result parses, the rest is untouched.
 
+- ``line``: one simple statement of the body on a line of its own (``Candidate.line``) goes.
 - ``block``: one compound statement of the body (``Candidate.block``) goes, nothing replaces it.
 - ``body``: decorators, signature and docstring stay; the body becomes ``raise NotImplementedError``.
 - ``function``: the whole definition goes, decorators included.
@@ -79,6 +80,8 @@ def delete(source: str, cand: Candidate, level: str) -> Deletion:
         region = body_region(node, lines)
     elif level == "block":
         region = cand.block
+    elif level == "line":
+        region = (cand.line, cand.line) if cand.line else None
     else:
         region = definition_region(node, lines)
     if region is None:
@@ -87,8 +90,8 @@ def delete(source: str, cand: Candidate, level: str) -> Deletion:
     if level == "body":
         ind = indent(lines[node.body[-1].lineno - 1])  # every body statement has this indent
         new = [ind + STUB + ending(lines[end - 1])]
-    elif level == "block":
-        new = []  # pick_block never takes the only statement of a suite
+    elif level in ("block", "line"):
+        new = []  # pick_block and pick_line never take the only statement of a suite
     elif level == "class":  # the class statement, bases and docstring stay: it still imports
         new = [indent(lines[node.body[-1].lineno - 1]) + "pass" + ending(lines[end - 1])]
     elif len(scope.body) == 1 and not isinstance(scope, ast.Module):  # a class needs a body
