@@ -6,14 +6,17 @@ tokens/s counts every sample's tokens (a shared prefix in each sample that holds
     opencomposer bench train                                   # the embedded model, 8k-token micro-batches
     opencomposer bench train --model tiny-random --tokens 512 --steps 1 --warmup 0   # a quick check
     opencomposer bench train --device cuda --tokens 16384 --arms baseline,packed_whole,shared_whole,shared
-    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches dense --tokens 16384 --arms hf,packed_whole
-    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches rl --tokens 16384 --arms hf,shared_whole
+    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches dense --tokens 16384 --arms hf,packed_whole,packed_flex
+    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches rl --tokens 16384 --arms hf,shared_whole,shared_flex
 
 Batches (``--batches``): ``oracle`` (below), ``rl`` (GRPO groups of 8 rollouts sharing their
 first prompt, advantages of either sign, timed through the trainer's RL step) or ``dense``
 (full windows of min(--tokens, the model's context) tokens, a loss on every token). Arm ``hf``
 is the plain baseline: the model's own forward with labels on right-padded rows, backward,
-``torch.optim.AdamW`` (``PlainHF``). ``--model shape:NAME``: random weights of a real shape
+``torch.optim.AdamW`` (``PlainHF``). Arms ``packed_whole`` and ``shared_whole`` attend with SDPA a
+document (``[train] document_attention = "sdpa"``), ``packed_flex`` and ``shared_flex`` with one
+FlexAttention kernel a layer (``"flex"``, CUDA only), the others as the trainer's default (``"auto"``:
+flex on CUDA with shared prefixes, else sdpa). ``--model shape:NAME``: random weights of a real shape
 (``qwen2.5-1.5b``, ``qwen2.5-7b``...). On a GPU ``mfu`` is an arm's model FLOPs over the card's
 dense bf16 peak (``bench.fsdp.PEAK_BF16``).
 
@@ -58,11 +61,16 @@ ARMS: dict[str, dict[str, Any]] = {
                "gradient_checkpointing": False},
     "shared_ckpt": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 1024,
                     "gradient_checkpointing": True},
-    # for GPUs, where memory is plenty and the head's recomputation is only cost
+    # for GPUs, where memory is plenty and the head's recomputation is only cost; SDPA a document
+    # (the CPU's document attention) against one FlexAttention kernel a layer (CUDA's by default)
     "packed_whole": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
-                     "gradient_checkpointing": False},
+                     "gradient_checkpointing": False, "document_attention": "sdpa"},
     "shared_whole": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
-                     "gradient_checkpointing": False},
+                     "gradient_checkpointing": False, "document_attention": "sdpa"},
+    "packed_flex": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
+                    "gradient_checkpointing": False, "document_attention": "flex"},
+    "shared_flex": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
+                    "gradient_checkpointing": False, "document_attention": "flex"},
 }
 SYSTEM_TOKENS = 1100  # the harness's system prompt and tool schemas: the same first tokens in every sample
 

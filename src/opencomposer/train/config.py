@@ -44,6 +44,11 @@ class TrainConfig(Strict):
         True, description="packed rows: a sample that begins like the row's first (the system prompt and tools, "
         "a GRPO group's prompt) is laid down without those tokens and attends to the first's copy; exact, and "
         "~1.1k fewer tokens a sample for the harness's prompt")
+    document_attention: Literal["auto", "sdpa", "flex"] = Field(
+        "auto", description="packed rows' attention within each document (train/document_attention.py): sdpa = "
+        "one SDPA call per document (the CPU's); flex = one compiled FlexAttention kernel a layer over the whole "
+        "row (needs CUDA and triton); auto = flex where it runs (a CUDA device, triton) and share_prefixes is on "
+        "(3.1x the sdpa loop on RL groups, one H200), else sdpa (whole documents: flash attention, faster there)")
     logits_chunk_tokens: int = Field(
         1024, ge=0, description="tokens whose vocabulary-wide logits exist at once when taking log-probs "
         "(recomputed in backward); 0 = all of a micro-batch's at once")

@@ -10,7 +10,8 @@ gradients accumulating) then ``optimizer_step`` (clip, AdamW, ``version += 1``);
 that gather samples over time may call the two halves themselves. Every micro-batch of a
 step divides by the SAME constant normaliser, so the gradient does not depend on how the
 samples were split (tested). A micro-batch packs its samples end to end into one row, each
-attending only within itself (``train/micro_batches.py``, ``train/document_attention.py``;
+attending only within itself (``train/micro_batches.py``, ``train/document_attention.py``: SDPA
+per document on the CPU, one compiled FlexAttention kernel a layer on CUDA, ``document_attention``;
 ``pack_sequences = false``: right-padded rows); a sample beginning with the tokens the row's
 first begins with (the harness's system prompt, a group's prompt) is laid down without them and
 attends to the first's copy (``share_prefixes``, exact). Log-probs are taken only at positions that
@@ -50,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from opencomposer.models.moe_replay import replay_routes
-from opencomposer.train.document_attention import document_attention
+from opencomposer.train.document_attention import attention_kind, document_attention
 from opencomposer.train.head_logprobs import head_token_logprobs
 from opencomposer.train.host_memory import return_freed_memory
 from opencomposer.train.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
@@ -117,6 +118,7 @@ class Trainer:
         self.optimizer = self._optimizer(model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._packs = self.cfg.pack_sequences
+        self._attention = attention_kind(self.cfg.document_attention, self.device, self.cfg.share_prefixes)  # sdpa | flex
         self.version = 0  # optimizer steps taken; the policy_version of fresh samples
         self.base_lr, self.schedule_start = self.cfg.lr, 0  # see set_lr / lr_at
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -293,7 +295,7 @@ class Trainer:
         # checkpointing runs the layers' forward again there.
         self.model.train()
         try:
-            with document_attention(self.model) if self._packs else contextlib.nullcontext():
+            with document_attention(self.model, self._attention) if self._packs else contextlib.nullcontext():
                 yield
         finally:
             self.model.eval()
@@ -332,7 +334,7 @@ class Trainer:
         """``model``'s forward on ``b`` under autocast, packed documents attending each within itself;
         a MoE model's tokens go to the experts the sampler chose where the samples recorded them
         (``models.moe_replay``)."""
-        packed = document_attention(model) if b.packed else contextlib.nullcontext()
+        packed = document_attention(model, self._attention) if b.packed else contextlib.nullcontext()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16), \
                 replay_routes(model, b.routes), packed:
             return model(input_ids=b.ids, attention_mask=b.attn, position_ids=b.positions, use_cache=False, **kw)
