@@ -170,6 +170,12 @@ def ckpts(tmp_path_factory) -> dict:
         out[name] = root / "eval" / name
         out[name + "_line"] = last_json(r.stdout)
         out["seconds"][name] = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()  # the same weights through the built-in engine (`--policy engine`), as rollouts sample
+    r = run_cli("eval", "--suite", str(suite), "--model", str(models["copy"]), "--policy", "engine", "--label",
+                "engine", "--out", str(root / "eval" / "engine"), *EVAL_ARGS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out["engine"], out["engine_line"] = root / "eval" / "engine", last_json(r.stdout)
+    out["seconds"]["engine"] = round(time.monotonic() - t0, 1)
     print(f"\n[checkpoint gate] rounds {trained['rounds']}, mistakes {trained['mistakes']}, seconds {out['seconds']}")
     return out
 
@@ -194,6 +200,17 @@ def test_sft_checkpoint_really_solves_and_damage_breaks_it(ckpts):
         same = json.loads((ckpts[name] / "results.json").read_text())
         assert [(e["task_id"], e["reward"], e["completion_tokens"]) for e in same["episodes"]] == \
                [(e["task_id"], e["reward"], e["completion_tokens"]) for e in good["episodes"]]
+
+
+def test_the_engine_policy_solves_as_transformers_does(ckpts):
+    """`eval --policy engine`: the built-in engine (paged KV, continuous batching) on the checkpoint's
+    weights, greedy: the same tool calls, argument for argument, and the same rewards as `--policy model`."""
+    assert ckpts["engine_line"]["pass@1"] == 1.0 and ckpts["engine_line"]["label"] == "engine"
+    for task in SOLVER_TASKS:
+        calls = [[(c["name"], c["arguments"]) for m in json.loads(f.read_text())["messages"]
+                  if m["role"] == "assistant" for c in m["tool_calls"]]
+                 for f in (ckpts[run] / "transcripts" / f"{task}-0.json" for run in ("good", "engine"))]
+        assert calls[0] == calls[1], task
 
 
 def test_gate_blocks_damaged_checkpoint_and_passes_identical_ones(ckpts):

@@ -31,17 +31,20 @@ def eval_run(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="results dir (default runs/eval/SUITE/LABEL)"),
     backend: Optional[str] = typer.Option(None, help=SANDBOX_HELP + "; default: the config's [sandbox] backend, "
                                            "else auto"),
-    policy: str = typer.Option("model", help="model | openai | oracle (the gold patch: a ceiling)"),
+    policy: str = typer.Option("model", help="model (transformers generate) | engine (the built-in inference "
+                               "engine: continuous batching, paged and prefix-cached KV, as RL rollouts sample) | "
+                               "openai | oracle (the gold patch: a ceiling)"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai"),
     api_key: Optional[str] = typer.Option(None, envvar="OPENAI_API_KEY", help="key for --policy openai"),
     label: Optional[str] = typer.Option(None, help="name of this run in reports (default: the model)"),
     config: Optional[Path] = typer.Option(None, help="TOML whose agent table sets the episode limits (and sandbox "
                                           "table the backend)"),
     max_turns: Optional[int] = typer.Option(None, help="override agent.max_turns"),
-    max_new_tokens: int = typer.Option(256, help="--policy model: tokens per turn"),
+    max_new_tokens: int = typer.Option(256, help="--policy model|engine: tokens per turn"),
     temperature: Optional[float] = typer.Option(None, help="sampling temperature (default 0 for k=1, 0.7 for k>1)"),
-    max_batch: int = typer.Option(8, help="--policy model: episodes batched per generate"),
-    device: Optional[str] = typer.Option(None, help="--policy model: cpu | cuda (default: cuda if available)"),
+    max_batch: int = typer.Option(8, help="--policy model: episodes batched per generate; engine: episodes "
+                                  "in the running batch"),
+    device: Optional[str] = typer.Option(None, help="--policy model|engine: cpu | cuda (default: cuda if available)"),
     price: float = typer.Option(0.0, help="USD per million completion tokens (cost)"),
     prompt_price: Optional[float] = typer.Option(None, help="USD per million prompt tokens (default: --price)"),
 ) -> None:
@@ -100,14 +103,23 @@ class _eval_policy:
         from opencomposer.policies import make_policy
 
         kind, model, base_url, api_key, max_new_tokens, temperature, max_batch, device = self.args
-        if kind not in POLICY_KINDS:
-            raise ConfigError(f"--policy {kind!r}: expected model, openai or oracle")
-        if kind == "model":
+        if kind not in (*POLICY_KINDS, "engine"):
+            raise ConfigError(f"--policy {kind!r}: expected model, engine, openai or oracle")
+        if kind in ("model", "engine"):
             import torch
 
             dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            options = policy_options(kind, None, model, base_url, api_key, max_new_tokens, temperature)
-            self.closer = make_policy(kind, **options, device=dev, batch=max_batch)
+            options = policy_options("model", None, model, base_url, api_key, max_new_tokens, temperature)
+            if kind == "engine":  # as rl/engines.rollout_policy builds the rollouts' engine
+                from opencomposer.inference.engine.core import Engine
+                from opencomposer.models import load_model
+
+                hf, tok = load_model(options.pop("model"), device=dev)
+                options["engine"] = Engine(hf, tok, max_num_seqs=max_batch, device=dev,
+                                           max_model_len=min(int(hf.config.max_position_embeddings), 8192))
+            else:
+                options["device"] = dev
+            self.closer = make_policy(kind, **options, batch=max_batch)
             return self.closer
         if kind == "openai":  # checks the arguments once, up front
             make_policy(kind, **policy_options(kind, None, model, base_url, api_key))
