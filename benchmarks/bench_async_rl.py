@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_async_rl.py --config configs/train/rl-async.toml \
         --out runs/bench-async [--staleness 0 1 2] [--steps 4] [--tasks DIR] [--model M] [--resume] [--deadline-s S]
+        [--engine-devices cuda:1 [cuda:0 ...]]   # two GPUs (issue 33): the trainer on the config's device
 
 Runs ``opencomposer train``'s pipeline once per staleness bound into ``OUT/s{N}`` (one task
 directory for all: ``--tasks``, or ``OUT/tasks`` made on first use), then prints one JSON line
@@ -10,8 +11,11 @@ per run and a summary as the last line.
 Per run: per-step means of step wall time, trainer idle (waiting for a batch), rollout idle
 (the engine with nothing to do: training in a synchronous step, the bound when ahead), rollout
 and train time, staleness, versions per rollout, reward; steps per hour from the steps' wall
-times after the first (the first holds the start: model load, engine, the first batch); on a
-GPU (``nvidia-smi`` found), the share of 0.5 s samples the GPU was busy during the run.
+times after the first (the first holds the start: model load, engine, the first batch); on GPUs
+(``nvidia-smi`` found), the share of 0.5 s samples each GPU was busy during the run (one figure for
+one GPU, ``{"0": .., "1": ..}`` for several). ``--engine-devices`` places the rollout engines
+(``[rollout] engine_devices``): the trainer on ``cuda:0`` and one engine on ``cuda:1`` is issue 33's
+layout; ``cuda:0 cuda:1`` puts a second engine beside the trainer.
 
 Summary: each run's steps per hour over the synchronous run's (``speedup``), the overlap bound
 of the synchronous run, ``(T_rollout + T_train) / max(T_rollout, T_train)`` from its means (what
@@ -35,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from opencomposer.config import load_config
+from opencomposer.config import ConfigError, load_config, validate
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.pipeline.run import run_pipeline
 
@@ -45,28 +49,35 @@ KEYS = ("time_step", "time_wait_rollouts", "time_rollout_idle", "time_rollout", 
 
 
 class GpuBusy:
-    """``nvidia-smi``'s utilization sampled every 0.5 s in a thread; ``fraction()``: the share of
-    samples above 0 (None without nvidia-smi)."""
+    """``nvidia-smi``'s utilization of every GPU sampled every 0.5 s in a thread; ``fraction()``: the
+    share of samples above 0, one figure for one GPU, ``{index: share}`` for several (None without
+    nvidia-smi)."""
 
-    def __init__(self) -> None:
-        self.samples: list[int] = []
+    def __init__(self, sample: bool = True) -> None:
+        self.samples: dict[str, list[int]] = {}
         self.proc = None
-        if shutil.which("nvidia-smi"):
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+        if sample and shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
                                           "-lms", "500"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            first = line.strip().split(",")[0]
-            if first.isdigit():
-                self.samples.append(int(first))
+            self.add(line)
 
-    def fraction(self) -> float | None:
-        if self.proc is None:
+    def add(self, line: str) -> None:
+        """One line of ``nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits``."""
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            self.samples.setdefault(parts[0], []).append(int(parts[1]))
+
+    def fraction(self) -> float | dict[str, float] | None:
+        if self.proc is not None:
+            self.proc.terminate()
+        busy = {i: round(sum(1 for s in v if s > 0) / len(v), 3) for i, v in sorted(self.samples.items()) if v}
+        if not busy:
             return None
-        self.proc.terminate()
-        return round(sum(1 for s in self.samples if s > 0) / len(self.samples), 3) if self.samples else None
+        return next(iter(busy.values())) if len(busy) == 1 else busy
 
 
 def rows_of(out: Path) -> list[dict]:
@@ -110,6 +121,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the model every run starts from (default: the config's)")
     ap.add_argument("--resume", action="store_true", help="continue stopped runs, report finished ones")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
+    ap.add_argument("--engine-devices", nargs="+", default=None, metavar="DEV",
+                    help="[rollout] engine_devices: one built-in engine per device (e.g. cuda:1 beside a trainer on cuda:0)")
     a = ap.parse_args()
     base = load_config(Path(a.config), RLRunConfig)
     out, t_start = Path(a.out), time.monotonic()
@@ -120,6 +133,12 @@ def main() -> None:
         cfg.rollout.max_staleness = n
         if a.model:
             cfg.model.name = a.model
+        if a.engine_devices:
+            cfg.rollout.engine_devices, cfg.rollout.engines = a.engine_devices, len(a.engine_devices)
+            try:  # the section's checks, on the new placement
+                cfg = validate(cfg.model_dump(), RLRunConfig, f"{a.config} with --engine-devices")
+            except ConfigError as e:
+                raise SystemExit(str(e)) from None
         cfg.run.out_dir = str(out / f"s{n}")
         if a.steps:
             cfg.run.steps = a.steps

@@ -28,6 +28,25 @@ def test_speedups_are_set_against_the_synchronous_runs_overlap_bound():
     assert "no synchronous run" in B.summary([ahead])["note"]
 
 
+def test_engine_devices_are_checked_as_the_config_would_be(toolz_tasks, tmp_path):
+    cfg = write_cfg(tmp_path, toolz_tasks, tmp_path / "unused", steps=1, kl=0.05, engine="hf")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_async_rl.py"), "--config", str(cfg),
+                           "--out", str(tmp_path / "b"), "--tasks", str(toolz_tasks), "--staleness", "0",
+                           "--engine-devices", "cuda:1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "rollout.engine_devices places built-in engines" in proc.stderr
+
+
+def test_gpu_busy_is_counted_per_gpu():
+    one, two = B.GpuBusy(sample=False), B.GpuBusy(sample=False)
+    assert one.fraction() is None
+    for line in ("0, 35", "0, 0", "0, 90", "0, 12"):
+        one.add(line + "\n")
+    assert one.fraction() == 0.75  # one GPU: one figure
+    for line in ("0, 100", "1, 0", "0, 80", "1, 0", "1, 5", "0, [N/A]", "garbage"):
+        two.add(line)
+    assert two.fraction() == {"0": 1.0, "1": 0.333}  # unreadable lines are skipped
+
+
 def test_the_script_runs_both_and_reports_a_finished_run_again(toolz_tasks, tmp_path):
     cfg = write_cfg(tmp_path, toolz_tasks, tmp_path / "unused", steps=2, kl=0.05, engine="builtin")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_async_rl.py"), "--config", str(cfg), "--out",
