@@ -19,7 +19,8 @@
 #                                    BENCH_ARGS="--model shape:qwen2.5-1.5b --batches dense ..." for other shapes)
 #     issue 31's async measurement:  benchmarks/learn_device.sh async   (max_staleness 0, 1, 2; call again to go on)
 #     issue 33's, on nvidia-h200-x2: ASYNC_OUT=-2gpu ASYNC_ARGS="--engine-devices cuda:1" benchmarks/learn_device.sh async
-#                                    (the trainer on cuda:0, the engine on cuda:1; "cuda:0 cuda:1": two engines)
+#                                    (the trainer on cuda:0, the engine on cuda:1; "cuda:0 cuda:1": two engines;
+#                                    ASYNC_TASKS=runs/learn-gpu/tasks/lines: tasks of a pack other than train)
 #   A directory that must outlive the session (an SFT model, LoRA RL checkpoints) comes back 60 MiB a call:
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
@@ -155,7 +156,7 @@ if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1
   LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
   # a run that the call's end cuts resumes from its last checkpoint at the next call (--resume)
   timeout --kill-after=5 $LEFT python3 benchmarks/bench_async_rl.py --config configs/train/async-gpu.toml \
-    --out $RUN/async${ASYNC_OUT:-} --tasks $T/factory --model $M --staleness 0 1 2 --resume --deadline-s $(( LEFT - 240 )) \
+    --out $RUN/async${ASYNC_OUT:-} --tasks ${ASYNC_TASKS:-$T/factory} --model $M --staleness 0 1 2 --resume --deadline-s $(( LEFT - 240 )) \
     ${ASYNC_ARGS:-} \
     2>&1 | grep --line-buffered -v "Loading weights" | tee -a ${OUT:-/tmp}/async.log
   exit ${PIPESTATUS[0]}
