@@ -18,9 +18,10 @@ model's attention is one of this module's functions, registered with transformer
   (a block-diagonal mask over the whole row would cost the row's squared length, and on the CPU
   there is no flash-attn varlen kernel). A shared-prefix piece needs an explicit mask, which on
   CUDA rules out the flash kernel; and on a GPU the loop's many small launches dominate.
-- ``document_flex`` (CUDA's): one compiled FlexAttention call over the whole row, whose mask
-  (``_block_mask``: same piece and not after the query, or inside the query's shared prefix)
-  is built once a forward; the fused kernel skips the 128 x 128 blocks that no query attends.
+- ``document_flex`` (CUDA's where rows hold shared prefixes): one compiled FlexAttention call over
+  the whole row, whose mask (``_block_mask``: same piece and not after the query, or inside the
+  query's shared prefix) is built once a forward; the fused kernel skips the 128 x 128 blocks that
+  no query attends.
 
 No mask is built by transformers: it skips mask creation for attention functions it has no mask
 function for. Outside the context the model is as before (generation keeps its padded, cached
