@@ -99,6 +99,17 @@ def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
     assert lr.main(["--config", str(cfg)]) == 0
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/*/results.json")} == stamps
 
+    # a second run from this run's SFT model ([learn] sft_model): evaluated as its sft stage, never trained again
+    out2 = tmp_path / "run2"
+    cfg2 = tmp_path / "learn2.toml"
+    cfg2.write_text(cfg.read_text().replace(f'out_dir = "{out}"', f'out_dir = "{out2}"').replace(
+        "oracle_workers = 2", f'oracle_workers = 2\nsft_model = "{out / "sft_model"}"').replace(
+        'stages = ["base", "sft", "rl"]', 'stages = ["sft", "rl"]'))
+    assert lr.main(["--config", str(cfg2)]) == 0
+    assert (out2 / "sft" / "validation" / "results.json").exists() and (out2 / "rl" / "validation" / "results.json").exists()
+    assert not (out2 / "sft_model").exists() and not (out2 / "sft" / "sft.json").exists()
+    assert json.loads((out2 / "rl_run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 1
+
     # other splits (here: no held-out share) are refused, naming the file
     cfg.write_text(cfg.read_text().replace("heldout_share = 0.25", "heldout_share = 0.0"))
     with pytest.raises(SystemExit, match="splits.json: the splits differ"):
