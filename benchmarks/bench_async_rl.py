@@ -125,6 +125,12 @@ def main() -> None:
                     help="[rollout] engine_devices: one built-in engine per device (e.g. cuda:1 beside a trainer on cuda:0)")
     a = ap.parse_args()
     base = load_config(Path(a.config), RLRunConfig)
+    if a.engine_devices:
+        base.rollout.engine_devices, base.rollout.engines = a.engine_devices, len(a.engine_devices)
+        try:  # the section's checks, on the new placement
+            base = validate(base.model_dump(), RLRunConfig, f"{a.config} with --engine-devices")
+        except ConfigError as e:
+            raise SystemExit(str(e)) from None
     out, t_start = Path(a.out), time.monotonic()
     runs = []
     for n in a.staleness:
@@ -133,12 +139,6 @@ def main() -> None:
         cfg.rollout.max_staleness = n
         if a.model:
             cfg.model.name = a.model
-        if a.engine_devices:
-            cfg.rollout.engine_devices, cfg.rollout.engines = a.engine_devices, len(a.engine_devices)
-            try:  # the section's checks, on the new placement
-                cfg = validate(cfg.model_dump(), RLRunConfig, f"{a.config} with --engine-devices")
-            except ConfigError as e:
-                raise SystemExit(str(e)) from None
         cfg.run.out_dir = str(out / f"s{n}")
         if a.steps:
             cfg.run.steps = a.steps

@@ -115,8 +115,7 @@ class _eval_policy:
                 from opencomposer.models import load_model
 
                 hf, tok = load_model(options.pop("model"), device=dev)
-                options["engine"] = Engine(hf, tok, max_num_seqs=max_batch, device=dev,
-                                           max_model_len=min(int(hf.config.max_position_embeddings), 8192))
+                options["engine"] = Engine.for_agents(hf, tok, max_num_seqs=max_batch, device=dev)
             else:
                 options["device"] = dev
             self.closer = make_policy(kind, **options, batch=max_batch)

@@ -30,8 +30,7 @@ def checkpoint_policy(path: str, cfg: RealtimeConfig):
     if g.engine == "builtin":
         from opencomposer.inference.engine.core import Engine
 
-        engine = Engine(model, tok, max_num_seqs=g.max_batch, device=cfg.model.device,
-                        max_model_len=min(int(model.config.max_position_embeddings), 8192))
+        engine = Engine.for_agents(model, tok, max_num_seqs=g.max_batch, device=cfg.model.device)
         return make_policy("engine", engine=engine, **sampling)
     return make_policy("model", model=(model, tok), **sampling)
 

@@ -92,8 +92,7 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
     if r.engine == "builtin":
         from opencomposer.inference.engine.core import Engine
 
-        eng = Engine(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version,
-                     max_model_len=min(int(model.config.max_position_embeddings), 8192))
+        eng = Engine.for_agents(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version)
         return make_policy("engine", engine=eng, **sampling)
     return make_policy("model", model=(model, tok), policy_version=version, **sampling)
 

@@ -66,6 +66,8 @@ __all__ = ["Engine", "SamplingParams"]
 KEEP_FINISHED = 4096  # finished requests kept for ``completion()`` (oldest dropped first)
 
 
+AGENT_CONTEXT = 8192  # tokens of an agent conversation an engine for episodes holds (Engine.for_agents)
+
 class Engine:
     def __init__(self, model: Any, tokenizer: Any = None, *, max_num_seqs: int = 64, max_model_len: int | None = None,
                  kv_blocks: int | None = None, block_size: int = 16, device: str | torch.device | None = None,
@@ -113,6 +115,13 @@ class Engine:
         self._counts = {"prompt_tokens": 0, "prefill_tokens_computed": 0, "generated_tokens": 0, "steps": 0,
                         "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0,
                         "run_ahead_steps": 0, "run_ahead_discarded_rows": 0}
+
+    @classmethod
+    def for_agents(cls, model: Any, tokenizer: Any, **kw: Any) -> Engine:
+        """An engine for agent episodes (rollouts, evaluations): conversations up to
+        ``AGENT_CONTEXT`` tokens, or the model's whole context where it is shorter."""
+        kw.setdefault("max_model_len", min(int(model.config.max_position_embeddings), AGENT_CONTEXT))
+        return cls(model, tokenizer, **kw)
 
     @classmethod
     def from_name(cls, name_or_path: str, **kw: Any) -> Engine:

@@ -270,27 +270,16 @@ def pick_block(body: list[ast.stmt], lines: list[str], hit: set[int] | None,
     statements, not the only statement of its suite, on lines of its own, executed if
     ``hit`` is given. None if there is none."""
     best: tuple[int, tuple[int, int]] | None = None
-
-    def visit(suite: list[ast.stmt]) -> None:
-        nonlocal best
-        for s in suite:
-            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            if isinstance(s, BLOCK_TYPES) and len(suite) > 1 and \
-                    lines[s.lineno - 1].lstrip().startswith(BLOCK_KEYWORDS) and \
-                    not lines[s.lineno - 1].lstrip().startswith("elif"):
-                region = statement_region(s, lines)
-                n = _count_statements([s]) - 1
-                if region and n >= min_statements and region[1] - region[0] < max_lines and (
-                        hit is None or not hit.isdisjoint(range(region[0], region[1] + 1))) and (
-                        best is None or n > best[0]):
-                    best = (n, region)
-            for attr in ("body", "orelse", "finalbody"):
-                visit(getattr(s, attr, []) or [])
-            for h in getattr(s, "handlers", []) or []:
-                visit(h.body)
-
-    visit(body)
+    for s, suite in _inner_statements(body):
+        if isinstance(s, BLOCK_TYPES) and len(suite) > 1 and \
+                lines[s.lineno - 1].lstrip().startswith(BLOCK_KEYWORDS) and \
+                not lines[s.lineno - 1].lstrip().startswith("elif"):
+            region = statement_region(s, lines)
+            n = _count_statements([s]) - 1
+            if region and n >= min_statements and region[1] - region[0] < max_lines and (
+                    hit is None or not hit.isdisjoint(range(region[0], region[1] + 1))) and (
+                    best is None or n > best[0]):
+                best = (n, region)
     return best[1] if best else None
 
 
@@ -299,23 +288,25 @@ def pick_line(body: list[ast.stmt], lines: list[str], hit: set[int] | None, key:
     of a value (not ``None``), an assignment with a value, or a call; alone on its line, not the
     only statement of its suite, executed if ``hit`` is given. Of those, the one at index
     ``crc32(key) % count`` (stable across runs, unlike ``hash``); None if there is none."""
-    found: list[int] = []
-
-    def visit(suite: list[ast.stmt]) -> None:
-        for s in suite:
-            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            if isinstance(s, LINE_TYPES) and len(suite) > 1 and s.lineno == s.end_lineno and \
-                    _worth_a_line(s) and alone_before(lines, s.lineno, s.col_offset) and \
-                    alone_after(lines, s.end_lineno, s.end_col_offset) and (hit is None or s.lineno in hit):
-                found.append(s.lineno)
-            for attr in ("body", "orelse", "finalbody"):
-                visit(getattr(s, attr, []) or [])
-            for h in getattr(s, "handlers", []) or []:
-                visit(h.body)
-
-    visit(body)
+    found = [s.lineno for s, suite in _inner_statements(body)
+             if isinstance(s, LINE_TYPES) and len(suite) > 1 and s.lineno == s.end_lineno and _worth_a_line(s)
+             and alone_before(lines, s.lineno, s.col_offset) and alone_after(lines, s.end_lineno, s.end_col_offset)
+             and (hit is None or s.lineno in hit)]
     return found[zlib.crc32(key.encode()) % len(found)] if found else None
+
+
+def _inner_statements(suite: list[ast.stmt]) -> Iterator[tuple[ast.stmt, list[ast.stmt]]]:
+    """Every statement of a function body with the suite it sits in, in source order, into
+    compound statements' suites (``else``, ``finally`` and handlers too) but not into nested
+    definitions."""
+    for s in suite:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield s, suite
+        for attr in ("body", "orelse", "finalbody"):
+            yield from _inner_statements(getattr(s, attr, []) or [])
+        for h in getattr(s, "handlers", []) or []:
+            yield from _inner_statements(h.body)
 
 
 def _worth_a_line(s: ast.stmt) -> bool:
