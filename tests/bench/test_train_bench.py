@@ -65,3 +65,27 @@ def test_bench_train_plain_hf_baseline_on_dense_and_rl_batches_of_a_random_shape
 def test_bench_train_refuses_an_unknown_batch_kind():
     r = CliRunner().invoke(app, ["bench", "train", "--model", "tiny-random", "--batches", "sparse"])
     assert r.exit_code != 0 and "--batches 'sparse': expected one of oracle, rl, dense" in r.output
+
+
+def test_bench_train_fp8_arm_is_skipped_without_fp8_and_measured_with_it(monkeypatch):
+    """``packed_fp8`` against ``packed_whole`` on the same dense windows: on a CPU it is skipped with the
+    reason (FP8 GEMMs need CUDA 8.9+); with ``OPENCOMPOSER_FP8_ALLOW_CPU=1`` it runs there and reports
+    which layers went to float8, its losses within float8's rounding of bf16's."""
+    args = ["bench", "train", "--model", "tiny-random", "--arms", "packed_whole,packed_fp8", "--batches", "dense",
+            "--tokens", "256", "--steps", "1", "--warmup", "0"]
+    monkeypatch.delenv("OPENCOMPOSER_FP8_ALLOW_CPU", raising=False)
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [a["arm"] for a in res["arms"]] == ["packed_whole"]
+    assert "compute capability 8.9" in res["skipped_arms"]["packed_fp8"] and "skipped: FP8 GEMMs" in r.output
+
+    monkeypatch.setenv("OPENCOMPOSER_FP8_ALLOW_CPU", "1")
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    bf16, fp8 = res["arms"]
+    assert res["skipped_arms"] == {} and fp8["settings"]["fp8"] == "tensorwise"
+    assert fp8["fp8"]["converted"] == 14 and list(fp8["fp8"]["skipped"]) == ["lm_head"]
+    assert fp8["tokens_per_second"] > 0 and "mfu_of_gemm_peak" in fp8 and "fp8" not in bf16
+    assert fp8["max_loss_diff"] < 0.01 * bf16["losses"][0]

@@ -3,6 +3,7 @@ the same losses at every world size.
 
     PYTHONPATH=src python -m opencomposer.bench.fsdp --shape qwen2.5-1.5b --worlds 1,2,4
     PYTHONPATH=src python -m opencomposer.bench.fsdp --shape qwen2.5-7b --worlds 1,4 --checkpointing
+    PYTHONPATH=src python -m opencomposer.bench.fsdp --shape qwen2.5-7b --worlds 2 --checkpointing --fp8 off,tensorwise
     PYTHONPATH=src python -m opencomposer.bench.fsdp --shape tiny --worlds 1,2 --device cpu   # a quick check
 
 The driver starts ``torchrun --nproc-per-node W`` once per world size W (each run a fresh
@@ -16,6 +17,9 @@ Reported per world size: tokens/s (median step after ``--warmup``), MFU (model F
 6 x matmul parameters + attention, over ``world x`` the GPU's dense bf16 peak), the peak
 memory any rank allocated, the parameters each rank holds, the first steps' losses (which
 must agree across world sizes up to bf16 rounding) and, where it did not fit, the error.
+``--fp8 off,tensorwise`` runs every world size once per ``[train] fp8`` setting (``train/fp8.py``) and
+reports each FP8 setting's tokens/s over ``off``'s at the same world size (``fp8_speedup``; MFU stays
+against the bf16 peak) and its losses' largest relative gap to ``off``'s.
 Last line: one JSON object.
 """
 
@@ -75,13 +79,13 @@ def worker(args: argparse.Namespace) -> None:
     SHAPES.update(EXTRA_SHAPES)
     d = init_from_env(args.device)
     cuda = args.device == "cuda"
-    out: dict[str, Any] = {"world": d.world, "shape": args.shape}
+    out: dict[str, Any] = {"world": d.world, "shape": args.shape, "fp8": args.fp8}
     try:
         model = random_model(args.shape, "cuda" if cuda else "cpu", torch.float32, seed=0)
         flops_tok = model_flops_per_token(model, args.seq_len)
         total = sum(p.numel() for p in model.parameters())
         cfg = TrainConfig(lr=1e-5, bf16=cuda, micro_batch_tokens=args.micro_batch_tokens,
-                          gradient_checkpointing=args.checkpointing)
+                          gradient_checkpointing=args.checkpointing, fp8=args.fp8)
         trainer = Trainer(model, SimpleNamespace(pad_token_id=0), cfg, name=args.shape, dist=d)
         held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in trainer.params)
         vocab = model.config.vocab_size
@@ -121,31 +125,40 @@ def worker(args: argparse.Namespace) -> None:
     if d.main:
         out["peak_memory_gib"] = round(max(peaks), 2)
         if any(errors):
-            out = {"world": d.world, "shape": args.shape, "error": next(e for e in errors if e)}
+            out = {"world": d.world, "shape": args.shape, "fp8": args.fp8, "error": next(e for e in errors if e)}
         print(json.dumps(out), flush=True)
 
 
 def drive(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
-    for w in [int(x) for x in args.worlds.split(",")]:
+    for fp8, w in [(f, int(x)) for f in args.fp8.split(",") for x in args.worlds.split(",")]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={w}", __file__,
-               "--worker", *sys.argv[1:]]
+               "--worker", *sys.argv[1:], "--fp8", fp8]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.getcwd(), "src"),
                                                                         os.environ.get("PYTHONPATH")]))}
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        run = json.loads(lines[-1]) if lines else {"world": w, "error": f"exit {proc.returncode}: "
-                                                                       f"{proc.stderr.strip()[-1500:]}"}
+        run = json.loads(lines[-1]) if lines else {"world": w, "fp8": fp8, "error": f"exit {proc.returncode}: "
+                                                                                   f"{proc.stderr.strip()[-1500:]}"}
         run["wall_s"] = round(time.perf_counter() - t0, 1)
         runs.append(run)
         print(json.dumps(run), flush=True)
-    ok = [r for r in runs if "error" not in r]
+    first = args.fp8.split(",")[0]
+    ok = [r for r in runs if "error" not in r and r["fp8"] == first]
     summary: dict[str, Any] = {"shape": args.shape, "seq_len": args.seq_len, "batch": args.batch, "runs": runs}
     if ok:
         base = ok[0]
         summary["speedup"] = {r["world"]: round(r["tokens_per_s"] / base["tokens_per_s"], 3) for r in ok}
         summary["loss_max_rel_diff"] = max(abs(a - b) / abs(b) for r in ok for a, b in zip(r["losses"], base["losses"]))
+    bf16 = {r["world"]: r for r in runs if "error" not in r and r["fp8"] == "off"}
+    low = [r for r in runs if "error" not in r and r["fp8"] != "off" and r["world"] in bf16]
+    if low:  # each FP8 run against the bf16 one at its world size
+        summary["fp8_speedup"] = {f"{r['fp8']}@{r['world']}": round(r["tokens_per_s"] / bf16[r["world"]]["tokens_per_s"], 3)
+                                  for r in low}
+        summary["fp8_loss_max_rel_diff"] = {
+            f"{r['fp8']}@{r['world']}": round(max(abs(a - b) / abs(b) for a, b in zip(r["losses"], bf16[r["world"]]["losses"])), 5)
+            for r in low}
     return summary
 
 
@@ -158,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=16, help="sequences per optimizer step (global)")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    ap.add_argument("--fp8", default="off", help="[train] fp8 settings to run, comma-separated (off, tensorwise, "
+                    "rowwise), each at every world size")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler (CUDA)")

@@ -8,6 +8,7 @@ tokens/s counts every sample's tokens (a shared prefix in each sample that holds
     opencomposer bench train --device cuda --tokens 16384 --arms baseline,packed_whole,shared_whole,shared
     opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches dense --tokens 16384 --arms hf,packed_whole,packed_flex
     opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches rl --tokens 16384 --arms hf,shared_whole,shared_flex
+    opencomposer bench train --device cuda --model shape:qwen2.5-1.5b --batches dense --tokens 16384 --arms packed_whole,packed_fp8,packed_fp8_rowwise
 
 Batches (``--batches``): ``oracle`` (below), ``rl`` (GRPO groups of 8 rollouts sharing their
 first prompt, advantages of either sign, timed through the trainer's RL step) or ``dense``
@@ -18,7 +19,14 @@ document (``[train] document_attention = "sdpa"``), ``packed_flex`` and ``shared
 FlexAttention kernel a layer (``"flex"``, CUDA only), the others as the trainer's default (``"auto"``:
 flex on CUDA with shared prefixes, else sdpa). ``--model shape:NAME``: random weights of a real shape
 (``qwen2.5-1.5b``, ``qwen2.5-7b``...). On a GPU ``mfu`` is an arm's model FLOPs over the card's
-dense bf16 peak (``bench.fsdp.PEAK_BF16``).
+dense bf16 peak (``bench.fsdp.PEAK_BF16``), FP8 arms included, so the arms compare.
+
+FP8 (``[train] fp8``, ``train/fp8.py``): ``packed_fp8`` / ``packed_fp8_rowwise`` are ``packed_whole`` and
+``shared_flex_fp8`` is ``shared_flex`` with float8 GEMMs in the decoder's linear layers (tensorwise /
+rowwise scales); put the bf16 arm first to read the speed-up, e.g. ``--arms packed_whole,packed_fp8,
+packed_fp8_rowwise``. On a device without FP8 GEMMs (a CPU, a GPU older than compute capability 8.9)
+such an arm is skipped with the reason (``skipped_arms``); ``OPENCOMPOSER_FP8_ALLOW_CPU=1`` runs it on a
+CPU, for tests. An FP8 arm's losses differ from bf16's by float8 rounding (``max_loss_diff``).
 
 On a GPU (``--device cuda``) each step is timed to the end of its kernels and the peak of
 allocated GPU memory is reported too; bf16 autocast where native, so losses agree to bf16's
@@ -71,6 +79,14 @@ ARMS: dict[str, dict[str, Any]] = {
                     "gradient_checkpointing": False, "document_attention": "flex"},
     "shared_flex": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
                     "gradient_checkpointing": False, "document_attention": "flex"},
+    # FP8 GEMMs in the decoder's linear layers (train/fp8.py), against the bf16 arm of the same rows:
+    # packed_whole (dense batches) and shared_flex (RL batches). Skipped where FP8 does not run.
+    "packed_fp8": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
+                   "gradient_checkpointing": False, "document_attention": "sdpa", "fp8": "tensorwise"},
+    "packed_fp8_rowwise": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
+                           "gradient_checkpointing": False, "document_attention": "sdpa", "fp8": "rowwise"},
+    "shared_flex_fp8": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
+                        "gradient_checkpointing": False, "document_attention": "flex", "fp8": "tensorwise"},
 }
 SYSTEM_TOKENS = 1100  # the harness's system prompt and tool schemas: the same first tokens in every sample
 
@@ -193,12 +209,19 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
     from opencomposer.train.loss import LossConfig
     from opencomposer.train.trainer import Trainer
 
+    settings = ARMS["baseline" if arm == "hf" else arm]
+    if settings.get("fp8", "off") != "off":
+        from opencomposer.train.fp8 import fp8_unsupported
+
+        why = fp8_unsupported(device)
+        if why:
+            return {"arm": arm, "skipped": why}
     torch.manual_seed(seed)
     model, tok = load_for_bench(model_name, device)
     cuda = device.startswith("cuda")
     loaded_rss = _rss_mb()
     context, vocab = int(model.config.max_position_embeddings), model.config.vocab_size
-    cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **ARMS["baseline" if arm == "hf" else arm])
+    cfg = TrainConfig(lr=lr, micro_batch_tokens=tokens, **settings)
     trainer = Trainer(model, tok, cfg, name=model_name)  # arm hf: for its collate and the FLOP count only
     step_fn = PlainHF(model, lr, trainer.bf16, tok, tokens).step if arm == "hf" else \
         (lambda b: trainer.rl_step(b, LossConfig(), float(sum(len(s.input_ids) for s in b)))) if batches == "rl" \
@@ -223,7 +246,7 @@ def run_arm(arm: str, model_name: str, tokens: int, steps: int, warmup: int, lr:
             "step_seconds": [round(s, 2) for s in seconds], "timed_tokens": int(n_tokens), "forward_passes": passes,
             "losses": losses, "peak_rss_mb": _rss_mb(), "rss_after_load_mb": loaded_rss,
             "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "bf16": trainer.bf16,
+            "bf16": trainer.bf16, **({"fp8": trainer.fp8.as_dict()} if trainer.fp8 else {}),
             **({"peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if cuda else {})}
 
 
@@ -320,7 +343,7 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
         raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; expected some of hf,{','.join(ARMS)}")
     if batches not in BATCHES:
         raise ValueError(f"--batches {batches!r}: expected one of {', '.join(BATCHES)}")
-    results = []
+    results, skipped = [], {}
     for arm in arms:
         log(f"bench train: {arm} ({ARMS.get(arm, 'plain HF forward + backward + AdamW')}), {batches} batches ...")
         cmd = [sys.executable, "-m", "opencomposer.bench.train", arm, model_name, str(tokens), str(steps),
@@ -330,10 +353,16 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
             why = " (killed by SIGKILL: out of memory?)" if out.returncode == -9 else ""
             raise RuntimeError(f"bench train arm {arm} failed, exit {out.returncode}{why}:\n{out.stderr[-3000:]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
+        if "skipped" in res:
+            log(f"  skipped: {res['skipped']}")
+            skipped[arm] = res["skipped"]
+            continue
         gpu = f", peak GPU {res['peak_gpu_mb']} MB" if "peak_gpu_mb" in res else ""
         log(f"  {res['tokens_per_second']} tokens/s ({res['achieved_gflops']} model GFLOP/s), peak RSS "
             f"{res['peak_rss_mb']} MB{gpu}, losses {res['losses']}")
         results.append(res)
+    if not results:
+        raise ValueError(f"bench train: every arm was skipped ({'; '.join(f'{a}: {w}' for a, w in skipped.items())})")
     first = results[0]
     peak = gemm_peak_gflops(device)  # after the arms: the machine as they found it, in this run
     per_token = first["model_flop_per_token"]
@@ -359,7 +388,7 @@ def run(model_name: str, arms: list[str], tokens: int, steps: int, warmup: int, 
         f"{ceiling['tokens_per_second_at_gemm_peak_shared']} with the best arm's sharing; 3x the first arm "
         f"({ceiling['three_x_first_arm']}) needs {ceiling['three_x_needs_fraction_of_peak']} of that peak")
     return {"bench": "train", "model": model_name, "device": device, "batches": batches, "micro_batch_tokens": tokens,
-            "steps": steps, "warmup": warmup, "lr": lr, "arms": results, "ceiling": ceiling,
+            "steps": steps, "warmup": warmup, "lr": lr, "arms": results, "skipped_arms": skipped, "ceiling": ceiling,
             "datasheet_peak_gflops": datasheet, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 

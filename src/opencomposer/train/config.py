@@ -60,6 +60,11 @@ class TrainConfig(Strict):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
     bf16: bool | Literal["auto"] = Field("auto", description="bf16 autocast; 'auto' = where native (CUDA bf16, CPU AVX512-BF16/AMX)")
+    fp8: Literal["off", "tensorwise", "rowwise"] = Field(
+        "off", description="FP8 GEMMs in the linear layers of the decoder (train/fp8.py): e4m3 operands, e5m2 "
+        "gradients, one scale a tensor (tensorwise) or e4m3 throughout with a scale a row (rowwise); the output "
+        "layer, embeddings and LoRA adapters stay as they are. Needs CUDA compute capability 8.9+; pays on "
+        "large GEMMs only (hidden sizes in the thousands), not on a 135M model")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="recompute each layer's activations in backward; 'auto' = on the CPU (an 8k-token "
         "micro-batch of the embedded model: 13.8 GB resident without, under 4 with), off on GPUs (~1/3 more compute) "

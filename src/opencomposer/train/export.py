@@ -45,7 +45,8 @@ def export_checkpoint(dir: str | Path, out: str | Path, model: str | None = None
     if not base:
         raise CheckpointError(f"{path / 'trainer.json'}: names no base model; pass the model the run started from")
     hf, tok = load_model(base, dtype=torch.float32)
-    cfg = TrainConfig.model_validate({**meta.get("config", {}), "lora": bool(meta.get("lora"))})
+    # fp8 = "off": exporting runs no GEMM to train, and may run where the training GPU's FP8 is not
+    cfg = TrainConfig.model_validate({**meta.get("config", {}), "lora": bool(meta.get("lora")), "fp8": "off"})
     trainer = Trainer(hf, tok, cfg, name=meta.get("model"), dist=distributed.SINGLE)
     if layout == "sharded":
         load_shards(path, trainer, optimizer=False)

@@ -19,7 +19,8 @@ predict a loss token, through the output layer a chunk of ``logits_chunk_tokens`
 (``train/head_logprobs.py``), so the [tokens, vocab] logits never exist whole (issue 32).
 
 Precision: weights and AdamW state stay fp32; on CUDA with bf16 the forward runs under
-bf16 autocast, and log-probs are always taken in fp32 (``head_token_logprobs``). The model is
+bf16 autocast, and log-probs are always taken in fp32 (``head_token_logprobs``). ``fp8``: the
+decoder's linear layers run their GEMMs in float8 (``train/fp8.py``; ``self.fp8`` says which). The model is
 in train mode only inside a step, so sampling from ``policy_pair()`` between steps sees
 eval mode.
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import logging
 import math
 import time
 from dataclasses import replace
@@ -52,6 +54,7 @@ import torch.nn.functional as F
 
 from opencomposer.models.moe_replay import replay_routes
 from opencomposer.train.document_attention import attention_kind, document_attention
+from opencomposer.train.fp8 import Float8Report, convert_to_float8, fp8_unsupported
 from opencomposer.train.head_logprobs import head_token_logprobs
 from opencomposer.train.host_memory import return_freed_memory
 from opencomposer.train.loss import LossConfig, distill_kl, grpo_loss, token_logprobs
@@ -60,6 +63,9 @@ from opencomposer.train.samples import Sample
 from opencomposer.train import distributed
 from opencomposer.train.config import TrainConfig
 from opencomposer.train.distributed import Dist
+
+
+log = logging.getLogger(__name__)
 
 
 def frozen_copy(model: Any) -> Any:
@@ -89,6 +95,8 @@ class Trainer:
         self.bf16 = _use_bf16(self.cfg.bf16, self.device)
         if self.cfg.lora:
             model = _add_lora(model, self.cfg, self.device)
+        # after LoRA (its frozen base layers go to float8, its adapters stay), before FSDP2 shards the layers
+        self.fp8: Float8Report | None = _to_float8(model, self.cfg.fp8, self.device)
         if self.device.type == "cpu" and self.cfg.return_host_memory:
             return_freed_memory()
         moe = any(name.endswith("mlp.experts") for name, _ in model.named_modules())  # LoRA-wrapped too
@@ -408,6 +416,21 @@ def _use_bf16(setting: bool | str, device: torch.device) -> bool:
         raise ValueError(f"TrainConfig.bf16=true needs bf16 support (CUDA, or a CPU with AVX512-BF16/AMX); "
                          f"the model is on {device}")
     return bool(setting)
+
+
+def _to_float8(model: Any, recipe: str, device: torch.device) -> Float8Report | None:
+    """``[train] fp8``: the decoder's linear layers to float8 GEMMs (``train/fp8.py``), said once in the log;
+    refused where FP8 GEMMs do not run."""
+    if recipe == "off":
+        return None
+    why = fp8_unsupported(device)
+    if why:
+        raise ValueError(f"train.fp8 = {recipe!r}: {why}; set train.fp8 = \"off\" here")
+    report = convert_to_float8(model, recipe)
+    if not report.converted:
+        raise ValueError(f"train.fp8 = {recipe!r}: no linear layer could take float8 GEMMs ({report.summary()})")
+    log.info(report.summary())
+    return report
 
 
 def _enable_checkpointing(model: Any) -> None:
