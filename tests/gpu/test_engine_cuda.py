@@ -494,3 +494,22 @@ def test_out_of_memory_at_start_up_is_a_clear_error_and_recoverable():
     err = next(line for line in proc.stdout.splitlines() if line.startswith(("ERROR", "NO ERROR")))
     assert err.startswith("ERROR: out of GPU memory building the engine") and "kv_memory_fraction=1.0" in err, err
     assert "RECOVERED 4 0" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_an_engine_on_the_second_gpu_captures_and_decodes_there_with_cuda0_current(kernels):
+    # issue 33's layout: the trainer's thread has cuda:0 current, the engine lives on cuda:1
+    # (session 29: its graph capture failed with "operation not permitted when stream is capturing")
+    hf = _tiny()
+    ps = _prompts(6)
+    params = SamplingParams(max_tokens=16, temperature=0)
+    here = [c.token_ids for c in Engine(hf, None, max_num_seqs=8, max_model_len=128, kernels=kernels).generate(ps, params)]
+    torch.cuda.set_device(0)
+    there = Engine(hf, None, max_num_seqs=8, max_model_len=128, kernels=kernels, device="cuda:1")
+    assert there.device == torch.device("cuda:1") and there.stats()["cuda_graph_batch_sizes"]
+    assert [c.token_ids for c in there.generate(ps, params)] == here
+    other = _tiny(1)
+    there.update_weights(other.state_dict(), version=3)  # the weight path from a cuda:0 trainer
+    assert there.generate([ps[0]], params)[0].token_ids == _hf_greedy(other, ps[0], 16)
+    assert torch.cuda.current_device() == 0

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from opencomposer.inference.engine.cuda_graph import capture
+
 if TYPE_CHECKING:
     from opencomposer.inference.engine.model_runner import ModelRunner
 
@@ -169,7 +171,7 @@ def graph_ms(fn, calls: int = 1, reps: int = 5) -> float:
         fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capture(g):
         for _ in range(calls):
             fn()
     return replay_ms(g, reps=reps) / calls

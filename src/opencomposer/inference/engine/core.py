@@ -35,6 +35,7 @@ Test: ``pytest tests/unit/inference``; GPU: ``pytest tests/gpu/test_engine_cuda.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -97,11 +98,12 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_num_seqs, budget)
         kernels, cuda_graphs, gemv = choose_kernels(self.model, kernels, cuda_graphs, gemv)
         graph_rows = decode_graph_rows(max_num_seqs, draft, num_draft, spec_max_batch)
-        self.runner = build_runner(self.model, kv_blocks, block_size, graph_rows, self.max_model_len, budget,
-                                   cuda_graphs=cuda_graphs, kernels=kernels, gemv=gemv, pdl=pdl,
-                                   max_num_seqs=max_num_seqs, kv_source=kv_source)
-        self.speculator, self.run_ahead = decode_modes(self.model, self.runner, draft, num_draft, spec_max_batch,
-                                                       run_ahead)
+        with self._on_device():  # graph capture and Triton launches go to the current CUDA device
+            self.runner = build_runner(self.model, kv_blocks, block_size, graph_rows, self.max_model_len, budget,
+                                       cuda_graphs=cuda_graphs, kernels=kernels, gemv=gemv, pdl=pdl,
+                                       max_num_seqs=max_num_seqs, kv_source=kv_source)
+            self.speculator, self.run_ahead = decode_modes(self.model, self.runner, draft, num_draft,
+                                                           spec_max_batch, run_ahead)
         self._inflight: InFlight | None = None  # a decode step launched ahead, results not read yet
         self.policy_version = policy_version
         self._seqs: dict[str, Sequence] = {}
@@ -174,12 +176,18 @@ class Engine:
 
     # ------------------------------------------------------------------ stepping
 
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """The engine's CUDA device made current: an engine on ``cuda:1`` beside a trainer on ``cuda:0``
+        (``[rollout] engine_devices``) captures its graphs on its own device's stream and launches its
+        Triton kernels there, whatever device the calling thread has current."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
     def step(self) -> list[StepOutput]:
         """One step of every running sequence: schedule -> run -> post-process, in one of three
         modes (a decode step left in flight by the last step is this step's run)."""
         with self._turn:  # an in-flight weight update waiting for the lock goes first
             pass
-        with self._lock:
+        with self._lock, self._on_device():
             outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
             self._aborted.clear()
             t0 = time.perf_counter()
@@ -346,7 +354,7 @@ class Engine:
         """Run ``edit`` (which changes weights in place) between two steps; tag later tokens
         with ``version``. A step launched ahead ran with the old weights: it is dropped and the
         next ``step()`` recomputes that position with the new ones (as without run-ahead)."""
-        with self._turn, self._lock, torch.no_grad():
+        with self._turn, self._lock, torch.no_grad(), self._on_device():
             if self._inflight is not None:
                 self._drop_inflight()
             edit()

@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from opencomposer.inference.engine.cuda_graph import capture
+
 from opencomposer.inference.engine.batch1_plan import capture_batch1, recapture_few_rows
 from opencomposer.inference.engine.prefill_layout import (
     PrefillLayout,
@@ -111,7 +113,7 @@ class GraphCapture:
             self._graph_body(b)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
+        with capture(g, pool=self._pool):
             self._graph_body(b)
         self._pool = g.pool()
         return g
@@ -163,7 +165,7 @@ class GraphCapture:
                     self._prefill_graph_forward(t, variant)
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self._pool):
+                with capture(g, pool=self._pool):
                     hidden = self._prefill_graph_forward(t, variant)
                     st["hidden"][:t] = hidden
                     st["logits"][:] = self.model.logits(hidden[st["views"]["last"]])

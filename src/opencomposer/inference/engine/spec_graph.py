@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from opencomposer.inference.engine.cuda_graph import capture
+
 from opencomposer.inference.engine.acceptance import accept, row_index
 from opencomposer.inference.engine.block_manager import kv_slots
 from opencomposer.inference.engine.sampler import is_plain, race
@@ -132,7 +134,7 @@ class SpecGraphs:
                 self._body(b, sampled)
             torch.cuda.synchronize(self.runner.device)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with capture(g):
                 self._body(b, sampled)
         return g
 
