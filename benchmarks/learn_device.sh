@@ -6,11 +6,13 @@
 #   HERE, once:  benchmarks/learn_device.sh prepare
 #     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
 #     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
-#     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs (out/factory2k -> train.ocpack,
+#     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs made here (out/factory2k -> train.ocpack,
 #                           out/heldout-libs -> heldout.ocpack, out/factory2k's other libraries ->
-#                           extra.ocpack for [learn] rl_extra_dirs; wheels for Python 3.12 included)
+#                           extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout -> lines.ocpack,
+#                           lines-heldout.ocpack; wheels for Python 3.12 included); it prints which part is which
 #     .gput/                with TRACE_SETS='run|;replace-lines|--set agent.edit_tools=["replace_lines","write_file"]':
-#                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session)
+#                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session);
+#                           for gpu-lines.toml: CFG=configs/learn/gpu-lines.toml TRACE_SETS='lines|' ... prepare
 #   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
 #     carry [.gpuw, .gpua] / [.gpub, .gpup1] / [.gpuc, .gpup2] / [.gpup3, .gpup4] / ...:
 #                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
@@ -41,16 +43,16 @@ if [ "${1:-}" = prepare ]; then
   P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
      --platform manylinux_2_28_x86_64 --level 12)
   mkdir -p out/packs
-  [ -e out/packs/train.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/train.ocpack "${P[@]}"
-  [ -e out/packs/heldout.ocpack.part-000 ] || .venv/bin/opencomposer tasks pack out/heldout-libs -o out/packs/heldout.ocpack "${P[@]}"
-  # configs/learn/gpu-lines.toml's line-level tasks (configs/tasks/lines.toml, lines-heldout.toml), when made
-  for x in lines lines-heldout; do
-    if [ -d out/$x ] && [ ! -e out/packs/$x.ocpack.part-000 ]; then
-      .venv/bin/opencomposer tasks pack out/$x -o out/packs/$x.ocpack "${P[@]}"
+  # each task set made here, packed once: gpu.toml's (out/factory2k -> train, out/heldout-libs -> heldout, the
+  # factory's other libraries -> extra) and gpu-lines.toml's (out/lines, out/lines-heldout); a set not made is skipped
+  for pair in train:factory2k heldout:heldout-libs lines:lines lines-heldout:lines-heldout; do
+    pack=${pair%%:*}; src=out/${pair##*:}
+    if [ -d $src ] && [ ! -e out/packs/$pack.ocpack.part-000 ]; then
+      .venv/bin/opencomposer tasks pack $src -o out/packs/$pack.ocpack "${P[@]}"
     fi
   done
   # RL's extra pool ([learn] rl_extra_dirs): the factory's other libraries, packed without the train pack's
-  if [ ! -e out/packs/extra.ocpack.part-000 ]; then
+  if [ -d out/factory2k ] && [ ! -e out/packs/extra.ocpack.part-000 ]; then
     [ -d runs/learn-gpu/tasks/factory ] || .venv/bin/opencomposer tasks unpack out/packs/train.ocpack \
         -o runs/learn-gpu/tasks/factory --no-envs
     X=()
@@ -60,20 +62,26 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
     done
     .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/extra.ocpack "${X[@]}" "${P[@]}"
   fi
+  rm -rf .gpup*
   i=0
   for f in out/packs/*.ocpack.part-*; do
     i=$((i + 1)); d=.gpup$i
     grep -q "^/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude
-    rm -rf $d && mkdir -p $d && cp "$f" $d/
+    mkdir -p $d && cp "$f" $d/
+    echo "$d: $(basename "$f")"
   done
   # the SFT oracle traces of each arm (TRACE_SETS: "out_dir|--set ...;" pairs), made here on the CPU
-  # with the pack's tasks: the GPU run reads them back instead of spending minutes making them
+  # with the packs' tasks, unpacked where the GPU run reads them: that run reads the traces back instead
+  # of spending minutes making them
   if [ -n "${TRACE_SETS:-}" ]; then
     mkdir -p runs/learn-gpu/tasks .gput
     grep -q "^/.gput/" .git/info/exclude || echo "/.gput/" >> .git/info/exclude
-    [ -d runs/learn-gpu/tasks/factory ] || .venv/bin/opencomposer tasks unpack out/packs/train.ocpack \
-        -o runs/learn-gpu/tasks/factory --no-envs
-    [ -e runs/learn-gpu/tasks/factory/_envs ] || ln -s "$PWD/out/factory2k/_envs" runs/learn-gpu/tasks/factory/_envs
+    for pair in train:factory:factory2k lines:lines:lines; do
+      IFS=: read -r pack dest src <<< "$pair"; dest=runs/learn-gpu/tasks/$dest
+      [ -e out/packs/$pack.ocpack.part-000 ] || continue
+      [ -d $dest ] || .venv/bin/opencomposer tasks unpack out/packs/$pack.ocpack -o $dest --no-envs
+      [ -e $dest/_envs ] || ln -s "$PWD/out/$src/_envs" $dest/_envs
+    done
     dirs=()
     IFS=';' read -ra arms <<< "$TRACE_SETS"
     for arm in "${arms[@]}"; do
@@ -152,7 +160,8 @@ if [ "${1:-}" = bench ]; then  # the trainer's paths on this GPU (BENCH_ARGS: e.
   exit ${PIPESTATUS[0]}
 fi
 if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)
-  M=smollm2-135m; [ -f $RUN/replace-lines/sft_model/config.json ] && M=$RUN/replace-lines/sft_model
+  M=smollm2-135m  # an SFT model made on this machine (gpu-lines.toml's, gpu.toml's) when there is one
+  for d in lines/sft_model replace-lines/sft_model; do [ -f $RUN/$d/config.json ] && { M=$RUN/$d; break; }; done
   LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
   # a run that the call's end cuts resumes from its last checkpoint at the next call (--resume)
   timeout --kill-after=5 $LEFT python3 benchmarks/bench_async_rl.py --config configs/train/async-gpu.toml \
