@@ -98,9 +98,9 @@ fi
 
 # ---- on the device: keep what this call carried
 mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
-for d in .gpuw .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz*; do
+for d in .gpuw* .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz*; do
   if [ -d "$d" ]; then case $d in
-    .gpuw) cp -n $d/* $L/wheels/ ;;
+    .gpuw*) cp -n $d/* $L/wheels/ ;;  # .gpuw2, ...: wheels added later
     .gpup*) cp -n $d/* $L/packs/ ;;
     .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
     .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
