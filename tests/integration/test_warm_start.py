@@ -69,6 +69,16 @@ def test_oracle_traces_resume_from_what_was_kept(tasks, tmp_path):
     assert all("replace_lines" in t.tools and "edit_file" not in t.tools for t in redone)
     assert all((out / name).stat().st_mtime_ns != mtime for name, mtime in kept.items())
 
+    # and by the grounded oracle: made again, once, each search for the definition in the task's file
+    grounded = lines.model_copy(update={"sft": lines.sft.model_copy(update={"grounded_oracle": True})})
+    made = oracle_traces(tasks, "local", out, grounded)
+    assert [t.task_id for t in made] == [p.name for p in tasks]
+    searches = [e for t in made for s in t.steps for e in s.tool_events if e.name == "search"]
+    assert len(searches) == len(tasks) and all(e.arguments.get("path") for e in searches)
+    again = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    oracle_traces(tasks, "local", out, grounded)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == again
+
 
 def test_sft_resumed_from_its_checkpoint_ends_where_an_unbroken_run_does(tasks, tmp_path):
     cfg = config(tmp_path)

@@ -59,8 +59,10 @@ def diff(path: str, old: str | None, new: str, context: int = 3) -> str:
     return "".join(difflib.unified_diff(split_lines(old or ""), split_lines(new), a, f"b/{path}", n=context))
 
 
-def make_task(root: Path, original: dict[str, str], deleted: dict[str, str], patch: str, symbol: str) -> Task:
-    """A task dir: workspace holds ``deleted`` files, gold.patch turns them back into ``original``."""
+def make_task(root: Path, original: dict[str, str], deleted: dict[str, str], patch: str, symbol: str,
+              file: str | None = None) -> Task:
+    """A task dir: workspace holds ``deleted`` files, gold.patch turns them back into ``original``
+    (``file``: the feature's file, where the symbol's dotted path does not name it, as for a method)."""
     for path, text in {**original, **deleted}.items():
         target = root / "workspace" / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,7 @@ def make_task(root: Path, original: dict[str, str], deleted: dict[str, str], pat
     (root / "solution").mkdir()
     (root / "solution" / "gold.patch").write_text(patch)
     (root / "instruction.md").write_text(f"Implement `{symbol}`.\n")
-    feature_file = symbol.rsplit(".", 1)[0].replace(".", "/") + ".py"
+    feature_file = file or symbol.rsplit(".", 1)[0].replace(".", "/") + ".py"
     meta = TaskMeta(
         id="hand-made-1",
         source={"kind": "local", "spec": "mathy", "package": "mathy"},

@@ -56,25 +56,27 @@ def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig, 
     turn budgets small models get; traces that do not solve the task are dropped. The traces
     come back in the order of ``tasks`` whatever ``workers`` is. A task whose transcript and
     verdict (``<out>/<id>.verdict``, written after the transcript, with the ``[agent]`` settings
-    it was made under) exist is read back, not run, if those settings are this call's.
+    and the oracle, direct or grounded, it was made under) exist is read back, not run, if those are
+    this call's.
     """
     out.mkdir(parents=True, exist_ok=True)
     skipped = []
     agent = cfg.agent.model_dump(mode="json")  # a trace made under other [agent] settings is made again
+    oracle = "grounded" if cfg.sft.grounded_oracle else "direct"  # so is one of the other oracle
 
     def one(p: Path) -> Trajectory | None:
         task = Task.load(p)
         transcript, verdict = out / f"{task.id}.json", out / f"{task.id}{_VERDICT}"
         if verdict.is_file() and transcript.is_file():
             kept = json.loads(verdict.read_text())
-            if kept.get("agent") == agent:
+            if kept.get("agent") == agent and kept.get("oracle", "direct") == oracle:
                 return Trajectory.load(transcript) if kept.get("passed") is True else None
         if stop is not None and stop():
             skipped.append(task.id)
             return None
-        res = run_task(task, make_policy("oracle", task=task, compact=True), backend, cfg.agent,
-                       transcript=transcript)
-        atomic_write_text(verdict, json.dumps({"passed": bool(res.reward.passed), "agent": agent}))
+        res = run_task(task, make_policy("oracle", task=task, compact=True, grounded=cfg.sft.grounded_oracle),
+                       backend, cfg.agent, transcript=transcript)
+        atomic_write_text(verdict, json.dumps({"passed": bool(res.reward.passed), "agent": agent, "oracle": oracle}))
         return res.trajectory if res.reward.passed else None  # only traces that solved the task teach the format
 
     if workers <= 1:

@@ -22,6 +22,15 @@ and replaces only the lines that change (the hunk's context trimmed), so a model
 copy numbers, not text. Lines that do not match send it to step 3's whole-file rewrite
 (``write_file``, or ``replace_lines`` over every line when ``write_file`` is not offered).
 
+``grounded=True`` (``[sft] grounded_oracle``): every location it goes to is one the agent was shown. The
+search is for the symbol's definition in its file (``def name`` / ``class name``, and the class of a
+method), and the first read starts at the definition line that search printed (up to ``ABOVE_DEFINITION``
+lines above it where the hunk's context begins there), going on with "read further" while the first hunk
+is not in view, instead of a window centred on the hunk (which only the gold
+patch knows). A model imitating it learns to find the function, then the gap; imitating a read "around
+line N" teaches it to name line numbers it has no way to know. Where the definition is not found, or the
+hunk lies more than ``GROUNDED_SPAN`` lines below it, it reads around the hunk as before.
+
 The script is a generator that receives each turn's observations: that is its whole
 state, and it restarts when a conversation starts over. Asked for a summary
 (``harness/summarize.py``), it lists its calls so far and keeps the pending observation,
@@ -48,14 +57,19 @@ Turn = tuple[str, list[ToolCall]]
 Script = Generator[Turn, str, None]
 _READ_FURTHER = re.compile(r"start_line=(\d+) to read further")
 WIDEN = 8  # lines of extra context on each side when a hunk's text is not unique
+GROUNDED_SPAN = 200  # grounded: the first hunk at most this many lines below the definition, else read around it
+ABOVE_DEFINITION = 3  # grounded: a read may start this many lines above the definition (the hunk's context)
+GROUNDED_READS = 4  # grounded: reads from the definition on (the first, then "read further") before giving up
 
 
 class OraclePolicy:
     """Solves ``task`` (a ``tasks.format.Task``) by replaying its gold patch as tool calls."""
 
     def __init__(self, task: Any, check_timeout: float = 60.0, compact: bool = False,
-                 edit_with: Literal["edit_file", "replace_lines"] | None = None):
+                 edit_with: Literal["edit_file", "replace_lines"] | None = None, grounded: bool = False):
         self.task = task
+        self.grounded = grounded  # go only to locations the observations showed (module docstring)
+        self._definition: int | None = None  # grounded: the symbol's definition line its search printed
         # None: edit_file when the tools it is given include it, else replace_lines when they do
         self.edit_with = edit_with
         self._offered: set[str] = set()  # the tool names of the last act() (empty: the default tools)
@@ -115,12 +129,21 @@ class OraclePolicy:
         symbol = feature.symbol.split(".")[-1]
         suffix = feature.file.rsplit(".", 1)[-1] if "." in feature.file.rsplit("/", 1)[-1] else ""
         search = {"pattern": rf"\b{re.escape(symbol)}\b", **({"glob": f"*.{suffix}"} if suffix else {})}
+        names = _definition_names(feature.symbol)
+        grounded = self.grounded and suffix == "py" and names is not None and any(
+            fp.path == feature.file and not fp.is_new for fp in self.patches)
+        if grounded:
+            search = {"pattern": _definition_pattern(*names), "path": feature.file}
+        self._definition = None
         if self.compact:
-            yield f"Let me look at the layout and find `{symbol}`.", [
+            found = yield f"Let me look at the layout and find `{symbol}`.", [
                 self._call("list_dir", path="."), self._call("search", **search)]
         else:
             yield "Let me look at the repository layout.", [self._call("list_dir", path=".")]
-            yield f"Where is `{symbol}` defined and used?", [self._call("search", **search)]
+            found = yield f"Where is `{symbol}` defined{'' if grounded else ' and used'}?", [
+                self._call("search", **search)]
+        if grounded:
+            self._definition = _definition_line(found, feature.file, *names)
         problems: list[str] = []
         for fp in self.patches:
             problem = yield from self._patch_file(fp)
@@ -155,10 +178,14 @@ class OraclePolicy:
             yield f"Remove {fp.path}.", [self._call("run", command=f"rm -- {shlex.quote(fp.path)}")]
             return ""
         first = fp.hunks[0]
-        lo, hi = max(1, first.old_start - 5), first.old_start + first.old_len + 5
-        seen = yield f"Read {fp.path} around line {first.old_start}.", [
-            self._call("read_file", path=fp.path, start_line=lo, end_line=hi)
-        ]
+        seen = None
+        if fp.path == self.task.meta.feature.file and self._definition is not None:
+            seen = yield from self._read_from_definition(fp.path, first)
+        if seen is None:
+            lo, hi = max(1, first.old_start - 5), first.old_start + first.old_len + 5
+            seen = yield f"Read {fp.path} around line {first.old_start}.", [
+                self._call("read_file", path=fp.path, start_line=lo, end_line=hi)
+            ]
         if self._edit_tool() == "replace_lines":
             return (yield from self._patch_by_lines(fp, seen))
         grown = 0  # lines earlier hunks of this file added (so later ones moved down)
@@ -175,6 +202,31 @@ class OraclePolicy:
                 return (yield from self._rewrite_whole(fp, k))
             grown += hunk.new_len - hunk.old_len
         return ""
+
+    def _read_from_definition(self, path: str, hunk: Hunk) -> Generator[Turn, str, str | None]:
+        """Grounded: read ``path`` from the definition line its search showed, on with "read further"
+        until the hunk's old lines are in view; the observations together, or None (too far, not shown)."""
+        defined = self._definition
+        if defined is None or not defined - ABOVE_DEFINITION <= hunk.old_start <= defined + GROUNDED_SPAN:
+            return None
+        # a hunk whose context begins above the definition (a change near the top of the body; decorators)
+        start = min(defined, hunk.old_start)
+        want = range(hunk.old_start, hunk.old_start + max(hunk.old_len, 1))
+        shown: list[str] = []
+        where = "where it is defined" if start == defined else f"just above its definition at line {defined}"
+        obs = yield f"Read {path} from line {start}, {where}.", [
+            self._call("read_file", path=path, start_line=start)]
+        for _ in range(GROUNDED_READS - 1):
+            shown.append(obs)
+            rows = _rows_seen("\n".join(shown))
+            further = _READ_FURTHER.search(obs)
+            if all(n in rows for n in want) or further is None:
+                break
+            obs = yield f"Read on from line {further.group(1)}.", [
+                self._call("read_file", path=path, start_line=int(further.group(1)))]
+        else:
+            shown.append(obs)
+        return "\n".join(shown)
 
     def _patch_by_lines(self, fp: FilePatch, observation: str) -> Generator[Turn, str, str]:
         """Apply one file's hunks with replace_lines, from the numbered lines it has seen
@@ -274,6 +326,45 @@ class OraclePolicy:
         if package:
             return {"command": f"python -c {shlex.quote('import ' + package)}", "timeout": self.check_timeout}
         return {"command": "python -m pytest -x -q 2>&1 | tail -n 20", "timeout": self.check_timeout}
+
+
+def _definition_names(symbol: str) -> tuple[str, str | None] | None:
+    """``(name, class)`` of a dotted symbol (``mod.Class.method`` -> ``("method", "Class")``; a module
+    function -> ``(name, None)``), None when the last part is not an identifier."""
+    parts = symbol.split(".")
+    if not parts[-1].isidentifier():
+        return None
+    owner = parts[-2] if len(parts) > 1 and parts[-2][:1].isupper() and parts[-2].isidentifier() else None
+    return parts[-1], owner
+
+
+def _definition_pattern(name: str, owner: str | None) -> str:
+    """A search for ``def name`` / ``class name`` lines (and ``class owner``), as the search tool takes it."""
+    alts = [rf"^\s*(async\s+)?def {re.escape(name)}\b", rf"^\s*class {re.escape(name)}\b"]
+    if owner:
+        alts.append(rf"^\s*class {re.escape(owner)}\b")
+    return "|".join(alts)
+
+
+def _definition_line(observation: str, path: str, name: str, owner: str | None) -> int | None:
+    """The line a search observation shows ``name`` defined on (the first after ``class owner`` for a
+    method; an unindented one first for a module-level name), None when it shows none."""
+    rows = []
+    for line in observation.splitlines():
+        m = re.match(rf"{re.escape(path)}:(\d+):(.*)$", line)
+        if m:
+            rows.append((int(m.group(1)), m.group(2)))
+    defines = re.compile(rf"\s*(async\s+)?(def|class) {re.escape(name)}\b")
+    after = 0
+    if owner:
+        owners = [n for n, text in rows if re.match(rf"\s*class {re.escape(owner)}\b", text)]
+        if not owners:
+            return None
+        after = owners[0]
+    found = [(n, text) for n, text in rows if n > after and defines.match(text)]
+    if not owner:
+        found.sort(key=lambda r: (r[1][:1].isspace(), r[0]))  # an unindented definition first
+    return found[0][0] if found else None
 
 
 def _rows_seen(observation: str) -> dict[int, str]:

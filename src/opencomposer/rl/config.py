@@ -203,6 +203,9 @@ class SFTSection(Strict):
     epochs: int = Field(2, ge=1)
     lr: float = Field(5e-5, gt=0)
     max_traces: int = Field(32, ge=1, description="oracle traces of training tasks used")
+    grounded_oracle: bool = Field(False, description="the oracle goes only where its observations point: it "
+                                  "searches for the symbol's definition and reads from that line on, not a window "
+                                  "around the gold hunk (policies/oracle.py)")
 
 
 class PretrainStage(PretrainSection):

@@ -181,3 +181,65 @@ def test_oracle_edit_with_overrides_the_tools_offered(tmp_path, cfg):
         assert sb.read_file("mathy/stats.py").decode() == STATS
     names = [e.name for s in traj.steps for e in s.tool_events]
     assert "replace_lines" in names and "edit_file" not in names
+
+
+def _grounded_episode(task, cfg):
+    spec = SandboxSpec(base_dir=task.workspace, env_dir=Path(sys.prefix))
+    sb = make_sandbox(spec, "local")
+    traj = run_episode(task.instruction, sb, OraclePolicy(task, compact=True, grounded=True), cfg, task_id=task.id)
+    return sb, [e for s in traj.steps for e in s.tool_events], traj
+
+
+def _every_read_starts_where_it_was_shown(events) -> None:
+    """Each read_file's start_line was printed before it: by the search (file:N:, or up to 3 lines above that
+    to take in the lines just above a definition) or by a read's "read further"."""
+    shown = ""
+    for e in events:
+        if e.name == "read_file":
+            n = e.arguments["start_line"]
+            assert any(f":{n + k}:" in shown for k in range(4)) or f"start_line={n} to read further" in shown, (
+                n, shown[-400:])
+        shown += "\n" + e.observation
+
+
+def test_grounded_oracle_reads_a_method_from_the_definition_its_search_showed(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"]})
+    patch = diff("mathy/shapes.py", SHAPES_DELETED, SHAPES, context=1)
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/shapes.py": SHAPES},
+                     {"mathy/shapes.py": SHAPES_DELETED}, patch, "Circle.name", file="mathy/shapes.py")
+    sb, events, traj = _grounded_episode(task, cfg)  # Square.name is defined first, with the same text
+    with sb:
+        assert sb.read_file("mathy/shapes.py").decode() == SHAPES
+    assert traj.exit_reason == "submitted" and traj.invalid_calls == 0 and traj.failed_calls == 0
+    assert [e.name for e in events] == ["list_dir", "search", "read_file", "replace_lines", "run", "submit"]
+    search = events[1]
+    assert search.arguments["path"] == "mathy/shapes.py"
+    assert "mathy/shapes.py:65:    def name(self):" in search.observation  # Square's, not the one to read
+    assert "mathy/shapes.py:69:class Circle:" in search.observation
+    assert events[2].arguments["start_line"] == 73 and "end_line" not in events[2].arguments
+    _every_read_starts_where_it_was_shown(events)
+
+
+def test_grounded_oracle_reads_on_until_the_gap_of_a_long_function_is_in_view(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200})
+    body = "".join(f"    v{i} = {i} * 3\n" for i in range(90))
+    original = "import os\n\n\ndef prelude():\n    return 1\n\n\ndef total():\n" + body + "    return v89\n"
+    deleted = original.replace("    v70 = 70 * 3\n", "")
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/long.py": original},
+                     {"mathy/long.py": deleted}, make_patch(original, deleted, "mathy/long.py"), "mathy.long.total")
+    sb, events, traj = _grounded_episode(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/long.py").decode() == original
+    assert traj.exit_reason == "submitted" and traj.failed_calls == 0
+    reads = [e for e in events if e.name == "read_file"]
+    assert reads[0].arguments["start_line"] == 8 and len(reads) >= 2  # def total(): then "read further"
+    _every_read_starts_where_it_was_shown(events)
+
+
+def test_the_default_oracle_still_reads_around_the_hunk(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"]})
+    task = shapes_task(tmp_path)
+    sb, traj = solve(task, cfg)
+    sb.__exit__(None, None, None)
+    read = [e for s in traj.steps for e in s.tool_events if e.name == "read_file"][0]
+    assert read.arguments["start_line"] == 68  # five lines above the hunk: where only the gold patch points
