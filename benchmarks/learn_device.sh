@@ -38,6 +38,10 @@ set -euo pipefail
 START=$(date +%s)
 L=/tmp/learn
 CFG=${CFG:-configs/learn/gpu.toml}
+# every task pack: NAME:FOLDER:SOURCE -- out/packs/NAME.ocpack, unpacked to runs/learn-gpu/tasks/FOLDER, made from
+# out/SOURCE (extra: out/factory2k without the train pack's libraries)
+PACKS="train:factory:factory2k heldout:heldout-libs:heldout-libs extra:factory-extra: lines:lines:lines
+       lines-heldout:lines-heldout:lines-heldout"
 if [ "${1:-}" = prepare ]; then
   [ -f .gpuc/sha256 ] || benchmarks/ablation_device.sh prepare
   P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -45,10 +49,10 @@ if [ "${1:-}" = prepare ]; then
   mkdir -p out/packs
   # each task set made here, packed once: gpu.toml's (out/factory2k -> train, out/heldout-libs -> heldout, the
   # factory's other libraries -> extra) and gpu-lines.toml's (out/lines, out/lines-heldout); a set not made is skipped
-  for pair in train:factory2k heldout:heldout-libs lines:lines lines-heldout:lines-heldout; do
-    pack=${pair%%:*}; src=out/${pair##*:}
-    if [ -d $src ] && [ ! -e out/packs/$pack.ocpack.part-000 ]; then
-      .venv/bin/opencomposer tasks pack $src -o out/packs/$pack.ocpack "${P[@]}"
+  for entry in $PACKS; do
+    IFS=: read -r pack _ src <<< "$entry"
+    if [ -n "$src" ] && [ -d out/$src ] && [ ! -e out/packs/$pack.ocpack.part-000 ]; then
+      .venv/bin/opencomposer tasks pack out/$src -o out/packs/$pack.ocpack "${P[@]}"
     fi
   done
   # RL's extra pool ([learn] rl_extra_dirs): the factory's other libraries, packed without the train pack's
@@ -76,9 +80,9 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
   if [ -n "${TRACE_SETS:-}" ]; then
     mkdir -p runs/learn-gpu/tasks .gput
     grep -q "^/.gput/" .git/info/exclude || echo "/.gput/" >> .git/info/exclude
-    for pair in train:factory:factory2k lines:lines:lines; do
-      IFS=: read -r pack dest src <<< "$pair"; dest=runs/learn-gpu/tasks/$dest
-      [ -e out/packs/$pack.ocpack.part-000 ] || continue
+    for entry in $PACKS; do  # the packs CFG trains on ([learn] train_dirs)
+      IFS=: read -r pack dest src <<< "$entry"; dest=runs/learn-gpu/tasks/$dest
+      [ -n "$src" ] && [ -e out/packs/$pack.ocpack.part-000 ] && grep -E '^train_dirs' $CFG | grep -q "\"$dest\"" || continue
       [ -d $dest ] || .venv/bin/opencomposer tasks unpack out/packs/$pack.ocpack -o $dest --no-envs
       [ -e $dest/_envs ] || ln -s "$PWD/out/$src/_envs" $dest/_envs
     done
@@ -133,8 +137,8 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
   exit $?
 fi
 T=$RUN/tasks
-for pair in train:factory heldout:heldout-libs extra:factory-extra lines:lines lines-heldout:lines-heldout; do
-  pack=${pair%%:*}; dest=$T/${pair##*:}
+for entry in $PACKS; do
+  IFS=: read -r pack dest _ <<< "$entry"; dest=$T/$dest
   if [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
     echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue
   fi

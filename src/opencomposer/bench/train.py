@@ -79,15 +79,12 @@ ARMS: dict[str, dict[str, Any]] = {
                     "gradient_checkpointing": False, "document_attention": "flex"},
     "shared_flex": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
                     "gradient_checkpointing": False, "document_attention": "flex"},
-    # FP8 GEMMs in the decoder's linear layers (train/fp8.py), against the bf16 arm of the same rows:
-    # packed_whole (dense batches) and shared_flex (RL batches). Skipped where FP8 does not run.
-    "packed_fp8": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
-                   "gradient_checkpointing": False, "document_attention": "sdpa", "fp8": "tensorwise"},
-    "packed_fp8_rowwise": {"pack_sequences": True, "share_prefixes": False, "logits_chunk_tokens": 0,
-                           "gradient_checkpointing": False, "document_attention": "sdpa", "fp8": "rowwise"},
-    "shared_flex_fp8": {"pack_sequences": True, "share_prefixes": True, "logits_chunk_tokens": 0,
-                        "gradient_checkpointing": False, "document_attention": "flex", "fp8": "tensorwise"},
 }
+# FP8 GEMMs in the decoder's linear layers (train/fp8.py), against the bf16 arm of the same rows:
+# packed_whole (dense batches) and shared_flex (RL batches). Skipped where FP8 does not run.
+ARMS |= {"packed_fp8": {**ARMS["packed_whole"], "fp8": "tensorwise"},
+         "packed_fp8_rowwise": {**ARMS["packed_whole"], "fp8": "rowwise"},
+         "shared_flex_fp8": {**ARMS["shared_flex"], "fp8": "tensorwise"}}
 SYSTEM_TOKENS = 1100  # the harness's system prompt and tool schemas: the same first tokens in every sample
 
 

@@ -212,19 +212,16 @@ class OraclePolicy:
         # a hunk whose context begins above the definition (a change near the top of the body; decorators)
         start = min(defined, hunk.old_start)
         want = range(hunk.old_start, hunk.old_start + max(hunk.old_len, 1))
-        shown: list[str] = []
         where = "where it is defined" if start == defined else f"just above its definition at line {defined}"
         obs = yield f"Read {path} from line {start}, {where}.", [
             self._call("read_file", path=path, start_line=start)]
+        shown = [obs]
         for _ in range(GROUNDED_READS - 1):
-            shown.append(obs)
-            rows = _rows_seen("\n".join(shown))
             further = _READ_FURTHER.search(obs)
-            if all(n in rows for n in want) or further is None:
+            if further is None or set(want) <= _rows_seen("\n".join(shown)).keys():
                 break
             obs = yield f"Read on from line {further.group(1)}.", [
                 self._call("read_file", path=path, start_line=int(further.group(1)))]
-        else:
             shown.append(obs)
         return "\n".join(shown)
 
