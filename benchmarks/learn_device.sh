@@ -8,8 +8,9 @@
 #     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
 #     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs made here (out/factory2k -> train.ocpack,
 #                           out/heldout-libs -> heldout.ocpack, out/factory2k's other libraries ->
-#                           extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout -> lines.ocpack,
-#                           lines-heldout.ocpack; wheels for Python 3.12 included); it prints which part is which
+#                           extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout, out/lines-more ->
+#                           lines.ocpack, lines-heldout.ocpack, lines-more.ocpack; wheels for Python 3.12
+#                           included); it prints which part is which
 #     .gput/                with TRACE_SETS='run|;replace-lines|--set agent.edit_tools=["replace_lines","write_file"]':
 #                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session);
 #                           for gpu-lines.toml: CFG=configs/learn/gpu-lines.toml TRACE_SETS='lines|' ... prepare
@@ -31,6 +32,7 @@
 #   (e.g. .gpur/replace-lines.tgz holding sft/validation/results.json) and carry .gpur with a `stash`.
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
 #   (benchmarks/learn_run.py --set, one per `;`).
+#   SET1='...' runs a second arm at once on the second GPU of nvidia-h200-x2 (results in $OUT/arm0, $OUT/arm1).
 #   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
 #   it again to resume) and 0
 #   when the config's stages are done; its results come back under $OUT (summary, per-stage results, log).
@@ -41,7 +43,7 @@ CFG=${CFG:-configs/learn/gpu.toml}
 # every task pack: NAME:FOLDER:SOURCE -- out/packs/NAME.ocpack, unpacked to runs/learn-gpu/tasks/FOLDER, made from
 # out/SOURCE (extra: out/factory2k without the train pack's libraries)
 PACKS="train:factory:factory2k heldout:heldout-libs:heldout-libs extra:factory-extra: lines:lines:lines
-       lines-heldout:lines-heldout:lines-heldout"
+       lines-heldout:lines-heldout:lines-heldout lines-more:lines-more:lines-more"
 if [ "${1:-}" = prepare ]; then
   [ -f .gpuc/sha256 ] || benchmarks/ablation_device.sh prepare
   P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -175,23 +177,43 @@ if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1
   exit ${PIPESTATUS[0]}
 fi
 
-# ---- the run, stopped between units of work before the call's limit; SET="a.b=v;c.d=w" -> --set a.b=v --set c.d=w
-LEARN_SET=()
-IFS=';' read -ra sets <<< "${SET:-}"
-for x in "${sets[@]}"; do [ -n "$x" ] && LEARN_SET+=(--set "$x"); done
-set +e
-# the script stops itself between units before --deadline-s; `timeout` is the backstop that still
-# leaves time to copy what was done to $OUT when a unit runs long
-LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
-timeout --kill-after=5 $(( LEFT + 15 )) python3 benchmarks/learn_run.py --config $CFG "${LEARN_SET[@]}" \
-  --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $LEFT 2>&1 | grep --line-buffered -v "Loading weights" | tee -a $L/device.log
-rc=${PIPESTATUS[0]}
-RD=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import learn_run as L
+# ---- the run, stopped between units of work before the call's limit; SET="a.b=v;c.d=w" -> --set a.b=v --set c.d=w.
+# SET1="...": a second arm at once on the second GPU (nvidia-h200-x2; SET's arm on the first), results under
+# $OUT/arm0 and $OUT/arm1; each arm's out_dir must differ (and hold its traces, e.g. a copy made in `prepare`)
+run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's results to $OUT[/armI]
+  local i=$1 x rc rd dest=${OUT:-}; local -a sets ls=()
+  IFS=';' read -ra sets <<< "$2"
+  for x in "${sets[@]}"; do [ -n "$x" ] && ls+=(--set "$x"); done
+  # the script stops itself between units before --deadline-s; `timeout` is the backstop that still
+  # leaves time to copy what was done to $OUT when a unit runs long
+  local left=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
+  timeout --kill-after=5 $(( left + 15 )) python3 benchmarks/learn_run.py --config $CFG "${ls[@]}" \
+    --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $left 2>&1 | grep --line-buffered -v "Loading weights" \
+    | if [ -n "${SET1:-}" ]; then sed -u "s/^/[arm$i] /" | tee -a $3; else tee -a $3; fi
+  rc=${PIPESTATUS[0]}
+  rd=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import learn_run as L
 print(L.config_with(sys.argv[1], sys.argv[2:]).run.out_dir)" $CFG "${sets[@]}")
-if [ -n "${OUT:-}" ]; then
-  cp $L/device.log "$OUT/" 2>/dev/null
-  for f in summary.md summary.json splits.json learn.png; do [ -f "$RD/$f" ] && cp "$RD/$f" "$OUT/"; done
-  # every stage's results (episode records, no transcripts) and the RL rows, compressed
-  (cd "$RD" && find . -name results.json -o -name metrics.jsonl -o -name sft.json | tar -czf "$OUT/results.tgz" -T -) || true
+  if [ -n "$dest" ]; then
+    [ -n "${SET1:-}" ] && dest=$dest/arm$i && mkdir -p $dest
+    cp $3 "$dest/" 2>/dev/null
+    [ -f "$rd/summary.md" ] && cp "$rd/summary.md" "$dest/"
+    # the rest in one file (at most 8 come back a call): summary.json, splits, plot, every stage's results
+    # (episode records; one validation transcript a task) and the RL rows, compressed
+    (cd "$rd" && find . -path ./summary.json -o -path ./splits.json -o -path ./learn.png -o -name results.json \
+       -o -name metrics.jsonl -o -name sft.json -o -path '*/validation/transcripts/*.json' | tar -czf "$dest/results.tgz" -T -) || true
+  fi
+  return $rc
+}
+set +e
+if [ -z "${SET1:-}" ]; then
+  run_arm 0 "${SET:-}" $L/device.log
+  exit $?
 fi
-exit $rc
+# arm 1 starts once arm 0 has imported the HumanEval tasks both read (runs/learn-gpu/tasks)
+(sleep 30; CUDA_VISIBLE_DEVICES=1 run_arm 1 "$SET1" $L/device1.log) & pid=$!
+CUDA_VISIBLE_DEVICES=0 run_arm 0 "${SET:-}" $L/device.log; rc0=$?
+wait $pid; rc1=$?
+echo "arm0 exit $rc0, arm1 exit $rc1"
+for rc in $rc0 $rc1; do [ $rc -ne 0 ] && [ $rc -ne 3 ] && exit $rc; done
+[ $rc0 -eq 3 ] || [ $rc1 -eq 3 ] && exit 3
+exit 0

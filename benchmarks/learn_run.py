@@ -43,12 +43,14 @@ Test: ``pytest tests/bench/test_learn_run.py``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import shutil
 import sys
 import time
 import tomllib
+from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -71,7 +73,7 @@ from opencomposer.rl.config import RLRunConfig  # noqa: E402
 from opencomposer.rl.metrics import train_curves  # noqa: E402
 from opencomposer.rl.run import RLRun  # noqa: E402
 from opencomposer.tasks.format import Task  # noqa: E402
-from opencomposer.tasks.splits import split_by_file  # noqa: E402
+from opencomposer.tasks.splits import Split, split_by_file, task_key  # noqa: E402
 from opencomposer.train.export import export_model  # noqa: E402
 
 SPLITS = ("train", "validation", "heldout_functions", "heldout_libraries", "humaneval_heldout")
@@ -102,6 +104,12 @@ class LearnSection(Strict):
     rl_extra_dirs: list[str] = Field(default_factory=list, description="task pools of further libraries RL draws "
                                      "from besides the train split (never in SFT traces or any evaluated split): "
                                      "single-epoch RL uses tasks_per_step x steps tasks")
+    rl_only_share: float = Field(0.0, ge=0, lt=1, description="a seeded share of each library's train-split files "
+                                 "whose tasks SFT never sees (split rl_only, drawn by RL): tasks the policy did not "
+                                 "fit, where a pass is not a memorised one")
+    rl_sft_tasks: bool = Field(True, description="RL also draws the tasks SFT trained on; false: only rl_only and "
+                                                 "rl_extra_dirs (session 30: SFT's own tasks passed 22% in RL, "
+                                                 "validation 1.6%)")
     eval_splits: list[EvalSplit] = Field(list(EVAL_SPLITS), min_length=1,
                                          description="the splits each stage evaluates (a settings arm: validation)")
     sft_model: str | None = Field(None, description="the sft_model directory of an earlier run: this run's sft "
@@ -119,6 +127,8 @@ class LearnSection(Strict):
                 both = sorted(sets[a] & sets[b])
                 if both:
                     raise ValueError(f"HumanEval problems {both} are in both {a} and {b}")
+        if not self.rl_sft_tasks and not self.rl_only_share and not self.rl_extra_dirs:
+            raise ValueError("rl_sft_tasks = false leaves RL no tasks: set rl_only_share > 0 or rl_extra_dirs")
         return self
 
 
@@ -139,6 +149,28 @@ def pool(dirs: list[str]) -> list[Path]:
     return out
 
 
+def rl_only_files(s: Split, share: float, seed: int) -> tuple[list[Path], list[Path]]:
+    """(SFT's, RL's) tasks of the train split ``s.train``: per library, whole files in a seeded order go
+    to RL until it holds ``share`` of the library's train tasks (at least one file; one left to SFT)."""
+    files: dict[tuple[str, str], list[Path]] = defaultdict(list)
+    for d in s.train:
+        files[task_key(d)].append(d)
+    sft: list[Path] = []
+    rl: list[Path] = []
+    for spec in sorted({k[0] for k in files}):
+        mine = sorted((k for k in files if k[0] == spec),
+                      key=lambda k: hashlib.sha256(f"{seed}:rl_only:{k[0]}:{k[1]}".encode()).hexdigest())
+        total, taken = sum(len(files[k]) for k in mine), 0
+        for i, k in enumerate(mine):
+            if i < len(mine) - 1 and (taken == 0 or taken + len(files[k]) <= share * total * 1.5) \
+                    and taken < share * total:
+                rl += files[k]
+                taken += len(files[k])
+            else:
+                sft += files[k]
+    return sorted(sft), sorted(rl)
+
+
 def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str, list[Path]]:
     lc = cfg.learn
     trained = pool(lc.train_dirs)
@@ -149,6 +181,9 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
               "validation": s.validation + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_validation, data, log),
               "heldout_functions": s.heldout, "heldout_libraries": held_libs,
               "humaneval_heldout": humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_heldout, data, log)}
+    if lc.rl_only_share:  # files of the train split SFT never sees, RL alone draws
+        splits["train"], splits["rl_only"] = rl_only_files(s, lc.rl_only_share, lc.split_seed)
+        splits["train"] += humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_train, data, log)
     if lc.rl_extra_dirs:  # whole libraries for RL alone: none may be a library split above
         extra = pool(lc.rl_extra_dirs)
         libs = lambda paths: {Task.load(p).meta.source.name for p in paths}  # noqa: E731
@@ -166,7 +201,7 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
     if path.exists():
         old = json.loads(path.read_text())
         if old != ids:
-            diff = [n for n in (*SPLITS, "rl_extra") if old.get(n) != ids.get(n)]
+            diff = [n for n in (*SPLITS, "rl_only", "rl_extra") if old.get(n) != ids.get(n)]
             raise SystemExit(f"{path}: the splits differ from this run's ({diff}); a run never changes its splits "
                              f"(another --config's [run] out_dir, or delete {path} to start over)")
     else:
@@ -236,6 +271,8 @@ def eval_split(run: RLRun, cfg: LearnConfig, stage: str, split: str, tasks: list
         if ep.result is not None:
             rec["outcome"] = outcome(ep.result.trajectory, bool(rec["reward"]))
             rec["summaries"] = ep.result.trajectory.summaries
+            if split == "validation" and rec["sample"] == 0:  # one transcript a task, to read what failed
+                ep.result.trajectory.save(dest.parent / "transcripts" / f"{rec['task_id']}.json")
         records.append(rec)
     res = {"schema": SCHEMA, "suite": split, "label": stage, "k": k, "temperature": cfg.eval.temperature,
            "summary": summarize(records, k, wall_s=secs), "episodes": records,
@@ -363,9 +400,10 @@ def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock:
 
 
 def rl_pool(cfg: LearnConfig, splits: dict[str, list[Path]], log) -> list[Path]:
-    """RL's tasks: the train split and ``[learn] rl_extra_dirs``; a pool smaller than the run's
-    single epoch needs (``tasks_per_step x steps``) is said at once, not found at the step it runs out."""
-    tasks = splits["train"] + splits.get("rl_extra", [])
+    """RL's tasks: the train split (unless ``[learn] rl_sft_tasks`` is false), ``rl_only`` and
+    ``rl_extra_dirs``; a pool smaller than the run's single epoch needs (``tasks_per_step x steps``) is
+    said at once, not found at the step it runs out."""
+    tasks = (splits["train"] if cfg.learn.rl_sft_tasks else []) + splits.get("rl_only", []) + splits.get("rl_extra", [])
     need = cfg.rollout.tasks_per_step * cfg.run.steps
     if need > len(tasks):
         log(f"RL pool: {len(tasks)} tasks for {cfg.run.steps} steps x {cfg.rollout.tasks_per_step}: single-epoch RL "

@@ -83,6 +83,9 @@ def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
     assert splits["heldout_functions"], "a toolz file is held out"
     for stage in ("base", "sft", "rl", "rl@1"):
         assert (out / stage / "validation" / "results.json").exists(), stage
+        # one transcript a validation task (its first sample), to read what failed; none of other splits
+        assert [p.name for p in (out / stage / "validation" / "transcripts").iterdir()] == ["HumanEval_23.json"]
+        assert not (out / stage / "heldout_functions" / "transcripts").exists()
     for stage in ("base", "sft", "rl"):
         for split in ("heldout_functions", "humaneval_heldout"):
             res = json.loads((out / stage / split / "results.json").read_text())
@@ -255,3 +258,42 @@ def test_an_earlier_sft_model_is_checked_against_the_held_out_libraries(tmp_path
         lr.earlier_sft_model(c, splits)
     (earlier / "splits.json").write_text(json.dumps({"train": ["other-1.0__other__f__body", "HumanEval_53"]}))
     assert lr.earlier_sft_model(c, splits) == earlier / "sft_model"
+
+
+def test_rl_only_files_keep_whole_files_from_sft(tmp_path):
+    """[learn] rl_only_share: per library, whole files of the train split go to RL alone (about the
+    share, at least one file, never the library's last); the same seed gives the same files."""
+    tasks = []
+    for lib, files, per in (("a==1", 10, 2), ("b==2", 3, 1), ("c==3", 1, 4)):
+        for f in range(files):
+            for t in range(per):
+                d = tmp_path / f"{lib[0]}_{f}_{t}"
+                d.mkdir()
+                (d / "task.toml").write_text(f'[source]\nspec = "{lib}"\n[feature]\nfile = "m{f}.py"\n')
+                tasks.append(d)
+    split = lr.Split(train=sorted(tasks))
+    sft, rl = lr.rl_only_files(split, 0.3, seed=7)
+    assert sorted(sft + rl) == sorted(tasks) and not set(sft) & set(rl)
+    key = {d: lr.task_key(d) for d in tasks}
+    assert not {key[d] for d in sft} & {key[d] for d in rl}  # no file on both sides
+    per_lib = lambda side, lib: sum(key[d][0] == lib for d in side)  # noqa: E731
+    assert per_lib(rl, "a==1") == 6 and per_lib(rl, "b==2") == 1  # 30% of 20 tasks, of 3 (one file at least)
+    assert per_lib(rl, "c==3") == 0 and per_lib(sft, "c==3") == 4  # a one-file library trains whole
+    assert lr.rl_only_files(split, 0.3, seed=7) == (sft, rl)
+    assert lr.rl_only_files(split, 0.3, seed=8)[1] != rl
+
+
+def test_rl_without_sft_tasks_needs_another_pool(tmp_path, toolz_tasks):
+    out = tmp_path / "run"
+    text = write_config(tmp_path, toolz_tasks, out).read_text()
+    cfg = tmp_path / "only.toml"
+    cfg.write_text(text.replace("oracle_workers = 2", "oracle_workers = 2\nrl_sft_tasks = false"))
+    with pytest.raises(ConfigError, match="rl_sft_tasks = false leaves RL no tasks"):
+        load_config(cfg, lr.LearnConfig)
+    cfg.write_text(text.replace("oracle_workers = 2", "oracle_workers = 2\nrl_sft_tasks = false\nrl_only_share = 0.5"))
+    c = load_config(cfg, lr.LearnConfig)
+    out.mkdir()
+    splits = lr.make_splits(c, out, None, lambda m: None)
+    ids = json.loads((out / "splits.json").read_text())
+    assert ids["rl_only"] and not set(ids["rl_only"]) & set(ids["train"])
+    assert lr.rl_pool(c, splits, lambda m: None) == splits["rl_only"]  # never a task SFT fitted
