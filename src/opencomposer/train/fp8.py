@@ -24,7 +24,8 @@ The bias and its gradient stay in high precision. Rowwise GEMMs write bf16 (the 
 output dtype), cast to the wanted dtype after. The forward GEMM accumulates with Hopper's fast FP8
 accumulation (``use_fast_accum``), the two gradient GEMMs without it (small gradient contributions
 would be lost). ``tensorwise`` saves the activations for backward in float8 (1 byte an element instead
-of 2), ``rowwise`` saves them as given (they are re-cast along another dimension there).
+of 2) and the weight's float8 copy (backward's cast would be the same: one cast of W a micro-batch, not
+two), ``rowwise`` saves both as given (they are re-cast along another dimension there).
 
 ``_scaled_mm`` wants both weight dimensions to be multiples of 16 (CUDA's cuBLASLt / CUTLASS kernels);
 a layer whose shape does not fit stays a plain ``nn.Linear`` and is listed in ``report.skipped`` with
@@ -96,9 +97,10 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None = None) -> tup
     # the inf-norm is max |t| in one pass, without an |t| copy
     amax = torch.linalg.vector_norm(t, ord=float("inf"), dim=dim, keepdim=dim is not None)
     scale = torch.exp2(torch.floor(torch.log2(fmax / amax.float().clamp(min=_AMAX_FLOOR))))
-    # a power of two multiplies bf16 and fp32 exactly in their own dtype (no fp32 copy of a bf16 tensor)
+    # a power of two multiplies bf16 and fp32 exactly in their own dtype (no fp32 copy of a bf16 tensor), and
+    # scale <= fmax / amax, so |t * scale| <= fmax: no clamp (a pass over the tensor) is needed before the cast
     work = t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
-    q = (work * scale.to(work.dtype)).clamp_(-fmax, fmax).to(dtype)
+    q = (work * scale.to(work.dtype)).to(dtype)
     return q, scale.reciprocal()
 
 
@@ -136,18 +138,20 @@ class _Float8Matmul(torch.autograd.Function):
         w_q, w_inv = quantize(weight, E4M3, 1 if rowwise else None)
         x_q, w_q = x_q.contiguous(), w_q.contiguous()  # row-major, whatever the strides of x
         out = _scaled_mm(x_q, x_inv, w_q.t(), w_inv.reshape(1, -1) if rowwise else w_inv, out_dtype, rowwise, fast=True)
-        ctx.recipe, ctx.x_dtype = recipe, x.dtype
+        ctx.recipe, ctx.x_dtype, ctx.w_dtype = recipe, x.dtype, weight.dtype
         # x only for the weight's gradient (rowwise re-casts it with scales over tokens); W only for x's
+        # (tensorwise: its float8 copy, the same cast backward would make again; rowwise re-casts over out)
         keep_x, keep_w = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
-        cast = keep_x and not rowwise
-        ctx.save_for_backward(x if rowwise and keep_x else None, x_q if cast else None, x_inv if cast else None,
-                              weight if keep_w else None)
+        cast_x, cast_w = keep_x and not rowwise, keep_w and not rowwise
+        ctx.save_for_backward(x if rowwise and keep_x else None, x_q if cast_x else None, x_inv if cast_x else None,
+                              weight if rowwise and keep_w else None, w_q if cast_w else None,
+                              w_inv if cast_w else None)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         rowwise = ctx.recipe == "rowwise"
-        x, x_q, x_inv, weight = ctx.saved_tensors
+        x, x_q, x_inv, weight, w_q, w_inv = ctx.saved_tensors
         grad_x = grad_w = None
         with torch.autocast(grad.device.type, enabled=False):
             if not rowwise:  # one cast of the gradient serves both GEMMs
@@ -155,7 +159,7 @@ class _Float8Matmul(torch.autograd.Function):
             if ctx.needs_input_grad[0]:  # (tokens, out) @ (out, in): reduces over out
                 if rowwise:
                     g_q, g_inv = quantize(grad, E4M3, 1)
-                w_q, w_inv = quantize(weight, E4M3, 0 if rowwise else None)
+                    w_q, w_inv = quantize(weight, E4M3, 0)
                 grad_x = _scaled_mm(g_q.contiguous(), g_inv, _column_major(w_q), w_inv, ctx.x_dtype, rowwise)
             if ctx.needs_input_grad[1]:  # (out, tokens) @ (tokens, in): reduces over tokens
                 if rowwise:
@@ -163,7 +167,7 @@ class _Float8Matmul(torch.autograd.Function):
                     x_q, x_inv = quantize(x, E4M3, 0)
                     g_inv = g_inv.reshape(-1, 1)
                 g_t = _pad_rows(g_q).t().contiguous()  # zero tokens add nothing to the sum
-                grad_w = _scaled_mm(g_t, g_inv, _column_major(_pad_rows(x_q)), x_inv, weight.dtype, rowwise)
+                grad_w = _scaled_mm(g_t, g_inv, _column_major(_pad_rows(x_q)), x_inv, ctx.w_dtype, rowwise)
         return grad_x, grad_w, None, None
 
 
