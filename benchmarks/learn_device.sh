@@ -20,6 +20,7 @@
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
 #     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`;
 #                                    BENCH_ARGS="--model shape:qwen2.5-1.5b --batches dense ..." for other shapes)
+#     issue 32's long context:       benchmarks/learn_device.sh longctx (x4 by YaRN on the stdlib; call again to go on)
 #     issue 31's async measurement:  benchmarks/learn_device.sh async   (max_staleness 0, 1, 2; call again to go on)
 #     issue 33's, on nvidia-h200-x2: ASYNC_OUT=-2gpu ASYNC_ARGS="--engine-devices cuda:1" benchmarks/learn_device.sh async
 #                                    (the trainer on cuda:0, the engine on cuda:1; "cuda:0 cuda:1": two engines;
@@ -163,6 +164,23 @@ if [ "${1:-}" = bench ]; then  # the trainer's paths on this GPU (BENCH_ARGS: e.
   read -ra BA <<< "${BENCH_ARGS:---tokens 16384 --arms baseline,packed_whole,shared_whole,shared}"
   python3 -m opencomposer.cli bench train --device cuda --steps 12 --warmup 3 "${BA[@]}" 2>&1 \
     | tee -a ${OUT:-/tmp}/bench-train.log
+  exit ${PIPESTATUS[0]}
+fi
+if [ "${1:-}" = longctx ]; then  # issue 32: the embedded model's context x4 (8,192 -> 32,768) by YaRN, trained on
+  # 32k-token windows of the image's Python standard library (nothing carried), held-out loss at 8k and 32k before
+  # and after (resumes from its checkpoints: call again); then the engine's greedy tokens against HF's on it
+  STD=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+  LC=$RUN/longctx
+  LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
+  timeout --kill-after=5 $(( LEFT - 60 )) python3 -m opencomposer.cli pretrain "$STD" --model smollm2-135m --out $LC \
+    --steps ${LC_STEPS:-60} --seq-len 32768 --batch-size 4 --lr 1e-4 --warmup-steps 6 --eval-every 30 --save-every 10 \
+    --context-factor 4 --eval-length 8192 --eval-length 32768 2>&1 | grep --line-buffered -v "Loading weights" \
+    | tee -a ${OUT:-/tmp}/longctx.log
+  rc=${PIPESTATUS[0]}
+  [ $rc -eq 0 ] || exit $rc
+  cp $LC/result.json ${OUT:-/tmp}/longctx-result.json
+  python3 benchmarks/long_context_check.py --model $LC/model --data "$STD" --lengths 4000 12000 30000 --new-tokens 16 \
+    2>&1 | grep -v "Loading weights" | tee -a ${OUT:-/tmp}/longctx.log
   exit ${PIPESTATUS[0]}
 fi
 if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)

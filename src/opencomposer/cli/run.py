@@ -210,9 +210,11 @@ def pretrain(
     except (*known_errors(), CheckpointError, FileNotFoundError, ValueError) as e:
         fail(e)
     b, a = res["before"], res["after"]
-    for name in b:
-        if name != "step":
-            err.print(f"{name}: loss {b[name]['loss']} -> {a[name]['loss']} (perplexity {b[name]['perplexity']} -> "
+    if b.get("native_rope"):
+        err.print("before: the model as it came (its native RoPE); after: extended and trained", highlight=False)
+    for name, v in b.items():
+        if isinstance(v, dict) and name in a:  # a measured set ("step", "native_rope" are not)
+            err.print(f"{name}: loss {v['loss']} -> {a[name]['loss']} (perplexity {v['perplexity']} -> "
                       f"{a[name]['perplexity']})", highlight=False)
     emit(res)
 

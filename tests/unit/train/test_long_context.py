@@ -5,6 +5,7 @@ and rotary module, its export, and ``pretrain --context-factor`` measured before
 
 from __future__ import annotations
 
+import json
 import shutil
 import string
 from pathlib import Path
@@ -108,3 +109,26 @@ def test_pretrain_extends_the_context_and_measures_each_length(short_model, tmp_
     with pytest.raises(Exception, match=r"context_factor=4.0, this run has context_factor=8.0"):
         run_pretrain([code], short_model, tmp_path / "run", steps=20, seq_len=1024, batch_size=2, held_out=0.25,
                      progress=False, context_factor=8.0)
+
+
+def test_the_command_prints_each_length_before_and_after(short_model, tmp_path):
+    """``opencomposer pretrain --context-factor``: the native-RoPE measurement is said as such, each
+    measured length printed before -> after, and the last line is the result's JSON."""
+    from typer.testing import CliRunner
+
+    from opencomposer.cli import app
+
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in ("string.py", "textwrap.py", "shlex.py", "argparse.py", "calendar.py"):
+        shutil.copy(STDLIB / name, code / name)
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f"[pretrain]\ndata = ['{code}']\nmodel = '{short_model}'\nheld_out = 0.4\neval_windows = 2\n")
+    res = CliRunner().invoke(app, ["pretrain", "--config", str(cfg), "--steps", "2", "--seq-len", "1024",
+                                   "--batch-size", "1", "--out", str(tmp_path / "o"), "--eval-every", "0",
+                                   "--context-factor", "4", "--eval-length", "256", "--eval-length", "1024"])
+    assert res.exit_code == 0, res.output
+    assert "before: the model as it came (its native RoPE)" in res.stderr
+    assert "held_out: loss" in res.stderr and "held_out@256: loss" in res.stderr
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["rope"]["factor"] == 4.0 and last["before"]["native_rope"] is True
