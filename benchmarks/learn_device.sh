@@ -185,7 +185,7 @@ if [ "${1:-}" = longctx ]; then  # issue 32: the embedded model's context x4 (8,
 fi
 if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)
   M=smollm2-135m  # an SFT model made on this machine (gpu-lines.toml's, gpu.toml's) when there is one
-  for d in lines/sft_model replace-lines/sft_model; do [ -f $RUN/$d/config.json ] && { M=$RUN/$d; break; }; done
+  for d in lines-more/sft_model lines-grounded/sft_model lines/sft_model replace-lines/sft_model; do [ -f $RUN/$d/config.json ] && { M=$RUN/$d; break; }; done
   LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
   # a run that the call's end cuts resumes from its last checkpoint at the next call (--resume)
   timeout --kill-after=5 $LEFT python3 benchmarks/bench_async_rl.py --config configs/train/async-gpu.toml \
@@ -197,7 +197,13 @@ fi
 
 # ---- the run, stopped between units of work before the call's limit; SET="a.b=v;c.d=w" -> --set a.b=v --set c.d=w.
 # SET1="...": a second arm at once on the second GPU (nvidia-h200-x2; SET's arm on the first), results under
-# $OUT/arm0 and $OUT/arm1; each arm's out_dir must differ (and hold its traces, e.g. a copy made in `prepare`)
+# $OUT/arm0 and $OUT/arm1; each arm's out_dir must differ
+out_dir_of() {  # out_dir_of SETS: the run's [run] out_dir under CFG and these settings
+  local -a sets
+  IFS=';' read -ra sets <<< "$1"
+  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import learn_run as L
+print(L.config_with(sys.argv[1], sys.argv[2:]).run.out_dir)" $CFG "${sets[@]}"
+}
 run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's results to $OUT[/armI]
   local i=$1 x rc rd dest=${OUT:-}; local -a sets ls=()
   IFS=';' read -ra sets <<< "$2"
@@ -209,8 +215,7 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
     --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $left 2>&1 | grep --line-buffered -v "Loading weights" \
     | if [ -n "${SET1:-}" ]; then sed -u "s/^/[arm$i] /" | tee -a $3; else tee -a $3; fi
   rc=${PIPESTATUS[0]}
-  rd=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import learn_run as L
-print(L.config_with(sys.argv[1], sys.argv[2:]).run.out_dir)" $CFG "${sets[@]}")
+  rd=$(out_dir_of "$2")
   if [ -n "$dest" ]; then
     [ -n "${SET1:-}" ] && dest=$dest/arm$i && mkdir -p $dest
     cp $3 "$dest/" 2>/dev/null
@@ -227,7 +232,11 @@ if [ -z "${SET1:-}" ]; then
   run_arm 0 "${SET:-}" $L/device.log
   exit $?
 fi
-# arm 1 starts once arm 0 has imported the HumanEval tasks both read (runs/learn-gpu/tasks)
+# arm 1 reads arm 0's oracle traces where it has none (kept only if made under its [agent] and oracle settings),
+# and starts once arm 0 has imported the HumanEval tasks both read (runs/learn-gpu/tasks)
+rd0=$(out_dir_of "${SET:-}"); rd1=$(out_dir_of "$SET1")
+[ "$rd0" != "$rd1" ] || { echo "SET and SET1 name the same out_dir ($rd0): give each arm its own run.out_dir"; exit 2; }
+if [ -d "$rd0/sft/traces" ] && [ ! -d "$rd1/sft/traces" ]; then mkdir -p "$rd1/sft" && cp -r "$rd0/sft/traces" "$rd1/sft/"; fi
 (sleep 30; CUDA_VISIBLE_DEVICES=1 run_arm 1 "$SET1" $L/device1.log) & pid=$!
 CUDA_VISIBLE_DEVICES=0 run_arm 0 "${SET:-}" $L/device.log; rc0=$?
 wait $pid; rc1=$?
