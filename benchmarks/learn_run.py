@@ -43,14 +43,12 @@ Test: ``pytest tests/bench/test_learn_run.py``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import shutil
 import sys
 import time
 import tomllib
-from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -73,7 +71,7 @@ from opencomposer.rl.config import RLRunConfig  # noqa: E402
 from opencomposer.rl.metrics import train_curves  # noqa: E402
 from opencomposer.rl.run import RLRun  # noqa: E402
 from opencomposer.tasks.format import Task  # noqa: E402
-from opencomposer.tasks.splits import Split, split_by_file, task_key  # noqa: E402
+from opencomposer.tasks.splits import Split, split_by_file  # noqa: E402
 from opencomposer.train.export import export_model  # noqa: E402
 
 SPLITS = ("train", "validation", "heldout_functions", "heldout_libraries", "humaneval_heldout")
@@ -150,25 +148,10 @@ def pool(dirs: list[str]) -> list[Path]:
 
 
 def rl_only_files(s: Split, share: float, seed: int) -> tuple[list[Path], list[Path]]:
-    """(SFT's, RL's) tasks of the train split ``s.train``: per library, whole files in a seeded order go
-    to RL until it holds ``share`` of the library's train tasks (at least one file; one left to SFT)."""
-    files: dict[tuple[str, str], list[Path]] = defaultdict(list)
-    for d in s.train:
-        files[task_key(d)].append(d)
-    sft: list[Path] = []
-    rl: list[Path] = []
-    for spec in sorted({k[0] for k in files}):
-        mine = sorted((k for k in files if k[0] == spec),
-                      key=lambda k: hashlib.sha256(f"{seed}:rl_only:{k[0]}:{k[1]}".encode()).hexdigest())
-        total, taken = sum(len(files[k]) for k in mine), 0
-        for i, k in enumerate(mine):
-            if i < len(mine) - 1 and (taken == 0 or taken + len(files[k]) <= share * total * 1.5) \
-                    and taken < share * total:
-                rl += files[k]
-                taken += len(files[k])
-            else:
-                sft += files[k]
-    return sorted(sft), sorted(rl)
+    """(SFT's, RL's) tasks of the train split ``s.train``: the file split of ``split_by_file`` again, its
+    held-out side (``share`` of each library's tasks, whole files) going to RL alone."""
+    again = split_by_file(s.train, share, 0.0, seed)
+    return sorted(again.train), sorted(again.heldout)
 
 
 def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str, list[Path]]:
@@ -177,13 +160,13 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
     s = split_by_file(trained, lc.heldout_share, lc.validation_share, lc.split_seed)
     held_libs = [d for d in pool(lc.heldout_library_dirs)
                  if Task.load(d).meta.feature.level in lc.heldout_levels] if lc.heldout_library_dirs else []
-    splits = {"train": s.train + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_train, data, log),
+    sft_part, rl_only = rl_only_files(s, lc.rl_only_share, lc.split_seed) if lc.rl_only_share else (s.train, [])
+    splits = {"train": sft_part + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_train, data, log),
               "validation": s.validation + humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_validation, data, log),
               "heldout_functions": s.heldout, "heldout_libraries": held_libs,
               "humaneval_heldout": humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_heldout, data, log)}
-    if lc.rl_only_share:  # files of the train split SFT never sees, RL alone draws
-        splits["train"], splits["rl_only"] = rl_only_files(s, lc.rl_only_share, lc.split_seed)
-        splits["train"] += humaneval_dirs(Path(cfg.tasks.dir), lc.humaneval_train, data, log)
+    if rl_only:  # files of the train split SFT never sees, RL alone draws
+        splits["rl_only"] = rl_only
     if lc.rl_extra_dirs:  # whole libraries for RL alone: none may be a library split above
         extra = pool(lc.rl_extra_dirs)
         libs = lambda paths: {Task.load(p).meta.source.name for p in paths}  # noqa: E731

@@ -262,7 +262,10 @@ def test_an_earlier_sft_model_is_checked_against_the_held_out_libraries(tmp_path
 
 def test_rl_only_files_keep_whole_files_from_sft(tmp_path):
     """[learn] rl_only_share: per library, whole files of the train split go to RL alone (about the
-    share, at least one file, never the library's last); the same seed gives the same files."""
+    share, as split_by_file holds out files; at least half the library stays with SFT); the same seed
+    gives the same files."""
+    from opencomposer.tasks.splits import task_key
+
     tasks = []
     for lib, files, per in (("a==1", 10, 2), ("b==2", 3, 1), ("c==3", 1, 4)):
         for f in range(files):
@@ -274,7 +277,7 @@ def test_rl_only_files_keep_whole_files_from_sft(tmp_path):
     split = lr.Split(train=sorted(tasks))
     sft, rl = lr.rl_only_files(split, 0.3, seed=7)
     assert sorted(sft + rl) == sorted(tasks) and not set(sft) & set(rl)
-    key = {d: lr.task_key(d) for d in tasks}
+    key = {d: task_key(d) for d in tasks}
     assert not {key[d] for d in sft} & {key[d] for d in rl}  # no file on both sides
     per_lib = lambda side, lib: sum(key[d][0] == lib for d in side)  # noqa: E731
     assert per_lib(rl, "a==1") == 6 and per_lib(rl, "b==2") == 1  # 30% of 20 tasks, of 3 (one file at least)
