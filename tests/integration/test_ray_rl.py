@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -117,6 +119,19 @@ def test_sandbox_hosts_that_cannot_see_the_tasks_are_named(two_nodes, toolz_task
         RayCluster.start(cfg, [tmp_path / "not-on-any-node"], "tiny-random")
 
 
+def _wait_refused(url: str, timeout: float = 60.0) -> None:
+    """Until the server at ``url`` refuses connections (its process is gone)."""
+    parts = urllib.parse.urlsplit(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((parts.hostname, parts.port), timeout=1).close()
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{url} still accepts connections {timeout:.0f} s after its actor was killed")
+
+
 def test_an_engine_actor_killed_mid_run_is_replaced_and_the_run_goes_on(two_nodes, toolz_tasks, tmp_path, monkeypatch):
     """Engine 0's actor is killed after step 1: at the next weight sync its wait fails, it is
     taken out and a new actor is started in its place on the weights of then; steps 2 and 3
@@ -140,8 +155,10 @@ def test_an_engine_actor_killed_mid_run_is_replaced_and_the_run_goes_on(two_node
 
     def on_step(row: dict) -> None:
         if row["step"] == 1:
-            killed.append(ray.get(started[0].engines[0].info.remote())["pid"])
+            info = ray.get(started[0].engines[0].info.remote())
+            killed.append(info["pid"])
             ray.kill(started[0].engines[0])
+            _wait_refused(info["url"])  # ray.kill returns before the actor is gone
 
     with pytest.warns(RuntimeWarning, match=r"rollout engine 0 \(http://.*\) failed: EngineError: could not run "
                                             r"version 1"):
