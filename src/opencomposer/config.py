@@ -58,6 +58,8 @@ class AgentConfig(Strict):
         ["edit_file", "write_file"], min_length=1,
         description="the edit tools the agent is offered: edit_file (old text -> new), replace_lines "
                     "(line numbers -> new), write_file (a whole file)")
+    lint_tool: bool = Field(False, description="offer the lint tool: ruff's findings in a Python file (undefined "
+                            "names, unused variables, syntax), run on the host on the file's text")
 
     @model_validator(mode="after")
     def _edit_tools_distinct(self) -> "AgentConfig":

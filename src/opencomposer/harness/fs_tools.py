@@ -30,7 +30,9 @@ class ToolError(Exception):
     """A tool could not do what was asked; the message is shown to the model."""
 
 
-def _read_text(sandbox: Sandbox, path: str) -> str:
+def read_text(sandbox: Sandbox, path: str) -> str:
+    """The text of a workspace file; ToolError (shown to the model) when it is missing, a directory,
+    binary or not UTF-8."""
     try:
         data = sandbox.read_file(path)
     except FileNotFoundError:
@@ -51,7 +53,7 @@ def _rows(lines: list[str], first: int) -> list[str]:
 
 def read_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
     path = args["path"]
-    text = _read_text(sandbox, path)
+    text = read_text(sandbox, path)
     if not text:
         return f"({path} is empty)"
     lines = text.split("\n")
@@ -112,7 +114,7 @@ def edit_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
         raise ToolError("old is empty; to create or overwrite a whole file use write_file")
     if old == new:
         raise ToolError("old and new are the same; nothing would change")
-    text = _read_text(sandbox, path)
+    text = read_text(sandbox, path)
     count = text.count(old)
     if count == 0:
         hint = "read the file again and copy the text exactly, indentation and blank lines included"
@@ -147,7 +149,7 @@ def replace_lines(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> s
     ``new`` is whole lines: a missing final newline is supplied, and a file without a newline at
     its end keeps that."""
     path, start, end, new = args["path"], args["start_line"], args["end_line"], args["new"]
-    text = _read_text(sandbox, path)
+    text = read_text(sandbox, path)
     lines = text.split("\n")
     ends_with_newline = lines[-1] == ""
     if ends_with_newline:

@@ -4,7 +4,8 @@ Deployment (``opencomposer agent``), evaluation and RL rollouts all take these f
 so a policy is trained on exactly the prompt it is deployed with. The prompt names no
 absolute path and no per-task detail: every rollout shares one prefix, which keeps
 prefix caches warm. The edit tools offered (``AgentConfig.edit_tools``) change the tool list
-and the one line of the prompt that says how to edit; the default config gives ``SYSTEM_PROMPT``.
+and the one line of the prompt that says how to edit, and ``AgentConfig.lint_tool`` adds the lint
+tool and a sentence on it; the default config gives ``SYSTEM_PROMPT``.
 
 Test: ``pytest tests/unit/harness/test_loop.py tests/unit/harness/test_replace_lines.py``.
 """
@@ -22,7 +23,7 @@ You are an expert software engineer. You work in a code repository through tools
 search, edit and run code until the task is done.
 
 - The workspace is the repository root. Every path is relative to it, and commands run there.
-- Explore first: list_dir, search and read_file show you the code you need.
+- Explore first: list_dir, search and read_file show you the code you need.{lint}
 - {edit}
 - Check your work with run (the tests, or a short script) when you can.
 - Every turn, make one or more tool calls. Text without a tool call does nothing.
@@ -48,7 +49,10 @@ def _how_to_edit(edit_tools: list[str]) -> str:
 
 def system_prompt(cfg: AgentConfig | None = None) -> str:
     """The system prompt for ``cfg``'s tools (tool schemas travel separately, as ``tools=``)."""
-    return _PROMPT.format(edit=_how_to_edit((cfg or AgentConfig()).edit_tools))
+    cfg = cfg or AgentConfig()
+    lint = (" lint lists a Python file's errors (undefined names, unused variables) with their line numbers."
+            if cfg.lint_tool else "")
+    return _PROMPT.format(edit=_how_to_edit(cfg.edit_tools), lint=lint)
 
 
 SYSTEM_PROMPT = system_prompt()  # the default config's

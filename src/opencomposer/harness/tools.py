@@ -1,7 +1,8 @@
-"""The agent's tools: read, list, search, edit, write, run, submit — the same in deployment and RL.
+"""The agent's tools: read, list, search, lint, edit, write, run, submit — the same in deployment and RL.
 
 Which edit tools the agent is offered is ``AgentConfig.edit_tools`` (``edit_file``: old text ->
 new text; ``replace_lines``: line numbers -> new text; ``write_file``: a whole file);
+``lint`` (``harness/lint.py``: ruff's findings in a file) only where ``AgentConfig.lint_tool``;
 ``offered(cfg)`` names the tools of a config, and a call to a tool not offered is invalid,
 like a call to an unknown one.
 
@@ -11,7 +12,8 @@ point the loop uses: it checks the call against the schema, keeps every path ins
 workspace, runs the tool and always returns a ``ToolOutcome`` (an error observation
 rather than an exception), except for ``submit``, which raises ``Submitted``.
 
-Test: ``pytest tests/unit/harness/test_tools.py tests/unit/harness/test_replace_lines.py``.
+Test: ``pytest tests/unit/harness/test_tools.py tests/unit/harness/test_replace_lines.py
+tests/unit/harness/test_lint_tool.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Callable
 
 from opencomposer.config import AgentConfig
 from opencomposer.harness import fs_tools, shell_tools
+from opencomposer.harness.lint import lint
 from opencomposer.harness.fs_tools import ToolError
 from opencomposer.models.codec import TextValue
 from opencomposer.protocols import PathEscape, Sandbox, ToolCall
@@ -109,6 +112,13 @@ TOOLS: dict[str, Tool] = {
             shell_tools.search,
         ),
         Tool(
+            "lint",
+            "Check a Python file for errors with ruff (undefined names, unused variables and imports, syntax); "
+            "prints file:line:column: code message for each.",
+            _params(["path"], path=("string", "a .py file relative to the workspace root")),
+            lint,
+        ),
+        Tool(
             "edit_file",
             "Replace one exact occurrence of `old` with `new` in a file. `old` must match the file "
             "exactly (indentation included) and occur exactly once; include surrounding lines to make it unique.",
@@ -171,11 +181,18 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
 EDIT_TOOLS = ("edit_file", "replace_lines", "write_file")
 
 
+# Tools offered only when a config asks for them (``AgentConfig.<name>_tool``).
+OPTIONAL_TOOLS = ("lint",)
+
+
 def offered(cfg: AgentConfig | None = None) -> list[str]:
     """The names of the tools an agent with ``cfg`` is given: every tool that edits no file, and
-    the edit tools ``cfg.edit_tools`` names; always in ``TOOLS`` order (prefix caches depend on it)."""
-    edits = (cfg or AgentConfig()).edit_tools
-    return [name for name in TOOLS if name not in EDIT_TOOLS or name in edits]
+    the edit tools ``cfg.edit_tools`` names, and ``lint`` where ``cfg.lint_tool``; always in
+    ``TOOLS`` order (prefix caches depend on it)."""
+    cfg = cfg or AgentConfig()
+    return [name for name in TOOLS
+            if (name not in EDIT_TOOLS or name in cfg.edit_tools)
+            and (name not in OPTIONAL_TOOLS or getattr(cfg, f"{name}_tool"))]
 
 
 def tool_schemas(cfg: AgentConfig | None = None) -> list[dict[str, Any]]:

@@ -29,7 +29,10 @@ lines above it where the hunk's context begins there), going on with "read furth
 is not in view, instead of a window centred on the hunk (which only the gold
 patch knows). A model imitating it learns to find the function, then the gap; imitating a read "around
 line N" teaches it to name line numbers it has no way to know. Where the definition is not found, or the
-hunk lies more than ``GROUNDED_SPAN`` lines below it, it reads around the hunk as before.
+hunk lies more than ``GROUNDED_SPAN`` lines below it, it reads around the hunk as before. Where the agent
+is offered ``lint`` (``AgentConfig.lint_tool``), it lints the file with the search, and when the first finding
+at or below the definition has the first hunk within ``LINT_WINDOW`` lines (a deleted line often leaves a name
+undefined below it, or a variable unused above it), it reads around that finding instead and says why.
 
 The script is a generator that receives each turn's observations: that is its whole
 state, and it restarts when a conversation starts over. Asked for a summary
@@ -60,6 +63,7 @@ WIDEN = 8  # lines of extra context on each side when a hunk's text is not uniqu
 GROUNDED_SPAN = 200  # grounded: the first hunk at most this many lines below the definition, else read around it
 ABOVE_DEFINITION = 3  # grounded: a read may start this many lines above the definition (the hunk's context)
 GROUNDED_READS = 4  # grounded: reads from the definition on (the first, then "read further") before giving up
+LINT_WINDOW = 8  # grounded with lint: the read around a finding spans this many lines on each side
 
 
 class OraclePolicy:
@@ -70,6 +74,7 @@ class OraclePolicy:
         self.task = task
         self.grounded = grounded  # go only to locations the observations showed (module docstring)
         self._definition: int | None = None  # grounded: the symbol's definition line its search printed
+        self._findings: list[tuple[int, str]] = []  # grounded with lint: (row, "CODE message") the lint printed
         # None: edit_file when the tools it is given include it, else replace_lines when they do
         self.edit_with = edit_with
         self._offered: set[str] = set()  # the tool names of the last act() (empty: the default tools)
@@ -134,16 +139,23 @@ class OraclePolicy:
             fp.path == feature.file and not fp.is_new for fp in self.patches)
         if grounded:
             search = {"pattern": _definition_pattern(*names), "path": feature.file}
-        self._definition = None
+        lint = grounded and "lint" in self._offered
+        self._definition, self._findings = None, []
         if self.compact:
-            found = yield f"Let me look at the layout and find `{symbol}`.", [
-                self._call("list_dir", path="."), self._call("search", **search)]
+            found = yield f"Let me look at the layout, find `{symbol}`{' and lint its file' if lint else ''}.", [
+                self._call("list_dir", path="."), self._call("search", **search)] + (
+                [self._call("lint", path=feature.file)] if lint else [])
         else:
             yield "Let me look at the repository layout.", [self._call("list_dir", path=".")]
             found = yield f"Where is `{symbol}` defined{'' if grounded else ' and used'}?", [
                 self._call("search", **search)]
+            if lint:
+                found += "\n" + (yield f"What does lint say about {feature.file}?", [
+                    self._call("lint", path=feature.file)])
         if grounded:
             self._definition = _definition_line(found, feature.file, *names)
+        if lint:
+            self._findings = _lint_rows(found, feature.file)
         problems: list[str] = []
         for fp in self.patches:
             problem = yield from self._patch_file(fp)
@@ -179,7 +191,9 @@ class OraclePolicy:
             return ""
         first = fp.hunks[0]
         seen = None
-        if fp.path == self.task.meta.feature.file and self._definition is not None:
+        if fp.path == self.task.meta.feature.file and self._findings:
+            seen = yield from self._read_around_finding(fp.path, first)
+        if seen is None and fp.path == self.task.meta.feature.file and self._definition is not None:
             seen = yield from self._read_from_definition(fp.path, first)
         if seen is None:
             lo, hi = max(1, first.old_start - 5), first.old_start + first.old_len + 5
@@ -224,6 +238,21 @@ class OraclePolicy:
                 self._call("read_file", path=path, start_line=int(further.group(1)))]
             shown.append(obs)
         return "\n".join(shown)
+
+    def _read_around_finding(self, path: str, hunk: Hunk) -> Generator[Turn, str, str | None]:
+        """Grounded with lint: the first finding the lint printed at or below the definition (the
+        symbol's body), read ``LINT_WINDOW`` lines around it when that window holds the hunk's old
+        lines; None (nothing read) otherwise, and the definition's read goes on as without lint."""
+        below = [(row, what) for row, what in self._findings if self._definition is None or row >= self._definition]
+        if not below:
+            return None
+        row, what = below[0]
+        lo, hi = max(1, row - LINT_WINDOW), row + LINT_WINDOW
+        if not (lo <= hunk.old_start and hunk.old_start + max(hunk.old_len, 1) - 1 <= hi):
+            return None
+        symbol = self.task.meta.feature.symbol.split(".")[-1]
+        return (yield f"lint flags line {row}, in `{symbol}`: {what}. The missing code is near it; "
+                      f"read around line {row}.", [self._call("read_file", path=path, start_line=lo, end_line=hi)])
 
     def _patch_by_lines(self, fp: FilePatch, observation: str) -> Generator[Turn, str, str]:
         """Apply one file's hunks with replace_lines, from the numbered lines it has seen
@@ -364,6 +393,16 @@ def _definition_line(observation: str, path: str, name: str, owner: str | None) 
     return found[0][0] if found else None
 
 
+def _lint_rows(observation: str, path: str) -> list[tuple[int, str]]:
+    """``(row, "CODE message")`` of each finding in ``path`` a lint observation shows, in file order."""
+    rows = []
+    for line in observation.splitlines():
+        m = re.match(rf"{re.escape(path)}:(\d+):\d+: ([A-Z]+\d+ .*)$", line)
+        if m:
+            rows.append((int(m.group(1)), m.group(2)))
+    return sorted(rows, key=lambda r: r[0])
+
+
 def _rows_seen(observation: str) -> dict[int, str]:
     """The numbered lines an observation shows (none from an error)."""
     return {} if observation.startswith("Error") else numbered_lines(observation)[0]
@@ -382,10 +421,12 @@ def _common_head(a: list[str], b: list[str]) -> int:
 
 
 def _last_observation(messages: list[Message]) -> str:
-    """The tool message that answers the last assistant turn ("" if there is none)."""
+    """The tool messages that answer the last assistant turn, in call order, one after another
+    ("" if there are none)."""
+    answers: list[str] = []
     for m in reversed(messages):
         if m.role == "assistant":
-            return ""
+            break
         if m.role == "tool":
-            return m.content
-    return ""
+            answers.append(m.content)
+    return "\n".join(reversed(answers))

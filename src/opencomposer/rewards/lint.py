@@ -3,7 +3,7 @@
     lint = lint_delta(task.workspace, sandbox, changes)
     lint.new_findings, lint.codes     # 2, {"F401": 1, "E711": 1}
 
-Each changed ``.py`` file is checked by ruff on the host (its text read from the
+Each changed ``.py`` file is checked by ruff on the host (``harness/lint.py``; its text read from the
 sandbox, passed on stdin), before and after; only findings the episode *added* count,
 per rule code, so a repository's existing style debt costs the agent nothing. Rules:
 ``RULES`` (pyflakes, pycodestyle errors, syntax), not the repository's own config, so
@@ -14,18 +14,15 @@ Test: ``pytest tests/unit/rewards/test_shaping.py -k lint``.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opencomposer.harness.lint import RULES, ruff_binary, ruff_findings
 from opencomposer.protocols import Sandbox
 from opencomposer.rewards.changes import Changes
 
-RULES = "E9,F,E7,E1"
+__all__ = ["RULES", "LintResult", "lint_delta", "ruff_binary", "ruff_codes"]
 MAX_FILES = 20
 
 
@@ -40,18 +37,9 @@ class LintResult:
         return {"new_findings": self.new_findings, "codes": self.codes, "files": self.files, "error": self.error}
 
 
-def ruff_binary() -> str | None:
-    here = Path(sys.executable).parent / "ruff"
-    return str(here) if here.exists() else shutil.which("ruff")
-
-
 def ruff_codes(text: str, filename: str, ruff: str) -> Counter:
-    out = subprocess.run([ruff, "check", "--isolated", "--select", RULES, "--output-format", "json",
-                          "--stdin-filename", filename, "-"], input=text, capture_output=True, text=True,
-                         timeout=60)
-    if out.returncode not in (0, 1):
-        raise RuntimeError(f"ruff failed on {filename}: {out.stderr.strip()[:300]}")
-    return Counter(f["code"] or "E999" for f in json.loads(out.stdout or "[]"))
+    """How many findings of each rule code ``text`` has (``harness/lint.ruff_findings``)."""
+    return Counter(f.code for f in ruff_findings(text, filename, ruff))
 
 
 def lint_delta(workspace: Path, sandbox: Sandbox, changes: Changes) -> LintResult:

@@ -243,3 +243,44 @@ def test_the_default_oracle_still_reads_around_the_hunk(tmp_path, cfg):
     sb.__exit__(None, None, None)
     read = [e for s in traj.steps for e in s.tool_events if e.name == "read_file"][0]
     assert read.arguments["start_line"] == 68  # five lines above the hunk: where only the gold patch points
+
+
+def test_grounded_oracle_with_lint_reads_around_the_finding_the_lint_showed(tmp_path, cfg):
+    """A deleted assignment leaves the next line's name undefined: the oracle lints the file with its
+    search, reads the window around that finding (one read, not from the definition on) and restores it."""
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200,
+                                 "lint_tool": True})
+    body = "    v0 = 3\n" + "".join(f"    v{i} = v{i - 1} + 3\n" for i in range(1, 90))
+    original = "import os\n\n\ndef prelude():\n    return os.sep\n\n\ndef total():\n" + body + "    return v89\n"
+    deleted = original.replace("    v70 = v69 + 3\n", "")
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/long.py": original},
+                     {"mathy/long.py": deleted}, make_patch(original, deleted, "mathy/long.py"), "mathy.long.total")
+    sb, events, traj = _grounded_episode(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/long.py").decode() == original
+    assert traj.exit_reason == "submitted" and traj.invalid_calls == 0 and traj.failed_calls == 0
+    assert [e.name for e in events] == ["list_dir", "search", "lint", "read_file", "replace_lines", "run", "submit"]
+    # the gap leaves `v69` unused (line 78, first) and `v70` undefined (line 79, `v71 = v70 + 3`)
+    assert events[2].observation.splitlines() == [
+        "mathy/long.py:78:5: F841 Local variable `v69` is assigned to but never used",
+        "mathy/long.py:79:11: F821 Undefined name `v70`"]
+    read = events[3]
+    assert (read.arguments["start_line"], read.arguments["end_line"]) == (78 - 8, 78 + 8)
+    assert "lint flags line 78, in `total`: F841 Local variable `v69` is assigned to but never used" in traj.steps[1].text
+
+
+def test_grounded_oracle_with_lint_falls_back_to_the_definition_when_no_finding_is_near(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200,
+                                 "lint_tool": True})
+    body = "".join(f"    v{i} = {i} * 3\n" for i in range(90))
+    original = "import os\n\n\ndef prelude():\n    return os.sep\n\n\ndef total():\n" + body + "    return v89\n"
+    deleted = original.replace("    v70 = 70 * 3\n", "")  # every v_i but the last is unused: the first is far above
+    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/long.py": original},
+                     {"mathy/long.py": deleted}, make_patch(original, deleted, "mathy/long.py"), "mathy.long.total")
+    sb, events, traj = _grounded_episode(task, cfg)
+    with sb:
+        assert sb.read_file("mathy/long.py").decode() == original
+    assert events[2].name == "lint" and events[2].observation.startswith(
+        "mathy/long.py:9:5: F841 Local variable `v0` is assigned to but never used\n")
+    reads = [e for e in events if e.name == "read_file"]
+    assert reads[0].arguments["start_line"] == 8 and len(reads) >= 2  # def total(): then "read further"
