@@ -8,6 +8,7 @@ Run: ``pytest tests/integration/test_warm_start.py`` (about a minute; needs huma
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,20 @@ def test_oracle_traces_resume_from_what_was_kept(tasks, tmp_path):
     again = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     oracle_traces(tasks, "local", out, grounded)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == again
+
+    # a verdict written before a setting existed (no lint_tool key) is that setting's default: read back;
+    # under the setting's other value, made again
+    for v in out.glob("*.verdict"):
+        kept_v = json.loads(v.read_text())
+        del kept_v["agent"]["lint_tool"]
+        v.write_text(json.dumps(kept_v))
+    old = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
+    oracle_traces(tasks, "local", out, grounded)
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")} == old
+    lint = grounded.model_copy(update={"agent": grounded.agent.model_copy(update={"lint_tool": True})})
+    linted = oracle_traces(tasks, "local", out, lint)
+    assert all("lint" in t.tools for t in linted)
+    assert all((out / name).stat().st_mtime_ns != mtime for name, mtime in old.items())
 
 
 def test_sft_resumed_from_its_checkpoint_ends_where_an_unbroken_run_does(tasks, tmp_path):

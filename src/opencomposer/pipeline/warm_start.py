@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from opencomposer.config import AgentConfig
 from opencomposer.episode.progress import duration
 from opencomposer.episode.run import run_task
 from opencomposer.harness.prompt import episode_tools
@@ -57,11 +58,13 @@ def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig, 
     come back in the order of ``tasks`` whatever ``workers`` is. A task whose transcript and
     verdict (``<out>/<id>.verdict``, written after the transcript, with the ``[agent]`` settings
     and the oracle, direct or grounded, it was made under) exist is read back, not run, if those are
-    this call's.
+    this call's. A setting the verdict does not record did not exist when it was written: it counts
+    as that setting's default (a new setting's default keeps the behaviour from before it).
     """
     out.mkdir(parents=True, exist_ok=True)
     skipped = []
     agent = cfg.agent.model_dump(mode="json")  # a trace made under other [agent] settings is made again
+    defaults = AgentConfig().model_dump(mode="json")
     oracle = "grounded" if cfg.sft.grounded_oracle else "direct"  # so is one of the other oracle
 
     def one(p: Path) -> Trajectory | None:
@@ -69,7 +72,7 @@ def oracle_traces(tasks: list[Path], backend: str, out: Path, cfg: RLRunConfig, 
         transcript, verdict = out / f"{task.id}.json", out / f"{task.id}{_VERDICT}"
         if verdict.is_file() and transcript.is_file():
             kept = json.loads(verdict.read_text())
-            if kept.get("agent") == agent and kept.get("oracle", "direct") == oracle:
+            if {**defaults, **kept.get("agent", {})} == agent and kept.get("oracle", "direct") == oracle:
                 return Trajectory.load(transcript) if kept.get("passed") is True else None
         if stop is not None and stop():
             skipped.append(task.id)
