@@ -64,7 +64,10 @@ def check_task(path: Path, backend: str = "auto") -> CheckResult:
         if not gold.passed:
             bad = [n for d in ("fail_to_pass", "pass_to_pass") for n, s in gold.details[d].items()
                    if s not in ("PASSED", "XFAIL")]
-            res.problems.append(f"gold patch leaves tests failing: {bad[:3]} {gold.details['report']}")
+            if bad or not gold.details.get("tampered"):
+                res.problems.append(f"gold patch leaves tests failing: {bad[:3]} {gold.details['report']}")
+            else:  # every test passes, yet the grader voids the run: no agent could earn this task's reward
+                res.problems.append(f"the grader voids the gold patch's run (its tests pass): {gold.details['tampered']}")
     except Exception as e:  # a task that crashes the checker is a failed check, not a crash
         res.problems.append(f"{type(e).__name__}: {e}")
     res.leak_channels, suspects = leak_scan(task)

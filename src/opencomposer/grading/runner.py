@@ -24,7 +24,9 @@ cannot be removed). It writes a ``REACH`` line on the nonce channel at once, so 
 later can take it back, for every write to a watched file and for every frame, ``gc``,
 ``exec``/``compile``, ``ctypes``, tracing, signal or process call made from a file the agent
 carried (``carried``); the grader drops those made from lines of the base file or the gold
-patch (``grade.honest_line``). The launcher binds ``os.write`` before any test code runs, always
+patch (``grade.honest_line``). The launcher binds ``os.write`` and the path functions it uses before any test code runs (a
+test suite that swaps ``os.path`` for ``ntpath``, as mako's does, must not turn a carried file's
+``pkg/mod.py`` into ``pkg\\mod.py``, which no longer names the carried file), always
 exits 0 after its report (another status is refused), and counts XFAIL only for tests with an
 xfail marker (an imperative ``pytest.xfail()`` from the code under test is a failure).
 
@@ -59,7 +61,7 @@ def _oc_main():
     carried = json.loads(sys.stdin.readline())
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    channel, write, dumps, real = os.dup(1), os.write, json.dumps, os.path.realpath
+    channel, write, dumps, real, relpath = os.dup(1), os.write, json.dumps, os.path.realpath, os.path.relpath
     getframe, fspath = sys._getframe, os.fspath
     watched_real = {real(p) for p in watched}
     carried_real = {real(p) for p in carried}
@@ -81,7 +83,7 @@ def _oc_main():
         while walk and f is not None and f.f_code.co_filename.startswith(stdlib):
             f = f.f_back
         if f is not None and is_carried(f.f_code.co_filename):
-            return (os.path.relpath(real(f.f_code.co_filename)), f.f_lineno)
+            return (relpath(real(f.f_code.co_filename)), f.f_lineno)
         return None
     FRAMES = {"sys._getframe", "sys._current_frames", "object.__getattr__", "gc.get_objects", "gc.get_referrers",
               "gc.get_referents", "exec", "compile", "sys.settrace", "sys.setprofile", "sys.addaudithook"}

@@ -125,3 +125,27 @@ def test_an_episode_is_graded_under_the_agent_configs_grade_timeout(minicalc_tas
     ep = run_task(task, ScriptedPolicy(turns), "local", AgentConfig(max_turns=4, grade_timeout=3))
     assert ep.reward.reward == 0.0 and ep.seconds["reward"] < 30, ep.seconds
     assert "timed out" in ep.reward.details["report"], ep.reward.details
+
+
+def test_a_task_whose_gold_run_the_grader_voids_is_refused_by_check_naming_why(minicalc_task, tmp_path, monkeypatch):
+    """A hidden test that writes to its own file (tomlkit's suite writes an example file back) makes the
+    grader void every run, the gold patch's too: no agent could earn the reward, so check says so.
+    (The leak scan, which reads the whole env, is not what this is about: left out.)"""
+    import shutil
+
+    from opencomposer.grading import check
+    from opencomposer.grading.check import check_task
+
+    monkeypatch.setattr(check, "leak_scan", lambda task: ({}, {}))
+
+    root = tmp_path / "task"
+    shutil.copytree(minicalc_task.root, root, symlinks=True)
+    (tmp_path / "_envs").symlink_to(minicalc_task.root.parent / "_envs")  # its env, named relative to the task
+    hidden = next(p for p in (root / "tests").rglob("test_ops.py"))
+    text = hidden.read_text()
+    assert "def test_clamp():\n" in text
+    hidden.write_text(text.replace("def test_clamp():\n", "def test_clamp():\n    open(__file__, 'a').close()\n"))
+    res = check_task(root, "local")
+    assert not res.ok
+    assert any(p.startswith("the grader voids the gold patch's run (its tests pass): ") and "writes a test file" in p
+               for p in res.problems), res.problems

@@ -80,6 +80,22 @@ def test_printed_passes_count_for_nothing(tmp_path):
     assert rep.problem == "" and rep.outcomes == {"tests/test_k.py::test_bad": "FAILED"}
 
 
+def test_a_reach_names_the_carried_file_when_the_tests_swap_os_path_for_ntpath(tmp_path):
+    """mako's suite sets ``os.path = ntpath`` in places: a reach must still name ``pkg/mod.py`` (with
+    ``pkg\\mod.py`` the grader could not tell it is a line of the base file and voided honest runs)."""
+    files = {"pkg/__init__.py": "", "pkg/mod.py": "def build():\n    return compile('1', 'x', 'eval')\n",
+             "tests/test_k.py": "import ntpath, os, posixpath\nimport pkg.mod\n\n\ndef test_a():\n"
+                                "    os.path = ntpath\n    try:\n        pkg.mod.build()\n    finally:\n"
+                                "        os.path = posixpath\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
+        rep = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_k.py"], carried=["pkg/mod.py"]).execute(sb, timeout=120)
+    assert rep.outcomes == {"tests/test_k.py::test_a": "PASSED"}
+    assert [(r.what, r.file, r.line) for r in rep.reach] == [("compile", "pkg/mod.py", 2)]
+
+
 def test_no_report_when_the_run_dies(tmp_path):
     rep = run(tmp_path, {"tests/test_k.py": "import os\n\ndef test_a():\n    print('PASSED tests/test_k.py::test_a')\n"
                          "    os._exit(0)\n"}, ["tests/test_k.py"])
