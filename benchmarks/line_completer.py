@@ -34,6 +34,7 @@ import torch
 
 from opencomposer.eval.report import wilson_interval
 from opencomposer.models.registry import load_model
+from opencomposer.tasks.format import find_tasks as task_dirs_of
 
 HELD_OUT = ("heldout_functions", "heldout_libraries", "humaneval_heldout")
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
@@ -47,6 +48,7 @@ class TaskError(ValueError):
 class Gap:
     task: str
     library: str
+    file: str  # the file the line was deleted from, workspace-relative
     before: str  # the file up to the gap, as the agent finds it
     gold: str  # the deleted line, without its newline
 
@@ -78,15 +80,14 @@ def read_gap(task_dir: Path) -> Gap:
         raise TaskError(f"{task_dir}/solution/gold.patch: adds {len(added)} lines, expected 1")
     source = (task_dir / "workspace" / files[0]).read_text().splitlines(keepends=True)
     library = task_dir.name.split("__", 1)[0]
-    return Gap(task_dir.name, library, "".join(source[: at - 1]), added[0])
+    return Gap(task_dir.name, library, files[0], "".join(source[: at - 1]), added[0])
 
 
 def find_tasks(roots: list[Path], ids: list[str]) -> list[Path]:
-    where = {}
-    for root in roots:
-        for d in root.iterdir():
-            if (d / "task.toml").is_file():
-                where.setdefault(d.name, d)
+    """The task dirs named ``ids`` under ``roots`` (the first root holding one wins), in ``ids`` order."""
+    where: dict[str, Path] = {}
+    for d in task_dirs_of(roots):
+        where.setdefault(d.name, d)
     return [where[i] for i in ids if i in where]
 
 
@@ -103,7 +104,7 @@ def complete(model, tok, prompt: str, k: int, temperature: float, max_new: int, 
 
     def line_of(toks: list[int]) -> tuple[str, bool]:
         text = tok.decode(toks)
-        body = text[1:] if text.startswith("\n") else text
+        body = text.removeprefix("\n")
         return body.split("\n")[0], "\n" in body or tok.eos_token_id in toks
 
     def run(logits: torch.Tensor, cache, n: int, greedy: bool) -> list[str]:

@@ -27,12 +27,11 @@ from opencomposer.harness.lint import ruff_binary, ruff_findings  # noqa: E402
 def new_findings(d: Path, ruff: str) -> tuple[int, list]:
     """(the gap's line in the file as the agent finds it, 1-based; the findings the original lacks)."""
     gap = lc.read_gap(d)
-    rel = next(ln[6:] for ln in (d / "solution" / "gold.patch").read_text().splitlines() if ln.startswith("+++ b/"))
-    gapped = (d / "workspace" / rel).read_text()
-    at = gap.before.count("\n") + 1
+    gapped = (d / "workspace" / gap.file).read_text()
     original = gap.before + gap.gold + "\n" + gapped[len(gap.before):]
-    before = {(f.code, f.message) for f in ruff_findings(original, rel, ruff)}
-    return at, [f for f in ruff_findings(gapped, rel, ruff) if (f.code, f.message) not in before]
+    before = {(f.code, f.message) for f in ruff_findings(original, gap.file, ruff)}
+    return gap.before.count("\n") + 1, [f for f in ruff_findings(gapped, gap.file, ruff)
+                                         if (f.code, f.message) not in before]
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -2,6 +2,7 @@
 
     findings = ruff_findings(text, "pkg/mod.py")   # [Finding(row=506, col=15, code="F821", message=...)]
     lint(sandbox, {"path": "pkg/mod.py"}, cfg)      # the tool's observation, a finding a line
+    shown_findings(observation, "pkg/mod.py")      # the findings an observation shows, read back
 
 ruff runs on the host, never in the sandbox: the file's text is read through the sandbox's file
 API and passed on stdin, and ruff only parses it (it runs none of it), so nothing the agent wrote
@@ -16,6 +17,7 @@ Test: ``pytest tests/unit/harness/test_lint_tool.py``.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +59,18 @@ def ruff_findings(text: str, filename: str, ruff: str) -> list[Finding]:
     return sorted(found, key=lambda f: (f.row, f.col, f.code))
 
 
+def _row(path: str, f: Finding) -> str:
+    return f"{path}:{f.row}:{f.col}: {f.code} {f.message}"
+
+
+def shown_findings(observation: str, path: str) -> list[Finding]:
+    """The findings in ``path`` that an observation of the ``lint`` tool shows, in file order."""
+    row = re.compile(rf"{re.escape(path)}:(\d+):(\d+): ([A-Z]+\d+) (.*)$")
+    found = [Finding(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4))
+             for m in map(row.match, observation.splitlines()) if m]
+    return sorted(found, key=lambda f: (f.row, f.col, f.code))
+
+
 def lint(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
     """The ``lint`` tool: ``path:row:col: CODE message`` a finding, or that there are none."""
     path = args["path"]
@@ -68,7 +82,7 @@ def lint(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
     found = ruff_findings(read_text(sandbox, path), path, ruff)
     if not found:
         return f"{path}: no problems found."
-    rows = [f"{path}:{f.row}:{f.col}: {f.code} {f.message}" for f in found[:MAX_SHOWN]]
+    rows = [_row(path, f) for f in found[:MAX_SHOWN]]
     if len(found) > MAX_SHOWN:
         rows.append(f"[{len(found) - MAX_SHOWN} more not shown]")
     return "\n".join(rows)

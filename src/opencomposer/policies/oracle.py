@@ -51,6 +51,7 @@ from typing import Any, Generator, Literal
 
 from opencomposer.models.codec import format_assistant
 from opencomposer.harness.fs_tools import LINE_CUT, numbered_lines
+from opencomposer.harness.lint import Finding, shown_findings
 from opencomposer.harness.patch import FilePatch, Hunk, PatchError, apply_hunks, parse_patch, split_lines
 from opencomposer.harness.summarize import is_summary_request, summary_of
 from opencomposer.protocols import Message, PolicyOutput, ToolCall
@@ -74,7 +75,7 @@ class OraclePolicy:
         self.task = task
         self.grounded = grounded  # go only to locations the observations showed (module docstring)
         self._definition: int | None = None  # grounded: the symbol's definition line its search printed
-        self._findings: list[tuple[int, str]] = []  # grounded with lint: (row, "CODE message") the lint printed
+        self._findings: list[Finding] = []  # grounded with lint: what the lint printed of the feature's file
         # None: edit_file when the tools it is given include it, else replace_lines when they do
         self.edit_with = edit_with
         self._offered: set[str] = set()  # the tool names of the last act() (empty: the default tools)
@@ -155,7 +156,7 @@ class OraclePolicy:
         if grounded:
             self._definition = _definition_line(found, feature.file, *names)
         if lint:
-            self._findings = _lint_rows(found, feature.file)
+            self._findings = shown_findings(found, feature.file)
         problems: list[str] = []
         for fp in self.patches:
             problem = yield from self._patch_file(fp)
@@ -243,10 +244,10 @@ class OraclePolicy:
         """Grounded with lint: the first finding the lint printed at or below the definition (the
         symbol's body), read ``LINT_WINDOW`` lines around it when that window holds the hunk's old
         lines; None (nothing read) otherwise, and the definition's read goes on as without lint."""
-        below = [(row, what) for row, what in self._findings if self._definition is None or row >= self._definition]
+        below = [f for f in self._findings if self._definition is None or f.row >= self._definition]
         if not below:
             return None
-        row, what = below[0]
+        row, what = below[0].row, f"{below[0].code} {below[0].message}"
         lo, hi = max(1, row - LINT_WINDOW), row + LINT_WINDOW
         if not (lo <= hunk.old_start and hunk.old_start + max(hunk.old_len, 1) - 1 <= hi):
             return None
@@ -391,16 +392,6 @@ def _definition_line(observation: str, path: str, name: str, owner: str | None) 
     if not owner:
         found.sort(key=lambda r: (r[1][:1].isspace(), r[0]))  # an unindented definition first
     return found[0][0] if found else None
-
-
-def _lint_rows(observation: str, path: str) -> list[tuple[int, str]]:
-    """``(row, "CODE message")`` of each finding in ``path`` a lint observation shows, in file order."""
-    rows = []
-    for line in observation.splitlines():
-        m = re.match(rf"{re.escape(path)}:(\d+):\d+: ([A-Z]+\d+ .*)$", line)
-        if m:
-            rows.append((int(m.group(1)), m.group(2)))
-    return sorted(rows, key=lambda r: r[0])
 
 
 def _rows_seen(observation: str) -> dict[int, str]:

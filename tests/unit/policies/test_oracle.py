@@ -220,16 +220,23 @@ def test_grounded_oracle_reads_a_method_from_the_definition_its_search_showed(tm
     _every_read_starts_where_it_was_shown(events)
 
 
-def test_grounded_oracle_reads_on_until_the_gap_of_a_long_function_is_in_view(tmp_path, cfg):
-    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200})
-    body = "".join(f"    v{i} = {i} * 3\n" for i in range(90))
-    original = "import os\n\n\ndef prelude():\n    return 1\n\n\ndef total():\n" + body + "    return v89\n"
-    deleted = original.replace("    v70 = 70 * 3\n", "")
+def _long_function_episode(tmp_path, cfg, body: str, gone: str, returns: str = "1"):
+    """``def total():`` with ``body`` at line 8 of mathy/long.py, the line ``gone`` deleted; the grounded
+    oracle's episode, the file checked restored; its events and trajectory."""
+    original = f"import os\n\n\ndef prelude():\n    return {returns}\n\n\ndef total():\n" + body + "    return v89\n"
+    deleted = original.replace(gone, "")
     task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/long.py": original},
                      {"mathy/long.py": deleted}, make_patch(original, deleted, "mathy/long.py"), "mathy.long.total")
     sb, events, traj = _grounded_episode(task, cfg)
     with sb:
         assert sb.read_file("mathy/long.py").decode() == original
+    return events, traj
+
+
+def test_grounded_oracle_reads_on_until_the_gap_of_a_long_function_is_in_view(tmp_path, cfg):
+    cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200})
+    body = "".join(f"    v{i} = {i} * 3\n" for i in range(90))
+    events, traj = _long_function_episode(tmp_path, cfg, body, "    v70 = 70 * 3\n")
     assert traj.exit_reason == "submitted" and traj.failed_calls == 0
     reads = [e for e in events if e.name == "read_file"]
     assert reads[0].arguments["start_line"] == 8 and len(reads) >= 2  # def total(): then "read further"
@@ -251,13 +258,7 @@ def test_grounded_oracle_with_lint_reads_around_the_finding_the_lint_showed(tmp_
     cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200,
                                  "lint_tool": True})
     body = "    v0 = 3\n" + "".join(f"    v{i} = v{i - 1} + 3\n" for i in range(1, 90))
-    original = "import os\n\n\ndef prelude():\n    return os.sep\n\n\ndef total():\n" + body + "    return v89\n"
-    deleted = original.replace("    v70 = v69 + 3\n", "")
-    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/long.py": original},
-                     {"mathy/long.py": deleted}, make_patch(original, deleted, "mathy/long.py"), "mathy.long.total")
-    sb, events, traj = _grounded_episode(task, cfg)
-    with sb:
-        assert sb.read_file("mathy/long.py").decode() == original
+    events, traj = _long_function_episode(tmp_path, cfg, body, "    v70 = v69 + 3\n", returns="os.sep")
     assert traj.exit_reason == "submitted" and traj.invalid_calls == 0 and traj.failed_calls == 0
     assert [e.name for e in events] == ["list_dir", "search", "lint", "read_file", "replace_lines", "run", "submit"]
     # the gap leaves `v69` unused (line 78, first) and `v70` undefined (line 79, `v71 = v70 + 3`)
@@ -272,14 +273,8 @@ def test_grounded_oracle_with_lint_reads_around_the_finding_the_lint_showed(tmp_
 def test_grounded_oracle_with_lint_falls_back_to_the_definition_when_no_finding_is_near(tmp_path, cfg):
     cfg = cfg.model_copy(update={"edit_tools": ["replace_lines", "write_file"], "max_output_chars": 1200,
                                  "lint_tool": True})
-    body = "".join(f"    v{i} = {i} * 3\n" for i in range(90))
-    original = "import os\n\n\ndef prelude():\n    return os.sep\n\n\ndef total():\n" + body + "    return v89\n"
-    deleted = original.replace("    v70 = 70 * 3\n", "")  # every v_i but the last is unused: the first is far above
-    task = make_task(tmp_path / "task", {"mathy/__init__.py": "", "mathy/long.py": original},
-                     {"mathy/long.py": deleted}, make_patch(original, deleted, "mathy/long.py"), "mathy.long.total")
-    sb, events, traj = _grounded_episode(task, cfg)
-    with sb:
-        assert sb.read_file("mathy/long.py").decode() == original
+    body = "".join(f"    v{i} = {i} * 3\n" for i in range(90))  # every v_i but the last unused: the first is far above
+    events, _ = _long_function_episode(tmp_path, cfg, body, "    v70 = 70 * 3\n", returns="os.sep")
     assert events[2].name == "lint" and events[2].observation.startswith(
         "mathy/long.py:9:5: F841 Local variable `v0` is assigned to but never used\n")
     reads = [e for e in events if e.name == "read_file"]
