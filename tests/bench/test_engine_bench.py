@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -75,3 +76,41 @@ def test_the_embedded_models_shape_is_a_llama_of_its_size():
     assert round(sum(p.numel() for p in m.parameters()) / 1e6, 1) == 134.5  # SmolLM2-135M's count (tied head)
     with pytest.raises(ValueError, match="unknown shape 'x'"):
         random_model("x", "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("graphs, seeded", [(True, True), ("eager", False), ("eager", True)])
+def test_bench_engine_times_decode_at_the_contexts_asked(graphs, seeded):
+    # the CPU default (eager decode), and the decode graphs' path run eagerly: plain rows run
+    # ahead, seeded ones (as an RL rollout's) sample outside the graph
+    # (and, once, beside a busy Python thread: an RL actor's episode threads)
+    busy = int(graphs == "eager" and seeded)
+    res = run(["tiny"], device="cpu", dtype="float32", batches=(3,), decode_steps=4, contexts=(8, 40),
+              seeded=seeded, decode_only=True, phase_steps=2, cuda_graphs=graphs, busy_threads=busy,
+              switch_ms=1.0 if busy else None, log=lambda *a: None)
+    json.dumps(res)
+    tiny = res["tiny"]
+    assert tiny["busy_threads"] == busy and sys.getswitchinterval() == pytest.approx(0.005)  # restored
+    assert "parity" not in res and "prefill" not in tiny and "hf_decode_b3" not in tiny  # decode only
+    assert tiny["seeded"] is seeded and tiny["max_model_len"] == 40 + 4 + 2 + 8
+    for c in (8, 40):
+        d = tiny[f"decode_b3_ctx{c}"]
+        assert d["context"] == c and c < d["mean_context"] < c + 4 + 4
+        assert d["steps_timed"] == 4 and d["tokens_timed"] == 3 * 4  # one token a sequence a step
+        assert d["tokens_per_s"] > 0 and d["step_ms"] > 0
+        parts = [d[f"phase_{k}_ms"] for k in ("schedule", "run_host", "run_device", "sample", "other")]
+        assert all(p >= 0 for p in parts[:4]) and sum(parts) == pytest.approx(d["phase_step_ms"], rel=0.01)
+        assert (d["phase_sample_ms"] > 0) == (seeded or graphs is True)  # plain graph rows sample inside it
+        assert ("graph_replay_ms" in d) == (graphs == "eager")  # the bucket's graph (4 rows) replayed alone
+
+
+def test_bench_engine_names_a_bad_context_list_and_a_too_short_engine():
+    from typer.testing import CliRunner
+
+    from opencomposer.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "engine", "--device", "cpu", "--context", "8,x"])
+    assert r.exit_code != 0
+    assert "--context: expected comma-separated integers" in json.loads(r.stdout.strip().splitlines()[-1])["error"]
+    with pytest.raises(ValueError, match="max_model_len=32 cannot hold a context of 40 tokens"):
+        run(["tiny"], device="cpu", dtype="float32", batches=(1,), contexts=(40,), decode_only=True,
+            max_model_len=32, log=lambda *a: None)

@@ -40,7 +40,7 @@ PKG = "opencomposer"
 
 # Bottom first. "__init__" stands for the package's own __init__.py (module ``opencomposer``).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("protocols", "config", "paths", "__init__"),
+    ("protocols", "config", "paths", "pyparse", "__init__"),
     ("harness", "sandbox", "models", "sync"),
     ("tasks", "rewards"),
     ("grading",),

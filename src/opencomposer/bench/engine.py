@@ -2,12 +2,19 @@
 
     opencomposer bench engine --shapes qwen2.5-0.5b,qwen2.5-1.5b --device cuda --dtype bfloat16
     PYTHONPATH=src python -m opencomposer.bench.engine --shapes tiny --device cpu   # quick check
+    # an RL rollout's decode: its batch, its contexts, seeded requests, an agent engine's table width
+    opencomposer bench engine --shapes smollm2-135m --batches 88 --context 128,3000,6000 --seeded \
+        --decode-only --max-model-len 8192 --phase-steps 16 [--busy-threads 1 [--switch-ms 0.5]]
 
 For each shape (a randomly initialised Qwen2 of the given size; configs in ``toolkit.SHAPES``):
 
 * decode tokens/s at batch 1, 64 and 256 (prompts of ``prompt_len`` random tokens, timed
   over ``decode_steps`` engine steps after prefill), and the same for HF ``generate``
-  at batch 1 and 64 (its decode time: a long run minus a 1-token run);
+  at batch 1 and 64 (its decode time: a long run minus a 1-token run); with ``contexts``
+  (``--context``) at each of those prompt lengths too (``decode_b{b}_ctx{c}``), with
+  ``seeded`` (``--seeded``) for requests that carry a seed as RL rollouts' do, and with
+  ``phase_steps`` the step split into host and device time (``step_phases``), and with
+  ``busy_threads`` beside pure-Python threads as an RL actor's episodes (``python_load``);
 * the memory-bandwidth roofline of each decode step: (weight bytes + K/V bytes read) /
   HBM bandwidth, the bandwidth measured in the same run by a large device-to-device copy;
 * prefill tokens/s (engine, and HF's forward on the same batch);
@@ -30,6 +37,8 @@ The last line printed is one JSON object with every figure.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import platform
 import time
 from typing import Any
@@ -42,23 +51,30 @@ from opencomposer.inference.engine.core import Engine, SamplingParams
 
 
 def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed: int = 0,
-                  windows: int = 4) -> dict[str, float]:
-    """Decode tokens/s of ``batch`` sequences over ``steps`` steps, timed in ``windows`` equal
-    windows: the median window's rate, with the slowest and fastest (at batch 256 on the
-    0.5B shape a step is host-bound, and one run's rate moved by 40% between runs that
-    timed all steps as one window)."""
+                  windows: int = 4, seeded: bool = False, phase_steps: int = 0) -> dict[str, float]:
+    """Decode tokens/s of ``batch`` sequences of ``prompt_len`` prompt tokens each over
+    ``steps`` steps, timed in ``windows`` equal windows: the median window's rate, with the
+    slowest and fastest (at batch 256 on the 0.5B shape a step is host-bound, and one run's
+    rate moved by 40% between runs that timed all steps as one window).
+
+    ``seeded``: every request has its own ``seed``, as an RL rollout's do
+    (``policies/engine.py``): such rows are sampled outside the decode graph and the engine
+    does not run ahead. ``phase_steps`` > 0: then that many more steps, each split into its
+    parts (``step_phases``: host vs device time), reported as ``phase_*_ms``."""
     import statistics
 
     vocab = engine.model.cfg.vocab_size
     warm = 3
-    rids = [engine.add_request(p, SamplingParams(max_tokens=steps + warm + 1, temperature=1.0))
-            for p in _prompts(batch, prompt_len, vocab, seed)]
+    params = [SamplingParams(max_tokens=steps + warm + phase_steps + 1, temperature=1.0,
+                             seed=1000 + i if seeded else None) for i in range(batch)]
+    rids = [engine.add_request(p, sp) for p, sp in zip(_prompts(batch, prompt_len, vocab, seed), params)]
     while engine.scheduler.waiting:
         engine.step()
     for _ in range(warm):
         engine.step()
     per = max(1, steps // windows)
     times = []
+    generated = engine.stats()["generated_tokens"]
     for _ in range(steps // per):
         _sync(str(engine.device))
         t = time.perf_counter()
@@ -69,8 +85,12 @@ def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed:
     dt = statistics.median(times)
     out = {"tokens_per_s": batch * per / dt, "tokens_per_s_min": batch * per / max(times),
            "tokens_per_s_max": batch * per / min(times), "step_ms": 1000 * dt / per,
-           "mean_context": prompt_len + warm + per * len(times) / 2}
-    graph = engine.runner.graphs.get(batch)
+           "context": prompt_len, "mean_context": prompt_len + warm + per * len(times) / 2,
+           # tokens the engine reported while timed (a step left in flight is read by the next one)
+           "tokens_timed": engine.stats()["generated_tokens"] - generated, "steps_timed": per * len(times)}
+    if phase_steps:
+        out.update({f"phase_{k}_ms": v for k, v in step_phases(engine, phase_steps).items()})
+    graph = engine.runner.graphs.get(engine.runner.decode_bucket(batch) or 0)
     if graph is not None:  # the GPU part of a step alone (replays the last step: same slots, same values)
         _sync(str(engine.device))
         t = time.perf_counter()
@@ -84,6 +104,88 @@ def engine_decode(engine: Engine, batch: int, prompt_len: int, steps: int, seed:
         engine.step()
     for r in rids:
         engine.completion(r)
+    return out
+
+
+@contextlib.contextmanager
+def python_load(threads: int, switch_ms: float | None = None):
+    """Inside: ``threads`` threads running pure-Python work, as an RL actor's episode threads
+    (prompt rendering, reply parsing, tool bookkeeping) run beside the engine's stepping thread
+    in one process; and the interpreter's switch interval at ``switch_ms`` (None: as it is).
+    Each time a step waits for the device (or copies from pageable memory) it lets go of the
+    GIL; a busy thread takes it, and the step gets it back only when that thread is made to
+    let go, after up to a switch interval (5 ms by default)."""
+    import sys
+    import threading
+
+    old = sys.getswitchinterval()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            json.loads(json.dumps({"turn": list(range(64)), "text": "x" * 256}))
+
+    pool = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    if switch_ms is not None:
+        sys.setswitchinterval(switch_ms / 1000)
+    try:
+        for t in pool:
+            t.start()
+        yield
+    finally:
+        stop.set()
+        for t in pool:
+            t.join()
+        sys.setswitchinterval(old)
+
+
+def step_phases(engine: Engine, steps: int) -> dict[str, float]:
+    """Mean milliseconds per engine step of its parts, over ``steps`` steps: ``schedule``
+    (host), ``run_host`` (building the step's inputs and launching it: ``ModelRunner.run``,
+    or ``launch_next`` when it runs ahead, up to their return), ``run_device`` (the wait for
+    the device after that: forward, and sampling in the graph), ``sample`` (sampling outside
+    the graph, its device->host copy included), ``other`` (the rest: reading results, stop
+    checks, bookkeeping) and ``step``. The device is synchronised after each timed part, so
+    run-ahead overlaps nothing here: the sum is a step run serially, not the timed rate."""
+    from opencomposer.inference.engine import core
+
+    dev = str(engine.device)
+    acc = dict.fromkeys(("schedule", "run_host", "run_device", "sample"), 0.0)
+
+    def timed(fn, host: str, device: str | None = None):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            t1 = time.perf_counter()
+            _sync(dev)
+            acc[host] += t1 - t0 if device else time.perf_counter() - t0
+            if device:
+                acc[device] += time.perf_counter() - t1
+            return out
+        return wrapper
+
+    sch, runner = engine.scheduler, engine.runner
+    patched = [(sch, "schedule", timed(sch.schedule, "schedule")),
+               (runner, "run", timed(runner.run, "run_host", "run_device")),
+               (runner, "launch_next", timed(runner.launch_next, "run_host", "run_device"))]
+    sample = core.sample
+    try:  # instance attributes shadow the methods until deleted below
+        for obj, name, fn in patched:
+            setattr(obj, name, fn)
+        core.sample = timed(sample, "sample")
+        _sync(dev)
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        _sync(dev)
+        total = time.perf_counter() - t
+    finally:
+        core.sample = sample
+        for obj, name, _ in patched:
+            delattr(obj, name)
+    out = {k: 1000 * v / steps for k, v in acc.items()}
+    out["step"] = 1000 * total / steps
+    out["other"] = out["step"] - sum(acc.values()) * 1000 / steps
     return out
 
 
@@ -301,7 +403,23 @@ def logprob_parity(shape: str, device: str, dtype: torch.dtype, n: int = 8, toke
 def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batches: tuple[int, ...] = (1, 64, 256),
         hf_batches: tuple[int, ...] = (1, 64), prompt_len: int = 128, decode_steps: int = 128,
         prefill_batch: int = 8, prefill_len: int = 2048, rollout: dict[str, int] | None = None,
-        parity: bool = True, kernels: str | None = None, log=print) -> dict[str, Any]:
+        parity: bool = True, kernels: str | None = None, contexts: tuple[int, ...] | None = None,
+        seeded: bool = False, decode_only: bool = False, max_model_len: int | None = None,
+        phase_steps: int = 0, busy_threads: int = 0, switch_ms: float | None = None,
+        cuda_graphs: bool | str = True, log=print) -> dict[str, Any]:
+    """Every figure of the module docstring, as one dict. ``contexts``: prompt tokens per
+    sequence before decode, each timed at every batch size (``decode_b{b}_ctx{c}``; default:
+    ``prompt_len`` alone, ``decode_b{b}``); ``seeded``: requests seeded as an RL rollout's;
+    ``decode_only``: the decode figures alone (no parity, HF, prefill or prefix-cache runs);
+    ``max_model_len``: the engine's (default: the smallest that holds the longest context;
+    RL rollout engines use ``AGENT_CONTEXT``, and the decode graphs' block tables are that
+    wide); ``phase_steps``: steps split into host and device parts (``step_phases``);
+    ``busy_threads`` / ``switch_ms``: decode timed beside that many pure-Python threads, with
+    that switch interval (``python_load``: an RL actor's episode threads)."""
+    if contexts is not None and (not contexts or min(contexts) < 1):
+        raise ValueError(f"contexts: expected prompt lengths >= 1, got {contexts}")
+    if decode_only:
+        parity = False
     dt = getattr(torch, dtype)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
                               "dtype": dtype, "torch": torch.__version__}
@@ -315,10 +433,14 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
     for shape in shapes:
         r: dict[str, Any] = {}
         hf = random_model(shape, device, dt)
-        max_len = prompt_len + decode_steps + 8
+        lengths = contexts or (prompt_len,)
+        max_len = max_model_len or max(lengths) + decode_steps + phase_steps + 8
+        if max_len < max(lengths) + decode_steps + phase_steps + 8:
+            raise ValueError(f"max_model_len={max_len} cannot hold a context of {max(lengths)} tokens and "
+                             f"{decode_steps + phase_steps + 8} more")
         t = time.perf_counter()
         engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
-                        kernels=kernels)
+                        kernels=kernels, cuda_graphs=cuda_graphs)
         st = engine.stats()
         # (the first engine of a process on a machine also compiles the Triton kernels, unless cached)
         # 4 decimals: a CPU engine of a tiny shape starts in milliseconds, which 2 would report as 0
@@ -328,25 +450,33 @@ def run(shapes: list[str], device: str = "cuda", dtype: str = "bfloat16", batche
         log(f"{shape} engine start-up: {r['startup']}")
         t = time.perf_counter()
         r["params_M"] = round(sum(p.numel() for p in engine.model.parameters()) / 1e6, 1)
+        r["max_model_len"], r["seeded"], r["busy_threads"], r["switch_ms"] = max_len, seeded, busy_threads, switch_ms
         for b in batches:
-            e = engine_decode(engine, b, prompt_len, decode_steps)
-            e["roofline_tokens_per_s"] = roofline(engine, b, e["mean_context"], bw)
-            e["fraction_of_roofline"] = e["tokens_per_s"] / e["roofline_tokens_per_s"]
-            r[f"decode_b{b}"] = _figures(e)
-            log(f"{shape} engine decode b{b}: {r[f'decode_b{b}']}")
+            for c in lengths:
+                with python_load(busy_threads, switch_ms):
+                    e = engine_decode(engine, b, c, decode_steps, seeded=seeded, phase_steps=phase_steps)
+                e["roofline_tokens_per_s"] = roofline(engine, b, e["mean_context"], bw)
+                e["fraction_of_roofline"] = e["tokens_per_s"] / e["roofline_tokens_per_s"]
+                key = f"decode_b{b}" if contexts is None else f"decode_b{b}_ctx{c}"
+                r[key] = _figures(e)
+                log(f"{shape} engine decode {key}: {r[key]}")
         assert engine.stats()["kv_blocks_used"] == 0, engine.stats()
         st = engine.stats()
         r["kernels"] = st["kernels"]
         r["gemv_batch1"], r["capture_b1_ms"], r["gemv_plan"] = st["gemv_batch1"], st["capture_b1_ms"], st["gemv_plan"]
         del engine
+        if decode_only:
+            del hf
+            result[shape] = r
+            continue
         if device.startswith("cuda") and r["kernels"] != "torch":  # the same with the portable torch kernels
             engine = Engine(hf, None, max_num_seqs=max(batches), max_model_len=max_len, device=device, dtype=dt,
                             kernels="torch")
             for b in (min(batches), max(batches)):
-                e = engine_decode(engine, b, prompt_len, decode_steps)
+                e = engine_decode(engine, b, lengths[0], decode_steps, seeded=seeded)
                 r[f"decode_b{b}_torch_kernels"] = _figures(e)
             del engine
-        for b in (b for b in hf_batches if b in batches):
+        for b in (b for b in hf_batches if b in batches and contexts is None):
             h = hf_decode(hf, b, prompt_len, 64, device)
             r[f"hf_decode_b{b}"] = _figures(h)
             r[f"speedup_vs_hf_b{b}"] = round(r[f"decode_b{b}"]["tokens_per_s"] / h["tokens_per_s"], 2)
@@ -384,10 +514,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--decode-steps", type=int, default=128)
     ap.add_argument("--kernels", default=None, help="triton (CUDA default) or torch")
+    ap.add_argument("--context", default=None, help="prompt tokens per sequence before decode, comma-separated")
+    ap.add_argument("--seeded", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--phase-steps", type=int, default=0)
+    ap.add_argument("--busy-threads", type=int, default=0)
+    ap.add_argument("--switch-ms", type=float, default=None)
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
     res = run(a.shapes.split(","), a.device, a.dtype, tuple(int(b) for b in a.batches.split(",")),
-              decode_steps=a.decode_steps, kernels=a.kernels)
+              decode_steps=a.decode_steps, kernels=a.kernels,
+              contexts=tuple(int(c) for c in a.context.split(",")) if a.context else None, seeded=a.seeded,
+              decode_only=a.decode_only, max_model_len=a.max_model_len, phase_steps=a.phase_steps,
+              busy_threads=a.busy_threads, switch_ms=a.switch_ms)
     emit(res, a.out)
 
 

@@ -59,6 +59,17 @@ def bench_engine(
     batches: Optional[str] = typer.Option(None, help="decode batch sizes (default: 1,64,256 on CUDA, 1,8 on the CPU)"),
     decode_steps: int = typer.Option(128, min=2, help="timed decode steps per batch size"),
     kernels: Optional[str] = typer.Option(None, help="triton (CUDA default) or torch"),
+    context: Optional[str] = typer.Option(None, help="prompt tokens per sequence before decode, comma-separated, "
+                                          "each timed at every batch size (default: 128)"),
+    seeded: bool = typer.Option(False, help="every request seeded, as RL rollouts' are (sampled outside the graph)"),
+    decode_only: bool = typer.Option(False, help="decode figures only: no parity, HF, prefill or prefix-cache runs"),
+    max_model_len: Optional[int] = typer.Option(None, min=1, help="the engine's (default: the smallest that holds; "
+                                                "RL rollout engines use 8192)"),
+    phase_steps: int = typer.Option(0, min=0, help="then this many steps split into host and device time"),
+    busy_threads: int = typer.Option(0, min=0, help="decode timed beside this many pure-Python threads (an RL "
+                                     "actor's episode threads share the engine's GIL)"),
+    switch_ms: Optional[float] = typer.Option(None, min=0.01, help="the interpreter's switch interval meanwhile "
+                                              "(default: as it is, 5 ms)"),
 ) -> None:
     """Rollout-engine decode/prefill throughput vs HF generate and the HBM roofline; prefix cache; logprob parity."""
     import torch
@@ -78,19 +89,25 @@ def bench_engine(
     if bad or not names:
         fail(ValueError(f"--shapes: unknown shape(s) {bad or names}; expected some of {','.join(SHAPES)}"))
     bs = _batch_sizes(batches)
+    contexts = _int_list(context, "--context") if context else None
     try:
-        res = run(names, dev, dtype, bs, decode_steps=decode_steps, kernels=kernels,
-                  log=lambda m: err.print(m, highlight=False))
+        res = run(names, dev, dtype, bs, decode_steps=decode_steps, kernels=kernels, contexts=contexts,
+                  seeded=seeded, decode_only=decode_only, max_model_len=max_model_len, phase_steps=phase_steps,
+                  busy_threads=busy_threads, switch_ms=switch_ms, log=lambda m: err.print(m, highlight=False))
     except ValueError as e:
         fail(e)
     emit(res)
 
 
 def _batch_sizes(batches: str) -> tuple[int, ...]:
+    return _int_list(batches, "--batches")
+
+
+def _int_list(text: str, option: str) -> tuple[int, ...]:
     try:
-        return tuple(int(b) for b in batches.split(","))
+        return tuple(int(b) for b in text.split(","))
     except ValueError:
-        fail(ValueError(f"--batches: expected comma-separated integers, got {batches!r}"))
+        fail(ValueError(f"{option}: expected comma-separated integers, got {text!r}"))
 
 
 @bench_app.command("moe")

@@ -38,7 +38,7 @@ from opencomposer.harness.patch import apply_patch as patch_files
 from opencomposer.protocols import RewardResult, Sandbox, SandboxSpec
 from opencomposer.rewards.changes import workspace_changes
 from opencomposer.sandbox import make_sandbox
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.format import Task
 
 OpenSandbox = Callable[[SandboxSpec], AbstractContextManager[Sandbox]]

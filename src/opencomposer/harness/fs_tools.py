@@ -10,6 +10,11 @@ into an ``Error: ...`` observation; a failed edit never changes the file.
 those numbers, so a model can edit without copying the old text; ``edit_file`` and
 ``replace_lines`` both answer with the edited region in the same numbered rows.
 
+``AgentConfig.edit_check`` looks at every edit of a ``.py`` file that parsed before: an edit that
+would leave it unparseable is refused (``refuse``: file unchanged, the answer names the line and
+the error) or made with a warning (``warn``). A 135M agent's failed edits were a third such files
+(session 32: 27 of 77 validation failures, 19 a valid statement at an impossible indent).
+
 Test: ``pytest tests/unit/harness/test_tools.py tests/unit/harness/test_replace_lines.py``.
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from opencomposer import pyparse
 from opencomposer.config import AgentConfig
 from opencomposer.protocols import Sandbox
 
@@ -108,6 +114,32 @@ def _line_of(text: str, index: int) -> int:
     return text.count("\n", 0, index) + 1
 
 
+def parse_problem(path: str, text: str) -> str | None:
+    """Why ``text`` does not parse as Python (``line N: message: `the line` ``), or None."""
+    try:
+        pyparse.parse(text, path)
+    except SyntaxError as e:  # IndentationError and TabError too
+        line = (e.text or "").strip()
+        return f"line {e.lineno}: {e.msg}" + (f": `{line[:120]}`" if line else "")
+    except ValueError:  # NUL bytes: read_text refuses binary files before an edit gets here
+        return None
+    return None
+
+
+def _edit_check(path: str, before: str | None, after: str, cfg: AgentConfig) -> str:
+    """``AgentConfig.edit_check`` on an edit of ``path`` (``before``: its text, None for a new
+    file): '' when it has nothing to say; the warning to append (``warn``); ToolError (``refuse``)."""
+    if cfg.edit_check == "off" or not path.endswith(".py"):
+        return ""
+    problem = parse_problem(path, after)
+    if problem is None or (before is not None and parse_problem(path, before) is not None):
+        return ""  # parses, or did not parse before either: not this edit's doing
+    if cfg.edit_check == "refuse":
+        raise ToolError(f"edit refused: {path} would no longer parse as Python ({problem}); file unchanged. "
+                        "Check the indentation and the statement, then edit again")
+    return f"\nWarning: {path} no longer parses as Python ({problem})."
+
+
 def edit_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
     path, old, new = args["path"], args["old"], args["new"]
     if not old:
@@ -131,15 +163,17 @@ def edit_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
             "file unchanged. Include more surrounding lines so it occurs exactly once"
         )
     at = text.find(old)
-    sandbox.write_file(path, text.replace(old, new, 1).encode("utf-8"))
+    edited = text[:at] + new + text[at + len(old) :]
+    warning = _edit_check(path, text, edited, cfg)
+    sandbox.write_file(path, edited.encode("utf-8"))
     first = _line_of(text, at)
     new_lines = _n_lines(new)
-    after = (text[:at] + new + text[at + len(old) :]).split("\n")
+    after = edited.split("\n")
     lo, hi = max(first - 3, 1), min(first + new_lines + 2, len(after))
     snippet = "\n".join(_rows(after[lo - 1 : hi], lo)[:40])
     return (
         f"Edited {path}: replaced {_n_lines(old)} line(s) at line {first} with {new_lines} line(s).\n"
-        f"{snippet}"
+        f"{snippet}{warning}"
     )
 
 
@@ -171,7 +205,9 @@ def replace_lines(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> s
     if after == lines:
         raise ToolError(f"new is the same as lines {start}-{end}; nothing would change" if new_lines else
                         "new is empty and no lines are selected; nothing would change")
-    sandbox.write_file(path, ("\n".join(after) + ("\n" if ends_with_newline and after else "")).encode("utf-8"))
+    edited = "\n".join(after) + ("\n" if ends_with_newline and after else "")
+    warning = _edit_check(path, text, edited, cfg)
+    sandbox.write_file(path, edited.encode("utf-8"))
     removed, added = end - start + 1, len(new_lines)
     if not removed:
         what = f"inserted {added} line(s) " + (f"before line {start}" if start <= n else "at the end")
@@ -182,12 +218,19 @@ def replace_lines(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> s
     moved = f" Lines after the edit moved by {added - removed:+d}." if added != removed and end < n else ""
     lo, hi = max(start - 3, 1), min(start + added + 2, len(after))
     snippet = "\n".join(_rows(after[lo - 1 : hi], lo)[:40])
-    return f"Edited {path}: {what}; it now has {len(after)} lines.{moved}\n{snippet}".rstrip("\n")
+    return f"Edited {path}: {what}; it now has {len(after)} lines.{moved}\n{snippet}".rstrip("\n") + warning
 
 
 def write_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
     path, content = args["path"], args["content"]
     data = content.encode("utf-8")
+    warning = ""
+    if cfg.edit_check != "off" and path.endswith(".py"):
+        try:
+            before = read_text(sandbox, path)
+        except ToolError:  # a new file (or one no edit tool could read): nothing parsed before it
+            before = None
+        warning = _edit_check(path, before, content, cfg)
     try:
         sandbox.write_file(path, data)
     except FileNotFoundError:  # a missing parent directory: create it and retry once
@@ -198,4 +241,4 @@ def write_file(sandbox: Sandbox, args: dict[str, Any], cfg: AgentConfig) -> str:
         sandbox.write_file(path, data)
     except IsADirectoryError:
         raise ToolError(f"{path} is a directory; give a file path") from None
-    return f"Wrote {path}: {_n_lines(content)} line(s), {len(data)} bytes."
+    return f"Wrote {path}: {_n_lines(content)} line(s), {len(data)} bytes.{warning}"

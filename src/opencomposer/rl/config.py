@@ -89,6 +89,11 @@ class RolloutSection(SamplingSection):
                           "[sync]); 'vllm' / 'sglang': such a "
                           "server at rollout.base_url, token ids in and out, new weights loaded from "
                           "rollout.weights_dir after each update")
+    switch_interval_ms: float | None = Field(
+        None, gt=0, le=100, description="rollout.engine='builtin': Python's thread switch interval in this process "
+        "(sys.setswitchinterval) once an engine is built, in ms; absent: Python's 5 ms. The engine steps in a thread "
+        "beside every episode's thread, and each wait for the device lets an episode thread hold the interpreter up "
+        "to this long (benchmarks: `opencomposer bench engine --busy-threads 1 --switch-ms 0.5`)")
     base_url: str | None = Field(None, description="rollout.engine='server', 'vllm' or 'sglang': the server, e.g. "
                                                    "http://gpu-7:8000/v1")
     # several engines (policies/fanout.py, rl/engines.py; docs/scaling.md, "Several rollout engines")

@@ -32,6 +32,7 @@ Test: ``pytest tests/unit/rl/test_engines.py tests/integration/test_rl_engines.p
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -93,6 +94,8 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
         from opencomposer.inference.engine.core import Engine
 
         eng = Engine.for_agents(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version)
+        if r.switch_interval_ms:  # process-wide: the engine's thread gets the interpreter back sooner
+            sys.setswitchinterval(r.switch_interval_ms / 1000)
         return make_policy("engine", engine=eng, **sampling)
     return make_policy("model", model=(model, tok), policy_version=version, **sampling)
 

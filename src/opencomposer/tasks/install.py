@@ -44,7 +44,7 @@ from packaging.utils import canonicalize_name
 
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.envs import TOOLS, EnvError, build_env, strip_tools
 from opencomposer.tasks.layout import TEST_EXTRAS, ProjectLayout
 from opencomposer.tasks.pypi import SourceError

@@ -18,7 +18,7 @@ import random
 import re
 import textwrap
 
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.deletion import LEVELS, Candidate
 
 MAX_SUMMARY = 140  # characters of docstring summary; keeps the median instruction short

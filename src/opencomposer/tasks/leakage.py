@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
 
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.format import Task
 
 CACHE_DIRS = frozenset(

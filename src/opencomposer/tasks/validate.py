@@ -23,7 +23,7 @@ from pathlib import Path
 
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import make_sandbox
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.prepare import Prepared
 from opencomposer.tasks.testrun import TestReport, run_tests
 

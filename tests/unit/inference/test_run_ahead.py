@@ -225,3 +225,23 @@ def test_server_loop_streams_the_same_tokens(hf, prompts):
 
 async def _call(loop, fn):
     return await loop.call(fn)
+
+
+def test_decode_graph_inputs_written_in_place_match_the_listed_ones(hf, prompts):
+    # the graph path's host buffers (numpy, in place) hold what the list-built inputs say, for
+    # rows whose next token starts a block, ends one or sits inside one, and padding rows
+    engine = _engine(hf, False, max_num_seqs=8)
+    for p, n in zip(prompts(3, seed=29), (4, 7, 9)):  # block_size 4: positions at each offset in a block
+        engine.add_request(p[:n], SamplingParams(max_tokens=4))
+    while engine.scheduler.waiting:
+        engine.step()
+    batch = engine.scheduler.schedule()
+    runner = engine.runner
+    bucket = runner.decode_bucket(len(batch.seqs))
+    vec, tables = runner._rows_of(batch.seqs, bucket)
+    ids, pos, slots, rows, lens = runner._decode_inputs(batch, runner.max_blocks_per_seq, bucket)
+    assert vec[:, :bucket].tolist() == [ids, pos, slots, lens] and tables.tolist() == rows
+    for s in batch.seqs:
+        engine.abort(s.request_id)
+    while engine.has_unfinished():
+        engine.step()

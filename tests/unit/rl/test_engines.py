@@ -9,6 +9,7 @@ Run: ``pytest tests/unit/rl/test_engines.py``.
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,21 @@ def test_servers_of_different_models_are_refused_naming_both(tiny, tmp_path):
         for uv, thread, _ in running:
             uv.should_exit = True
             thread.join(10)
+
+
+def test_switch_interval_is_set_when_a_builtin_engine_is_built_and_only_then(tiny, tmp_path):
+    default = sys.getswitchinterval()
+    current = Weights(0, tiny[0].state_dict(), tiny)
+    try:
+        policy = rollout_engines(_cfg(tmp_path, engines=1, engine_devices=None), lambda: current, tiny[1], 0.0,
+                                 "cpu", "tiny-random")
+        policy.close()
+        assert sys.getswitchinterval() == default  # unset: Python's own
+        policy = rollout_engines(_cfg(tmp_path, engines=1, engine_devices=None, switch_interval_ms=0.5),
+                                 lambda: current, tiny[1], 0.0, "cpu", "tiny-random")
+        policy.close()
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(default)
+    with pytest.raises(ConfigError, match=r"rollout.switch_interval_ms"):
+        load(tmp_path, "engine = 'builtin'\nswitch_interval_ms = 0")

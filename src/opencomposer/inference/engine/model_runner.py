@@ -297,12 +297,8 @@ class ModelRunner(GraphCapture, RunAhead):
         n = len(batch.seqs)
         bucket = self._bucket(n)
         if bucket is not None:
-            ids, pos, slots, tables, lens = self._decode_inputs(batch, self.max_blocks_per_seq, bucket)
             st = self._static
-            # two host->device copies; the graph reads these addresses
-            vec = torch.tensor([ids, pos, slots, lens], dtype=torch.long)
-            st["vec"][:, :bucket].copy_(vec, non_blocking=True)
-            st["tables"][:bucket].copy_(torch.tensor(tables, dtype=torch.long), non_blocking=True)
+            self._copy_rows(*self._rows_of(batch.seqs, bucket), bucket)  # the graph reads these buffers
             plain = all(is_plain(s) for s in batch.seqs)
             if plain:
                 _set_sample_in(st, batch.seqs)
@@ -338,25 +334,53 @@ class ModelRunner(GraphCapture, RunAhead):
         tokens verified in one step (speculative decoding, ``spec_graph.py``): every row
         writes its K/V before any row attends, and a row sees the keys up to its own context
         length. The results are in ``decode_outputs()`` until the next decode step."""
-        st, pad = self._static, self.scratch_block
-        if self._rows_host is None:  # pinned on CUDA: the copies below do not wait for the host
-            cuda = self.device.type == "cuda"
-            self._rows_host = (torch.empty(4, self.max_num_seqs, dtype=torch.long, pin_memory=cuda),
-                               torch.empty(self.max_num_seqs, self.max_blocks_per_seq, dtype=torch.long, pin_memory=cuda))
-        vec_t, tables_t = self._rows_host[0], self._rows_host[1][:bucket]  # (all of vec: one contiguous copy)
+        vec_t, tables_t = self._host_rows(bucket)
         vec, tables = vec_t.numpy(), tables_t.numpy()
-        vec[:] = np.array([[0], [0], [pad * self.block_size], [1]])
-        tables.fill(pad)
         for i, row in enumerate(rows):
             if row is not None:
                 tok, pos, slot, ctx, table = row
                 vec[:, i] = (tok, pos, slot, ctx)
                 tables[i, :len(table)] = table
-        # (the host buffers are written again by the next call: the caller reads each step's
-        # results, which waits for these copies, before calling again)
+        self._copy_rows(vec_t, tables_t, bucket)
+        self._replay_decode(bucket)
+
+    def _host_rows(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode graphs' host input buffers, reset to padding rows: vec [4, max_num_seqs]
+        (token ids, positions, slots, context lengths; all of it, one contiguous copy) and block
+        tables [bucket, max_blocks_per_seq]. Pinned on CUDA, so their copies do not wait for the
+        host. They are written again by the next decode step: each step's results are read,
+        which waits for these copies, before the next one is built."""
+        if self._rows_host is None:
+            cuda = self.device.type == "cuda"
+            self._rows_host = (torch.empty(4, self.max_num_seqs, dtype=torch.long, pin_memory=cuda),
+                               torch.empty(self.max_num_seqs, self.max_blocks_per_seq, dtype=torch.long, pin_memory=cuda))
+        vec_t, tables_t = self._rows_host[0], self._rows_host[1][:bucket]
+        pad = self.scratch_block
+        vec_t.numpy()[:] = np.array([[0], [0], [pad * self.block_size], [1]])
+        tables_t.numpy().fill(pad)
+        return vec_t, tables_t
+
+    def _rows_of(self, seqs: list, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_host_rows`` holding a decode step of ``seqs`` (each computes its last token).
+        Written with numpy: building the [bucket, max_blocks_per_seq] table as nested lists and
+        converting it cost ~5 ms a step at 88 sequences and an agent engine's 512-block width."""
+        vec_t, tables_t = self._host_rows(bucket)
+        vec, tables = vec_t.numpy(), tables_t.numpy()
+        n, bs = len(seqs), self.block_size
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.block_table)] = s.block_table
+        pos = np.fromiter((len(s) - 1 for s in seqs), dtype=np.int64, count=n)
+        vec[0, :n] = [s.token_ids[-1] for s in seqs]
+        vec[1, :n] = pos
+        vec[2, :n] = tables[np.arange(n), pos // bs] * bs + pos % bs  # ``kv_slots`` of each row's position
+        vec[3, :n] = pos + 1
+        return vec_t, tables_t
+
+    def _copy_rows(self, vec_t: torch.Tensor, tables_t: torch.Tensor, bucket: int) -> None:
+        """Send ``_host_rows`` to the decode graphs' input buffers (two host->device copies)."""
+        st = self._static
         st["vec"].copy_(vec_t, non_blocking=True)
         st["tables"][:bucket].copy_(tables_t, non_blocking=True)
-        self._replay_decode(bucket)
 
     def decode_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode graphs' output buffers: hidden states [max_num_seqs, H], logits [max_num_seqs, V]."""

@@ -94,11 +94,18 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
 
 def uniforms(seqs: list[Sequence], n: int, device: torch.device) -> torch.Tensor:
     """[len(seqs), n] uniform fp64 numbers in [0, 1); a row whose request has a ``seed`` draws
-    them from its own generator (its output does not depend on the rest of the batch)."""
+    them from its own generator (its output does not depend on the rest of the batch). Those
+    generators live on the host (``Sequence``): a GPU engine's seeded rows are drawn there and
+    sent in one copy -- a device generator per row cost two kernel launches a row, ~180 at an
+    RL rollout's batch of 88, every step."""
+    seeded = [i for i, s in enumerate(seqs) if s.generator is not None]
+    if not seeded:
+        return torch.rand(len(seqs), n, dtype=torch.float64, device=device)
+    rows = torch.stack([torch.rand(n, dtype=torch.float64, generator=seqs[i].generator) for i in seeded])
+    if len(seeded) == len(seqs):
+        return rows.to(device, non_blocking=True)
     u = torch.rand(len(seqs), n, dtype=torch.float64, device=device)
-    for i, s in enumerate(seqs):
-        if s.generator is not None:
-            u[i] = torch.rand(n, dtype=torch.float64, generator=s.generator, device=device)
+    u.index_copy_(0, torch.tensor(seeded).to(device, non_blocking=True), rows.to(device, non_blocking=True))
     return u
 
 

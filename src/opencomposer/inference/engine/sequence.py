@@ -73,9 +73,11 @@ class Sequence:
         self.routes: torch.Tensor | None = None  # MoE: set when finished (``moe.read_routes``)
         self.finish_reason: str | None = None
         self.text = ""                 # final text, set when finished
+        # on the host whatever the engine's device: ``sampler.uniforms`` draws every seeded
+        # row there and sends them in one copy (``device`` is kept for callers; unused)
         self.generator: torch.Generator | None = None
         if params.seed is not None:
-            self.generator = torch.Generator(device=device or "cpu")
+            self.generator = torch.Generator()
             self.generator.manual_seed(params.seed)
 
     @property

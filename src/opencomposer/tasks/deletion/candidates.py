@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.deletion.lines import (
     DeletionError,
     alone_after,

@@ -19,7 +19,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 from opencomposer.tasks.deletion.candidates import Candidate, walk_defs
 from opencomposer.tasks.deletion.lines import (
     DeletionError,

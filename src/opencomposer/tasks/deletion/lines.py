@@ -14,7 +14,7 @@ import functools
 import re
 from pathlib import Path
 
-from opencomposer.tasks import pyparse
+from opencomposer import pyparse
 
 # The line breaks ast counts; str.splitlines would also break at \f, \x1c, \u2028...
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
