@@ -149,7 +149,7 @@ if [ "${1:-}" = engine ]; then  # the engine's decode step at an RL rollout's ba
     echo "== bench engine $X"
     # shellcheck disable=SC2086
     python3 -m opencomposer.cli bench engine $A $X 2> >(tail -3 >&2) | tee -a ${OUT:-/tmp}/engine.log | tail -1 \
-      | sed "s/^/{\"args\": \"$X\", \"result\": /; s/\$/}/" >> ${OUT:-/tmp}/engine_decode.jsonl
+      | sed "s/^/{\"args\": \"$X\", \"result\": /; s/\$/}/" >> ${OUT:-/tmp}/engine_decode.jsonl || true  # the next arm still runs
   done
   tail -5 ${OUT:-/tmp}/engine_decode.jsonl | cut -c1-400
   exit 0
