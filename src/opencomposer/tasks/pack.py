@@ -193,7 +193,13 @@ def pack_tasks(src: Path, out: Path, part_size: int | None = None, wheels: bool 
                 rec["target_python"] = python_version or ".".join(rec["python"].split(".")[:2])
                 if wheels:
                     wdir = Path(tmp) / f"env{len(envs)}"
-                    built = packenv.fetch_wheels(rec["installed"], wdir, python_version, platform, find_links)
+                    try:
+                        built = packenv.fetch_wheels(rec["installed"], wdir, python_version, platform, find_links)
+                    except packenv.EnvError as err:  # say whose environment, and how to pack without it
+                        libs = sorted({t.meta.source.name for t in users})
+                        raise packenv.EnvError(
+                            f"{ENVS}/{name} (the environment of {len(users)} task(s) of {', '.join(libs)}): {err}; "
+                            f"pack without it: {' '.join('--exclude-library ' + x for x in libs)}") from None
                     for whl, was_built in sorted(built.items()):
                         sha, size = _sha(wdir / whl)
                         rec["wheels"].append({"file": whl, "sha256": sha, "size": size, "built": was_built})

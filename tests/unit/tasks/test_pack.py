@@ -196,6 +196,17 @@ def test_env_is_rebuilt_even_when_pythonpath_already_shows_its_packages(tiny, tm
     assert installed(out / ENVS / "tiny") == ["tinydep==0.1"]
 
 
+def test_a_wheel_that_cannot_be_had_names_the_environment_and_how_to_pack_without_it(tiny, tmp_path, monkeypatch):
+    src, _ = tiny
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    empty = tmp_path / "empty-wheelhouse"
+    empty.mkdir()
+    with pytest.raises(EnvError, match=r"(?s)_envs/tiny \(the environment of 1 task\(s\) of [^)]+\): tinydep==0\.1: no wheel "
+                                       r".*; pack without it: --exclude-library \S+$"):
+        pack_tasks(src, tmp_path / "t.ocpack", find_links=[empty])
+    assert not list(tmp_path.glob("t.ocpack*"))  # nothing half-made
+
+
 def test_env_packed_for_another_python_is_refused_naming_both_versions(tiny, tmp_path, monkeypatch):
     src, wheels = tiny
     monkeypatch.setenv("PIP_NO_INDEX", "1")
