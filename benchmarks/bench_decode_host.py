@@ -26,28 +26,19 @@ import json
 
 import torch
 
-from opencomposer.bench.toolkit import time_ms
+from opencomposer.bench.toolkit import random_model, time_ms
 from opencomposer.inference.engine.core import Engine, SamplingParams
 from opencomposer.inference.engine.outputs import stop_reason
 from opencomposer.inference.engine.sampler import uniforms
 from opencomposer.inference.engine.sequence import Sequence, Status
 
 
-def small_llama(max_len: int):
-    """SmolLM2-135M's heads and vocabulary, one narrow layer: the host work is the same."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=max_len,
-                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
-
-
 def decode_host(batch: int, context: int, max_model_len: int, reps: int) -> dict:
     bs = 16
     blocks = batch * (-(-(context + 8) // bs)) + max_model_len // bs
-    engine = Engine(small_llama(max_model_len), None, max_num_seqs=batch, max_model_len=max_model_len,
+    # SmolLM2-135M's heads and vocabulary, one narrow layer: the host work is the same
+    model = random_model("smollm2-135m", "cpu", torch.float32, num_hidden_layers=1, intermediate_size=64)
+    engine = Engine(model, None, max_num_seqs=batch, max_model_len=max_model_len,
                     kv_blocks=blocks, block_size=bs, cuda_graphs="eager")
     g = torch.Generator().manual_seed(0)
     seqs = []

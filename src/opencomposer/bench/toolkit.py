@@ -31,9 +31,10 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
+def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0, **overrides: Any):
     """A randomly initialised Hugging Face model of a ``SHAPES`` entry (Qwen2 unless it names
-    another family)."""
+    another family); ``overrides`` replace config keys (e.g. ``num_hidden_layers=1`` where only
+    the heads and vocabulary matter)."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -43,7 +44,7 @@ def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; expected one of {sorted(SHAPES)}")
-    spec = {"rope_theta": 1e6, "rms_norm_eps": 1e-6, **SHAPES[shape]}
+    spec = {"rope_theta": 1e6, "rms_norm_eps": 1e-6, **SHAPES[shape], **overrides}
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "llama": (LlamaConfig, LlamaForCausalLM)}[spec.pop("family", "qwen2")]
     cfg = config_cls(**spec, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, pad_token_id=None)
