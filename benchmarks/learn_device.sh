@@ -42,6 +42,8 @@
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
 #   (benchmarks/learn_run.py --set, one per `;`).
 #   SET1='...' runs a second arm at once on the second GPU of nvidia-h200-x2 (results in $OUT/arm0, $OUT/arm1).
+#   PROFILE=1 runs arm 1 under py-spy (its wheel in .gpuw2): who holds the GIL, $OUT/arm1/pyspy.txt.gz; read it here
+#   with benchmarks/pyspy_summary.py FILE --seconds S (the engine's thread against the episodes' threads).
 #   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
 #   it again to resume) and 0
 #   when the config's stages are done; its results come back under $OUT (summary, per-stage results, log).
@@ -258,8 +260,13 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
   for x in "${sets[@]}"; do [ -n "$x" ] && ls+=(--set "$x"); done
   # the script stops itself between units before --deadline-s; `timeout` is the backstop that still
   # leaves time to copy what was done to $OUT when a unit runs long
-  local left=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
-  timeout --kill-after=5 $(( left + 15 )) python3 benchmarks/learn_run.py --config $CFG "${ls[@]}" \
+  local left=$(( ${BUDGET_S:-550} - ($(date +%s) - START) )); local -a spy=()
+  # PROFILE=I: arm I runs under py-spy (carried wheel): 50 times a second, the stack of the thread holding the GIL, into
+  # $OUT[/armI]/pyspy.txt.gz (collapsed stacks; samples / (50 x seconds): how busy the GIL is, and by which threads)
+  if [ "${PROFILE:-}" = "$i" ] && py-spy record --nonblocking --rate 20 -o /dev/null -- python3 -c 'pass' >/dev/null 2>&1; then
+    spy=(py-spy record --nonblocking --threads --gil --rate 50 --format raw -o $L/pyspy-arm$i.txt --)
+  elif [ "${PROFILE:-}" = "$i" ]; then echo "PROFILE=$i: py-spy cannot run here (carried in .gpuw2?); arm $i runs unprofiled"; fi
+  timeout --kill-after=5 $(( left + 15 )) "${spy[@]}" python3 benchmarks/learn_run.py --config $CFG "${ls[@]}" \
     --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $left 2>&1 | grep --line-buffered -v "Loading weights" \
     | if [ -n "${SET1:-}" ]; then sed -u "s/^/[arm$i] /" | tee -a $3; else tee -a $3; fi
   rc=${PIPESTATUS[0]}
@@ -267,6 +274,7 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
   if [ -n "$dest" ]; then
     [ -n "${SET1:-}" ] && dest=$dest/arm$i && mkdir -p $dest
     cp $3 "$dest/" 2>/dev/null
+    [ -f $L/pyspy-arm$i.txt ] && gzip -c $L/pyspy-arm$i.txt > "$dest/pyspy.txt.gz"
     [ -f "$rd/summary.md" ] && cp "$rd/summary.md" "$dest/"
     # the rest in one file (at most 8 come back a call): summary.json, splits, plot, every stage's results
     # (episode records; one validation transcript a task) and the RL rows, compressed

@@ -151,7 +151,8 @@ def run_pipeline(cfg: RLRunConfig, resume: bool = False, log: Callable[[str], No
                 # a step-0 checkpoint holds the SFT weights, so a run stopped before its first
                 # RL checkpoint resumes from them instead of from the base model
                 save_checkpoint(run.learner.ckpt_dir, run.learner.trainer, run.actor_state(None) or {}, 0,
-                                keep=cfg.run.keep_checkpoints, identity=run.learner.identity)
+                                keep=cfg.run.keep_checkpoints, identity=run.learner.identity,
+                                keep_every=cfg.run.keep_every)
                 run.refresh_weights()  # the SFT weights, for the evaluation and the first rollouts
                 distributed.main_does(dist, lambda: (_write_json(sft_path, sft), measure("sft")))
         log(f"RL: {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}")

@@ -337,6 +337,8 @@ class TrainRunSection(RunSection):
     steps: int = Field(3, ge=1)
     save_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
+    keep_every: int = Field(0, ge=0, description="also keep the weights of every N-th step's checkpoint (no "
+                            "optimizer state): milestones a later evaluation reads; 0: none")
 
 
 class RLRunConfig(Strict):

@@ -182,7 +182,7 @@ class Learner:
         r = self.cfg.run
         if step % r.save_every == 0 or step == r.steps:
             save_checkpoint(self.ckpt_dir, self.trainer, state or {}, step, keep=r.keep_checkpoints,
-                            identity=self.identity)
+                            identity=self.identity, keep_every=r.keep_every)
 
     def latest_checkpoint(self) -> Path | None:
         try:

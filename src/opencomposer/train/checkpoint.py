@@ -63,8 +63,9 @@ from opencomposer.train.trainer import Trainer
 IDENTITY = "identity"  # the key of state.json that holds the run's identity (check_identity)
 
 def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], step: int, keep: int | None = 3,
-                    identity: dict[str, Any] | None = None) -> Path:
-    """Write ``<dir>/step-NNNN`` atomically, point ``latest`` at it, keep the newest ``keep``.
+                    identity: dict[str, Any] | None = None, keep_every: int = 0) -> Path:
+    """Write ``<dir>/step-NNNN`` atomically, point ``latest`` at it, keep the newest ``keep`` (and
+    the weights of every ``keep_every``-th step: milestones, without optimizer state).
     Sharded trainer: every rank must call it. The layout is ``trainer.cfg.checkpoint_format``.
     ``identity``: what the run was (``check_identity`` compares a resume's with it)."""
     root = Path(dir)
@@ -79,16 +80,17 @@ def save_checkpoint(dir: str | Path, trainer: Trainer, state: dict[str, Any], st
     # what a killed save left (rank 0 makes the temp dirs, so it alone judges them)
     distributed.main_does(d, lambda: remove_stale_temps(root))
     if trainer.cfg.checkpoint_format == "sharded":
-        save_sharded(root, final, trainer, state_text, step, keep)
+        save_sharded(root, final, trainer, state_text, step, keep, keep_every)
     elif d.enabled:  # collectives first, on every rank; then rank 0 writes what they gathered
         weights, optimizer = trainer.full_state_dict(), _full_optimizer_state(trainer)
         rngs = distributed.gather(rng_state(), d)
         distributed.on_main(d, lambda: write_step(root, final, trainer, state_text, step, keep, rngs,
-                                                  lambda tmp: _write_full(tmp, trainer, weights, optimizer)),
+                                                  lambda tmp: _write_full(tmp, trainer, weights, optimizer),
+                                                  keep_every=keep_every),
                             f"{final}: rank 0 could not write the checkpoint", CheckpointError)
     else:
         write_step(root, final, trainer, state_text, step, keep, None,
-                   lambda tmp: _write_full(tmp, trainer, None, trainer.optimizer.state_dict()))
+                   lambda tmp: _write_full(tmp, trainer, None, trainer.optimizer.state_dict()), keep_every=keep_every)
     return final
 
 

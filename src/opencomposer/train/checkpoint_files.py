@@ -68,9 +68,11 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None,
-               rngs: list | None, payload: Callable[[Path], Any], tmp: Path | None = None) -> None:
+               rngs: list | None, payload: Callable[[Path], Any], tmp: Path | None = None,
+               keep_every: int = 0) -> None:
     """``payload(tmp)`` (the weights and optimizer state), then the RNG states and JSON files
-    into ``tmp`` (a new temp dir unless given), renamed to ``final``; then ``latest`` and pruning."""
+    into ``tmp`` (a new temp dir unless given), renamed to ``final``; then ``latest`` and pruning
+    (``_prune``: the newest ``keep``, and every ``keep_every``-th step's weights)."""
     tmp = tmp or _new_temp(final)
     try:
         payload(tmp)
@@ -91,7 +93,7 @@ def write_step(root: Path, final: Path, trainer: Trainer, state_text: str, step:
         shutil.rmtree(tmp, ignore_errors=True)
     _write_atomic(root / LATEST, final.name + "\n")
     if keep is not None:
-        _prune(root, keep, final.name)
+        _prune(root, keep, final.name, keep_every)
 
 
 # --------------------------------------------------------------------------- weights
@@ -236,10 +238,18 @@ def _new_temp(final: Path) -> Path:
 _replace_dir = replace_dir  # an existing ``final`` (a re-saved step) is swapped out first
 
 
-def _prune(root: Path, keep: int, current: str) -> None:
+def _prune(root: Path, keep: int, current: str, keep_every: int = 0) -> None:
+    """Delete the step directories older than the newest ``keep``, except the steps that are
+    multiples of ``keep_every`` (> 0): milestones that a later evaluation reads, kept without their
+    optimizer state (``optimizer.pt``; a sharded step keeps its shards whole) and never resumed from
+    unless ``latest`` names them."""
     steps = sorted(
         (int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))
     )
-    for _, path in steps[: max(len(steps) - max(keep, 1), 0)]:
-        if path.name != current:
+    for step, path in steps[: max(len(steps) - max(keep, 1), 0)]:
+        if path.name == current:
+            continue
+        if keep_every > 0 and step > 0 and step % keep_every == 0:
+            (path / "optimizer.pt").unlink(missing_ok=True)
+        else:
             shutil.rmtree(path, ignore_errors=True)

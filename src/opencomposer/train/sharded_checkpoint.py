@@ -36,7 +36,8 @@ from opencomposer.train.trainer import Trainer
 SHARDS = "shards"  # a sharded checkpoint's DCP directory
 
 
-def save_sharded(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None) -> None:
+def save_sharded(root: Path, final: Path, trainer: Trainer, state_text: str, step: int, keep: int | None,
+                 keep_every: int = 0) -> None:
     """Every rank writes its shards into rank 0's temp dir; once all have (DCP's own collectives
     carry any rank's failure to every rank), rank 0 adds the small files and renames it into place."""
     d = trainer.dist
@@ -49,7 +50,7 @@ def save_sharded(root: Path, final: Path, trainer: Trainer, state_text: str, ste
         distributed.main_does(d, lambda: shutil.rmtree(tmp, ignore_errors=True))
         raise
     distributed.on_main(d, lambda: write_step(root, final, trainer, state_text, step, keep, rngs,
-                                              lambda t: _check_shards(t / SHARDS), tmp),
+                                              lambda t: _check_shards(t / SHARDS), tmp, keep_every),
                         f"{final}: rank 0 could not finish the checkpoint", CheckpointError)
 
 

@@ -75,6 +75,24 @@ def test_latest_pointer_and_pruning(tmp_path, tiny):
         save_checkpoint(tmp_path, trainer, {"bad": object()}, step=5)
 
 
+def test_milestones_keep_their_weights_without_optimizer_state(tmp_path, tiny):
+    trainer = Trainer(*tiny, TrainConfig(bf16=False))
+    weights = {}
+    for step in range(1, 9):
+        with torch.no_grad():  # a different model each step, so each milestone holds its own
+            next(trainer.model.parameters()).add_(1.0)
+        weights[step] = params(trainer.model)
+        save_checkpoint(tmp_path, trainer, {"n": step}, step=step, keep=2, keep_every=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-0003", "step-0006", "step-0007", "step-0008"]
+    assert (tmp_path / "step-0007" / "optimizer.pt").is_file()  # the newest two: whole
+    for step in (3, 6):
+        assert not (tmp_path / f"step-{step:04d}" / "optimizer.pt").exists()
+        got = params(load_model(str(tmp_path / f"step-{step:04d}" / "model"))[0])
+        assert all(torch.equal(got[n], weights[step][n]) for n in got)
+    with pytest.raises(CheckpointError, match="optimizer.pt"):  # a milestone is read, not resumed
+        load_checkpoint(tmp_path / "step-0003", trainer)
+
+
 def test_bad_checkpoints_name_the_file(tmp_path, tiny):
     trainer = Trainer(*tiny, TrainConfig(bf16=False))
     with pytest.raises(CheckpointError, match=r"nothing[/\\]latest: missing"):
