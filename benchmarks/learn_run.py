@@ -93,6 +93,11 @@ class LearnSection(Strict):
     humaneval_heldout: list[int] = Field(default_factory=list)
     max_eval_tasks: int = Field(0, ge=0, description="per split, a seeded sample of at most this many tasks "
                                                      "(0: all); the same sample at every stage")
+    max_heldout_tasks: int | None = Field(None, ge=0, description="the held-out splits' own cap (heldout_functions, "
+                                          "heldout_libraries, humaneval_heldout; 0: all): they are read once, "
+                                          "at the run's end, so they can be larger; unset: max_eval_tasks")
+    heldout_k: int | None = Field(None, ge=1, description="episodes a task on the held-out splits (their pass@k; "
+                                  "the issue's pass@8); unset: [eval] k")
     eval_every: int = Field(0, ge=0, description="every N RL steps, evaluate the validation split; 0: never")
     eval_concurrency: int = Field(256, ge=1, description="episodes in flight during an evaluation")
     oracle_workers: int = Field(8, ge=1, description="oracle episodes in parallel when making SFT traces")
@@ -175,10 +180,10 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
             raise SystemExit(f"[learn] rl_extra_dirs: libraries {both} are also in train_dirs or "
                              "heldout_library_dirs; an RL-only pool holds other libraries")
         splits["rl_extra"] = extra
-    if lc.max_eval_tasks:
-        for name in EVAL_SPLITS:
-            if len(splits[name]) > lc.max_eval_tasks:
-                splits[name] = sorted(random.Random(f"{lc.split_seed}:{name}").sample(splits[name], lc.max_eval_tasks))
+    for name in EVAL_SPLITS:
+        cap = lc.max_eval_tasks if name == "validation" or lc.max_heldout_tasks is None else lc.max_heldout_tasks
+        if cap and len(splits[name]) > cap:
+            splits[name] = sorted(random.Random(f"{lc.split_seed}:{name}").sample(splits[name], cap))
     ids = {name: sorted(Path(p).name for p in v) for name, v in splits.items()}
     path = out / "splits.json"
     if path.exists():
@@ -230,14 +235,15 @@ class OutOfTime(Exception):
 
 def eval_split(run: RLRun, cfg: LearnConfig, stage: str, split: str, tasks: list[Path], out: Path,
                clock: Clock, log, base_model: bool = False) -> dict | None:
-    """``[eval] k`` episodes of every task of the split with the run's current weights, written as
-    ``<out>/<stage>/<split>/results.json``; an existing one is read back."""
+    """``[eval] k`` episodes of every task of the split (``[learn] heldout_k`` on a held-out split) with
+    the run's current weights, written as ``<out>/<stage>/<split>/results.json``; an existing one is
+    read back."""
     dest = out / stage / split / "results.json"
     if dest.exists():
         return json.loads(dest.read_text())
     if not tasks:
         return None
-    k = cfg.eval.k
+    k = cfg.eval.k if split == "validation" or cfg.learn.heldout_k is None else cfg.learn.heldout_k
     if not clock.fits(len(tasks) * k * clock.sec_per_episode):
         raise OutOfTime(f"{stage}/{split}")
     log(f"{stage}: evaluating {split} ({len(tasks)} tasks x {k}) ...")
@@ -600,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"Learning run (issue 30), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {where}; `python "
               f"{' '.join(['benchmarks/learn_run.py'] + (argv if argv is not None else sys.argv[1:]))}`; "
               f"splits " + ", ".join(f"{n} {len(v)}" for n, v in splits.items())
-              + f"; eval k={cfg.eval.k} at T={cfg.eval.temperature}; SFT {cfg.sft.epochs} epochs lr {cfg.sft.lr}; "
+              + f"; eval k={cfg.eval.k} (held-out {cfg.learn.heldout_k or cfg.eval.k}) at T={cfg.eval.temperature}; SFT {cfg.sft.epochs} epochs lr {cfg.sft.lr}; "
               f"RL {cfg.run.steps} steps x {cfg.rollout.tasks_per_step} tasks x k={cfg.rollout.k}, lr {cfg.train.lr}, "
               f"seed {cfg.run.seed}.")
     atomic_write_text(out / "summary.json", json.dumps(s, indent=1))

@@ -45,6 +45,7 @@ humaneval_train = [53]
 humaneval_validation = [23]
 humaneval_heldout = [2]
 oracle_workers = 2
+heldout_k = 3
 [model]
 name = "tiny-random"
 [tasks]
@@ -88,8 +89,9 @@ def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
         assert not (out / stage / "heldout_functions" / "transcripts").exists()
     for stage in ("base", "sft", "rl"):
         for split in ("heldout_functions", "humaneval_heldout"):
-            res = json.loads((out / stage / split / "results.json").read_text())
-            assert res["k"] == 2 and len(res["episodes"]) == 2 * len(splits[split])
+            res = json.loads((out / stage / split / "results.json").read_text())  # [learn] heldout_k
+            assert res["k"] == 3 and len(res["episodes"]) == 3 * len(splits[split])
+        assert json.loads((out / stage / "validation" / "results.json").read_text())["k"] == 2  # [eval] k
     # the results are eval-compare files: the paired bootstrap reads them as they are
     g = compare(out / "sft" / "heldout_functions", out / "rl" / "heldout_functions")
     assert g.n_tasks == len(splits["heldout_functions"])
@@ -117,6 +119,22 @@ def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
     cfg.write_text(cfg.read_text().replace("heldout_share = 0.25", "heldout_share = 0.0"))
     with pytest.raises(SystemExit, match="splits.json: the splits differ"):
         lr.main(["--config", str(cfg)])
+
+
+def test_held_out_splits_have_their_own_cap(tmp_path, toolz_tasks):
+    cfg = write_config(tmp_path, toolz_tasks, tmp_path / "run")
+    more = ["learn.humaneval_validation=[23, 25]", "learn.humaneval_heldout=[2, 4, 6]"]
+
+    def splits(name: str, *sets: str) -> dict:
+        (tmp_path / name).mkdir()
+        return lr.make_splits(lr.config_with(cfg, [*more, *sets]), tmp_path / name, None, lambda *_: None)
+
+    whole = splits("a")
+    assert len(whole["humaneval_heldout"]) == 3 and len(whole["validation"]) == 2
+    capped = splits("b", "learn.max_eval_tasks=1")
+    assert len(capped["humaneval_heldout"]) == 1 and len(capped["validation"]) == 1
+    apart = splits("c", "learn.max_eval_tasks=1", "learn.max_heldout_tasks=0")
+    assert apart["humaneval_heldout"] == whole["humaneval_heldout"] and len(apart["validation"]) == 1
 
 
 def test_the_deadline_stops_before_work(tmp_path, toolz_tasks, capsys):
