@@ -263,9 +263,9 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
   local left=$(( ${BUDGET_S:-550} - ($(date +%s) - START) )); local -a spy=()
   # PROFILE=I: arm I runs under py-spy (carried wheel): 50 times a second, the stack of the thread holding the GIL, into
   # $OUT[/armI]/pyspy.txt.gz (collapsed stacks; samples / (50 x seconds): how busy the GIL is, and by which threads)
-  if [ "${PROFILE:-}" = "$i" ] && py-spy record --nonblocking --rate 20 -o /dev/null -- python3 -c 'pass' >/dev/null 2>&1; then
+  if [ "${PROFILE:-}" = "$i" ] && py-spy record --nonblocking --rate 50 -o $L/pyspy-probe.svg -- python3 -c 'import time; time.sleep(1)' > $L/pyspy-probe.log 2>&1; then
     spy=(py-spy record --nonblocking --threads --gil --rate 50 --format raw -o $L/pyspy-arm$i.txt --)
-  elif [ "${PROFILE:-}" = "$i" ]; then echo "PROFILE=$i: py-spy cannot run here (carried in .gpuw2?); arm $i runs unprofiled"; fi
+  elif [ "${PROFILE:-}" = "$i" ]; then echo "PROFILE=$i: py-spy cannot run here ($(tail -2 $L/pyspy-probe.log 2>/dev/null | tr '\n' ' ')); arm $i runs unprofiled"; fi
   timeout --kill-after=5 $(( left + 15 )) "${spy[@]}" python3 benchmarks/learn_run.py --config $CFG "${ls[@]}" \
     --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $left 2>&1 | grep --line-buffered -v "Loading weights" \
     | if [ -n "${SET1:-}" ]; then sed -u "s/^/[arm$i] /" | tee -a $3; else tee -a $3; fi
