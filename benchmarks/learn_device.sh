@@ -149,8 +149,10 @@ if [ "${1:-}" = engine ]; then  # the engine's decode step at an RL rollout's ba
   A="--shapes smollm2-135m --batches 88,128 --context 128,3000,6000 --decode-only --max-model-len 8192 --decode-steps 64 --phase-steps 16"
   for X in "" "--seeded" "--seeded --busy-threads 1" "--seeded --busy-threads 1 --switch-ms 0.5" "--busy-threads 1"; do
     echo "== bench engine $X"
+    # each arm at most ENGINE_ARM_S seconds (session 33: the first busy-thread arm ran past the call's 10 minutes)
     # shellcheck disable=SC2086
-    python3 -m opencomposer.cli bench engine $A $X 2> >(tail -3 >&2) | tee -a ${OUT:-/tmp}/engine.log | tail -1 \
+    timeout --kill-after=5 ${ENGINE_ARM_S:-150} python3 -m opencomposer.cli bench engine $A $X 2> >(tail -3 >&2) \
+      | tee -a ${OUT:-/tmp}/engine.log | tail -1 \
       | sed "s/^/{\"args\": \"$X\", \"result\": /; s/\$/}/" >> ${OUT:-/tmp}/engine_decode.jsonl || true  # the next arm still runs
   done
   tail -5 ${OUT:-/tmp}/engine_decode.jsonl | cut -c1-400

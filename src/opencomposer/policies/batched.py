@@ -110,7 +110,7 @@ class BatchedPolicy:
         self.batch_sizes: Counter[int] = Counter()  # histogram: batch size -> batches run
         # Running totals for step reports; a caller may reset any of them to 0 between steps.
         self.stats: dict[str, float] = {"generate_seconds": 0.0, "batches": 0, "requests": 0, "sequence_steps": 0,
-                                        "queue_seconds": 0.0}
+                                        "queue_seconds": 0.0, "worker_cpu_seconds": 0.0}
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._live = 0
@@ -243,12 +243,14 @@ class BatchedPolicy:
         running: dict[str, _Request] = {}
         try:
             while (joining := self._joining(running)) is not None:
-                started = time.monotonic()
+                started, cpu = time.monotonic(), time.thread_time()
                 for request in joining:
                     self._add(engine, request, running)
                 finished = self._step(engine, running) if running else []
                 with self._cond:
                     self.stats["generate_seconds"] += time.monotonic() - started
+                    # the worker's own CPU time (engine steps, adding requests, reading finished ones)
+                    self.stats["worker_cpu_seconds"] += time.thread_time() - cpu
                 for request in finished:
                     request.done.set()
         finally:

@@ -302,6 +302,8 @@ class Actor:
                        # sequences per engine step (continuous) or per batch, this step's
                        "generate_mean_running": round(gen.get("sequence_steps", 0) / max(gen.get("batches", 0), 1), 2),
                        "time_reward_cpu": round(reward_s, 2), "time_samples": round(time.perf_counter() - t1, 2),
+                       # the batching worker's CPU time within time_generate (the rest: waiting, device or GIL)
+                       "time_generate_cpu": round(gen.get("worker_cpu_seconds", 0.0), 2),
                        **rollout_times(rollouts, gen, self._engine_counts(eng0)),
                        **self._per_engine(per0, rollouts), **pushed}
         return batch

@@ -246,3 +246,21 @@ def test_the_cpu_kv_budget_is_an_eighth_of_available_memory_within_1_to_4_gib(tm
     assert budget(16 * 2**20) == 2 << 30  # 16 GiB available -> 2 GiB
     assert budget(2 * 2**20) == 1 << 30 and budget(None) == 1 << 30 and cpu_kv_bytes(str(tmp_path / "no")) == 1 << 30
     assert budget(64 * 2**20) == 4 << 30
+
+
+def test_step_time_is_split_into_wall_and_the_stepping_threads_cpu(hf, prompts, monkeypatch):
+    import time
+
+    engine = Engine(hf, None, max_model_len=128)
+    engine.generate(prompts(2, seed=3), GREEDY)
+    c = engine.counts()
+    assert c["steps"] > 0 and 0 < c["step_cpu_seconds"] <= c["step_seconds"] + 1e-3
+    # a step that waits (here in its scheduler, as it would for the device or the GIL) adds wall
+    # time and next to no CPU time
+    schedule = engine.scheduler.schedule
+    monkeypatch.setattr(engine.scheduler, "schedule", lambda: (time.sleep(0.2), schedule())[1])
+    engine.add_request(prompts(1, seed=4)[0], GREEDY)
+    engine.step()
+    after = engine.counts()
+    wall, cpu = after["step_seconds"] - c["step_seconds"], after["step_cpu_seconds"] - c["step_cpu_seconds"]
+    assert wall >= 0.2 and wall - cpu >= 0.19

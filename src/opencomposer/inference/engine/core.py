@@ -116,7 +116,10 @@ class Engine:
         self._turn = threading.Lock()
         self._counts = {"prompt_tokens": 0, "prefill_tokens_computed": 0, "generated_tokens": 0, "steps": 0,
                         "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0,
-                        "run_ahead_steps": 0, "run_ahead_discarded_rows": 0}
+                        "run_ahead_steps": 0, "run_ahead_discarded_rows": 0,
+                        # a whole step's wall time and its thread's CPU time: the difference is time spent
+                        # waiting, for the device or for the interpreter (another thread holding the GIL)
+                        "step_seconds": 0.0, "step_cpu_seconds": 0.0}
 
     @classmethod
     def for_agents(cls, model: Any, tokenizer: Any, **kw: Any) -> Engine:
@@ -188,20 +191,25 @@ class Engine:
         with self._turn:  # an in-flight weight update waiting for the lock goes first
             pass
         with self._lock, self._on_device():
+            cpu0 = time.thread_time()
             outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
             self._aborted.clear()
             t0 = time.perf_counter()
-            launched, self._inflight = self._inflight, None
-            if launched is not None:
-                self._launched_step(launched, t0, outputs)
-            elif (batch := self.scheduler.schedule()) is None:
-                pass
-            elif self._speculates(batch):
-                self._speculative_step(batch, t0, outputs)
-            elif (launched := self._launch(batch)) is not None:
-                self._launched_step(launched, t0, outputs)
-            else:
-                self._plain_step(batch, t0, outputs)
+            try:
+                launched, self._inflight = self._inflight, None
+                if launched is not None:
+                    self._launched_step(launched, t0, outputs)
+                elif (batch := self.scheduler.schedule()) is None:
+                    pass
+                elif self._speculates(batch):
+                    self._speculative_step(batch, t0, outputs)
+                elif (launched := self._launch(batch)) is not None:
+                    self._launched_step(launched, t0, outputs)
+                else:
+                    self._plain_step(batch, t0, outputs)
+            finally:
+                self._counts["step_seconds"] += time.perf_counter() - t0
+                self._counts["step_cpu_seconds"] += time.thread_time() - cpu0
             return outputs
 
     def _speculates(self, batch: ScheduledBatch) -> bool:
