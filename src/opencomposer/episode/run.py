@@ -37,6 +37,7 @@ Test: ``pytest tests/unit/episode/test_rollout.py tests/unit/episode/test_progre
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -245,8 +246,34 @@ def collect_rollouts(
         return rollout
 
     with shown if shown is not None else nullcontext(), \
-            ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="rollout") as pool:
+            ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="rollout",
+                               initializer=_episode_thread_start) as pool:
         return list(pool.map(one, jobs))
+
+
+_EPISODE_NICE = [0]  # process-wide, as the engine it serves is (set_episode_nice)
+
+
+def set_episode_nice(n: int) -> None:
+    """From now on, each episode thread of this process (and every process it starts: sandboxes, their
+    commands, the graders) runs ``n`` steps nicer than the process (0-19; 0: as the process). The built-in
+    engine steps in a thread of the same process at the process's own priority, so when tools and graders
+    fill every core the scheduler runs its next step first (``[rollout] episode_nice``)."""
+    if not 0 <= n <= 19:
+        raise ValueError(f"episode niceness must be 0-19, got {n}")
+    _EPISODE_NICE[0] = n
+
+
+def _episode_thread_start() -> None:
+    """A ``collect_rollouts`` worker thread's start: lower its own priority by ``set_episode_nice``'s steps
+    (Linux keeps the nice value per thread; what the thread forks inherits it)."""
+    n = _EPISODE_NICE[0]
+    if n and hasattr(os, "setpriority"):
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + n))
+        except OSError:  # a platform without per-thread nice values: the thread runs as the process does
+            pass
 
 
 def generated_tokens(policy: Any) -> Callable[[], float] | None:

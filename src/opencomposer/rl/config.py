@@ -94,6 +94,10 @@ class RolloutSection(SamplingSection):
         "(sys.setswitchinterval) once an engine is built, in ms; absent: Python's 5 ms. The engine steps in a thread "
         "beside every episode's thread, and each wait for the device lets an episode thread hold the interpreter up "
         "to this long (benchmarks: `opencomposer bench engine --busy-threads 1 --switch-ms 0.5`)")
+    episode_nice: int = Field(0, ge=0, le=19, description="the episodes' threads, and the sandboxes, commands and "
+        "graders they start, run this many steps nicer than the process (Linux: per thread), so the built-in "
+        "engine's stepping thread is first to a core when they fill every core (session 32: ~13 graders at once "
+        "on each arm's 16 cores); 0: as the process")
     base_url: str | None = Field(None, description="rollout.engine='server', 'vllm' or 'sglang': the server, e.g. "
                                                    "http://gpu-7:8000/v1")
     # several engines (policies/fanout.py, rl/engines.py; docs/scaling.md, "Several rollout engines")

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opencomposer.config import ConfigError
+from opencomposer.episode.run import set_episode_nice
 from opencomposer.models.registry import load_model
 from opencomposer.policies import make_policy
 from opencomposer.policies.batched import BatchedPolicy
@@ -96,6 +97,8 @@ def rollout_policy(cfg: RLRunConfig, weights: Weights, tokenizer: Any, temperatu
         eng = Engine.for_agents(model, tok, max_num_seqs=r.max_batch, device=device, policy_version=version)
         if r.switch_interval_ms:  # process-wide: the engine's thread gets the interpreter back sooner
             sys.setswitchinterval(r.switch_interval_ms / 1000)
+        if r.episode_nice:  # process-wide too: episode threads (and what they start) yield the CPU to it
+            set_episode_nice(r.episode_nice)
         return make_policy("engine", engine=eng, **sampling)
     return make_policy("model", model=(model, tok), policy_version=version, **sampling)
 

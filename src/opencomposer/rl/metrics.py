@@ -139,7 +139,7 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
     (the built-in one): prefill and decode seconds, prompt tokens and those the prefix cache
     spared (``prefix_hit_fraction``), generated tokens, steps, and the stepping thread's wall and
     CPU seconds in steps (``engine_step_s``, ``engine_step_cpu_s``: the difference is waiting, for
-    the device or for the GIL)."""
+    the device or for the GIL; ``engine_step_runqueue_s`` of it runnable but without a core)."""
     eps = [r.result for r in rollouts if r.result is not None]
     n = max(len(eps), 1)
     policy = [sum(s.policy_seconds for s in e.trajectory.steps) for e in eps]
@@ -159,9 +159,10 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
                     "prefix_hit_fraction": _ratio(prompt - float(engine_stats.get("prefill_tokens_computed", 0)), prompt),
                     "engine_generated_tokens": float(engine_stats.get("generated_tokens", 0)),
                     "engine_steps": float(engine_stats.get("steps", 0)),
-                    # the stepping thread's wall time and CPU time: wall - CPU is waiting (device or GIL)
+                    # the stepping thread's wall time and CPU time: wall - CPU is waiting (device, GIL or a core)
                     "engine_step_s": float(engine_stats.get("step_seconds", 0.0)),
-                    "engine_step_cpu_s": float(engine_stats.get("step_cpu_seconds", 0.0))})
+                    "engine_step_cpu_s": float(engine_stats.get("step_cpu_seconds", 0.0)),
+                    "engine_step_runqueue_s": float(engine_stats.get("step_runqueue_seconds", 0.0))})
     return {k: round(v, 4) for k, v in out.items()}
 
 

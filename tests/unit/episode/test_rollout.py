@@ -249,3 +249,30 @@ def test_live_progress_reads_the_engines_generated_tokens(tiny, tmp_path):
             sampled = sum(len(s.token_ids) for r in rollouts for s in r.result.trajectory.steps)
             assert sampled > 0 and count() - before == sampled
     assert generated_tokens(object()) is None
+
+
+def test_episode_threads_and_what_they_start_run_nicer_than_the_process():
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opencomposer.episode import run as episode_run
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base > 16:
+        pytest.skip(f"this process already runs at niceness {base}")
+
+    def seen() -> tuple[int, int]:  # this thread's nice value, and that of a process it starts
+        child = subprocess.run(["sh", "-c", "cut -d' ' -f19 /proc/self/stat"], capture_output=True, text=True)
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), int(child.stdout)
+
+    with pytest.raises(ValueError, match="0-19"):
+        episode_run.set_episode_nice(20)
+    try:
+        episode_run.set_episode_nice(3)
+        with ThreadPoolExecutor(1, initializer=episode_run._episode_thread_start) as pool:
+            assert pool.submit(seen).result() == (base + 3, base + 3)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's thread is as it was
+    finally:
+        episode_run.set_episode_nice(0)
+    with ThreadPoolExecutor(1, initializer=episode_run._episode_thread_start) as pool:
+        assert pool.submit(seen).result() == (base, base)

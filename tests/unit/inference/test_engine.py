@@ -264,3 +264,6 @@ def test_step_time_is_split_into_wall_and_the_stepping_threads_cpu(hf, prompts, 
     after = engine.counts()
     wall, cpu = after["step_seconds"] - c["step_seconds"], after["step_cpu_seconds"] - c["step_cpu_seconds"]
     assert wall >= 0.2 and wall - cpu >= 0.19
+    # of the waiting, the time runnable without a core (Linux schedstat; 0 elsewhere): a sleep is not that
+    rq = after["step_runqueue_seconds"] - c["step_runqueue_seconds"]
+    assert 0 <= rq < 0.1

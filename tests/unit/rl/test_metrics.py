@@ -69,12 +69,13 @@ def test_rollout_times_split_an_episode_into_sandbox_policy_tools_and_grading():
                 ro([4.0], {"sandbox": 1.5, "episode": 4.0, "reward": 60.0, "total": 65.5}),
                 Rollout("t", 0, 2, None)]  # a failed episode has no times and is not counted
     engine = {"prompt_tokens": 1000, "prefill_tokens_computed": 250, "generated_tokens": 80, "steps": 40,
-              "prefill_seconds": 1.5, "decode_seconds": 2.5, "step_seconds": 4.2, "step_cpu_seconds": 1.1}
+              "prefill_seconds": 1.5, "decode_seconds": 2.5, "step_seconds": 4.2, "step_cpu_seconds": 1.1,
+              "step_runqueue_seconds": 0.7}
     t = rollout_times(rollouts, {"queue_seconds": 3.0, "requests": 6}, engine)
     assert t["episode_s_mean"] == pytest.approx(36.5) and t["episode_s_max"] == 65.5
     assert t["episode_sandbox_s_mean"] == 1.0 and t["episode_reward_s_mean"] == 31.0
     assert t["episode_policy_s_mean"] == 3.5 and t["episode_tools_s_mean"] == 1.0  # (5 - 3) and (4 - 4)
     assert t["queue_s_mean"] == 0.5 and t["prefix_hit_fraction"] == 0.75
     assert t["engine_prefill_s"] == 1.5 and t["engine_generated_tokens"] == 80
-    assert (t["engine_step_s"], t["engine_step_cpu_s"]) == (4.2, 1.1)  # wall and the stepping thread's CPU
+    assert (t["engine_step_s"], t["engine_step_cpu_s"], t["engine_step_runqueue_s"]) == (4.2, 1.1, 0.7)
     assert "engine_prefill_s" not in rollout_times(rollouts, {})  # no built-in engine: no engine figures

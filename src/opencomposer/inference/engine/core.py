@@ -69,6 +69,16 @@ KEEP_FINISHED = 4096  # finished requests kept for ``completion()`` (oldest drop
 
 AGENT_CONTEXT = 8192  # tokens of an agent conversation an engine for episodes holds (Engine.for_agents)
 
+
+def runqueue_ns() -> int:
+    """Nanoseconds the calling thread has spent runnable but waiting for a core (the second field of
+    Linux's ``/proc/thread-self/schedstat``); 0 where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
 class Engine:
     def __init__(self, model: Any, tokenizer: Any = None, *, max_num_seqs: int = 64, max_model_len: int | None = None,
                  kv_blocks: int | None = None, block_size: int = 16, device: str | torch.device | None = None,
@@ -119,7 +129,10 @@ class Engine:
                         "run_ahead_steps": 0, "run_ahead_discarded_rows": 0,
                         # a whole step's wall time and its thread's CPU time: the difference is time spent
                         # waiting, for the device or for the interpreter (another thread holding the GIL)
-                        "step_seconds": 0.0, "step_cpu_seconds": 0.0}
+                        "step_seconds": 0.0, "step_cpu_seconds": 0.0,
+                        # of the waiting, the time the thread was runnable but not running (Linux's schedstat):
+                        # cores taken by other processes (sandboxes, graders) or threads
+                        "step_runqueue_seconds": 0.0}
 
     @classmethod
     def for_agents(cls, model: Any, tokenizer: Any, **kw: Any) -> Engine:
@@ -191,7 +204,7 @@ class Engine:
         with self._turn:  # an in-flight weight update waiting for the lock goes first
             pass
         with self._lock, self._on_device():
-            cpu0 = time.thread_time()
+            cpu0, rq0 = time.thread_time(), runqueue_ns()
             outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
             self._aborted.clear()
             t0 = time.perf_counter()
@@ -210,6 +223,7 @@ class Engine:
             finally:
                 self._counts["step_seconds"] += time.perf_counter() - t0
                 self._counts["step_cpu_seconds"] += time.thread_time() - cpu0
+                self._counts["step_runqueue_seconds"] += (runqueue_ns() - rq0) / 1e9
             return outputs
 
     def _speculates(self, batch: ScheduledBatch) -> bool:
