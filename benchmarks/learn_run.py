@@ -72,6 +72,8 @@ from opencomposer.rl.metrics import train_curves  # noqa: E402
 from opencomposer.rl.run import RLRun  # noqa: E402
 from opencomposer.tasks.format import Task  # noqa: E402
 from opencomposer.tasks.splits import Split, split_by_file  # noqa: E402
+from opencomposer.train.checkpoint import load_weights  # noqa: E402
+from opencomposer.train.checkpoint_files import step_dir_name  # noqa: E402
 from opencomposer.train.export import export_model  # noqa: E402
 
 SPLITS = ("train", "validation", "heldout_functions", "heldout_libraries", "humaneval_heldout")
@@ -99,6 +101,8 @@ class LearnSection(Strict):
     heldout_k: int | None = Field(None, ge=1, description="episodes a task on the held-out splits (their pass@k; "
                                   "the issue's pass@8); unset: [eval] k")
     eval_every: int = Field(0, ge=0, description="every N RL steps, evaluate the validation split; 0: never")
+    heldout_at: list[int] = Field(default_factory=list, description="RL steps also read on the held-out splits "
+                                  "(stage rl@N), after the last step, from the weights [run] keep_every kept of them")
     eval_concurrency: int = Field(256, ge=1, description="episodes in flight during an evaluation")
     oracle_workers: int = Field(8, ge=1, description="oracle episodes in parallel when making SFT traces")
     rl_lora: bool = Field(False, description="RL trains LoRA adapters ([train] lora_r, ...) on the SFT model even "
@@ -297,6 +301,39 @@ def _missing(cfg: LearnConfig, out: Path, stage: str, splits: dict[str, list[Pat
     return [s for s in evaluated(cfg) if splits[s] and not (out / stage / s / "results.json").exists()]
 
 
+def check_heldout_at(cfg: LearnConfig) -> None:
+    """Each ``[learn] heldout_at`` step is before the last and its weights are kept (``[run] keep_every``)."""
+    keep = cfg.run.keep_every
+    bad = [m for m in cfg.learn.heldout_at if not (0 < m < cfg.run.steps and keep and m % keep == 0)]
+    if bad:
+        raise SystemExit(f"[learn] heldout_at: steps {bad} are not kept: each must be below [run] steps "
+                         f"({cfg.run.steps}) and a multiple of [run] keep_every ({keep}), whose weights stay")
+
+
+def heldout_milestones(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
+                       log) -> None:
+    """After the last RL step: the held-out splits at each ``[learn] heldout_at`` step (stage ``rl@N``), with
+    the weights ``[run] keep_every`` kept of that step (``train.checkpoint.load_weights``)."""
+    rl_out = out / "rl_run"
+    held = [s for s in evaluated(cfg) if s != "validation" and splits[s]]
+    for m in cfg.learn.heldout_at:
+        todo = [s for s in held if not (out / f"rl@{m}" / s / "results.json").exists()]
+        if not todo:
+            continue
+        rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=cfg.run.steps)
+        rcfg.sft.enabled = False
+        run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model))
+        try:
+            load_weights(rl_out / "checkpoints" / step_dir_name(m), run.learner.trainer)
+            run.refresh_weights()
+            log(f"rl@{m}: the held-out splits with step {m}'s weights")
+            for s in todo:
+                eval_split(run, cfg, f"rl@{m}", s, splits[s], out, clock, log)
+        finally:
+            run.close()
+            run.actor.policy.close()
+
+
 def base_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> None:
     """The model before any training on every evaluated split."""
     if "base" not in cfg.eval.stages or not _missing(cfg, out, "base", splits):
@@ -487,7 +524,8 @@ def summary(cfg: LearnConfig, out: Path) -> dict:
                     "outcomes": {o: sum(e.get("outcome") == o for e in eps) for o in OUTCOMES}}
     comparisons: dict[str, dict] = {}
     for sp in EVAL_SPLITS:
-        for a, b in (("base", "sft"), ("sft", "rl"), ("base", "rl")):
+        milestones = [("sft", st) for st in stages if st.startswith("rl@")]  # rl@N against SFT, in step order
+        for a, b in (("base", "sft"), *milestones, ("sft", "rl"), ("base", "rl")):
             fa, fb = out / a / sp / "results.json", out / b / sp / "results.json"
             if fa.exists() and fb.exists():
                 ra, rb = json.loads(fa.read_text()), json.loads(fb.read_text())
@@ -576,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                          "'agent.edit_tools=[\"replace_lines\"]'); repeatable")
     a = ap.parse_args(argv)
     cfg = config_with(a.config, a.set)
+    check_heldout_at(cfg)
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -597,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         sft_model = sft_stage(cfg, splits, out, clock, log)
         if "rl" in cfg.eval.stages and cfg.run.steps:
             rl_stage(cfg, splits, sft_model, out, clock, log)
+            heldout_milestones(cfg, splits, sft_model, out, clock, log)
         base_stage(cfg, splits, out, clock, log)
     except OutOfTime as e:
         stopped = str(e)

@@ -137,6 +137,23 @@ def test_held_out_splits_have_their_own_cap(tmp_path, toolz_tasks):
     assert apart["humaneval_heldout"] == whole["humaneval_heldout"] and len(apart["validation"]) == 1
 
 
+def test_held_out_splits_at_a_kept_step_after_the_last(tmp_path, toolz_tasks, capsys):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    cfg.write_text(cfg.read_text().replace('stages = ["base", "sft", "rl"]', 'stages = ["sft", "rl"]')
+                   .replace("steps = 1", "steps = 2\nkeep_every = 1").replace("heldout_k = 3", "heldout_k = 3\nheldout_at = [1]"))
+    assert lr.main(["--config", str(cfg)]) == 0
+    splits = json.loads((out / "splits.json").read_text())
+    for split in ("heldout_functions", "humaneval_heldout"):
+        res = json.loads((out / "rl@1" / split / "results.json").read_text())
+        assert res["label"] == "rl@1" and len(res["episodes"]) == 3 * len(splits[split])
+    assert (out / "rl_run" / "checkpoints" / "step-0001" / "model").is_dir()  # the weights it read
+    assert "heldout_functions: sft -> rl@1" in json.loads((out / "summary.json").read_text())["comparisons"]
+    cfg.write_text(cfg.read_text().replace("keep_every = 1", "keep_every = 0"))
+    with pytest.raises(SystemExit, match=r"heldout_at: steps \[1\] are not kept"):
+        lr.main(["--config", str(cfg)])
+
+
 def test_the_deadline_stops_before_work(tmp_path, toolz_tasks, capsys):
     out = tmp_path / "run"
     cfg = write_config(tmp_path, toolz_tasks, out)

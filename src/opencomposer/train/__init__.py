@@ -18,6 +18,7 @@ _EXPORTS = {
     "frozen_copy": "trainer",
     "save_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
+    "load_weights": "checkpoint",
     "export_model": "export",
     "export_checkpoint": "export",
     "CheckpointError": "checkpoint_files",

@@ -152,6 +152,26 @@ def load_checkpoint(dir: str | Path, trainer: Trainer) -> dict[str, Any]:
     return state
 
 
+def load_weights(dir: str | Path, trainer: Trainer) -> int:
+    """The weights alone of the step directory ``dir`` (or the one its ``latest`` names) into ``trainer``:
+    what reading a milestone needs (``save_checkpoint(..., keep_every=N)`` kept its weights, not its
+    optimizer state); the optimizer, RNG and version are left as they are. -> the step it was saved at.
+    One process, full layout (a sharded run reads a milestone with ``load_checkpoint`` on its ranks)."""
+    path = resolve_checkpoint(dir)
+    meta = read_meta(path)
+    if bool(meta.get("lora")) != trainer.cfg.lora:
+        raise CheckpointError(f"{path / 'trainer.json'}: checkpoint lora={bool(meta.get('lora'))}, trainer "
+                              f"lora={trainer.cfg.lora} (TrainConfig.lora)")
+    if meta.get("layout", "full") != "full" or trainer.dist.enabled:
+        raise CheckpointError(f"{path}: load_weights reads a full-layout checkpoint in one process; this one is "
+                              f"{meta.get('layout')!r} with {trainer.dist.world} rank(s): use load_checkpoint")
+    if trainer.cfg.lora:
+        load_adapter(path / "model" / "adapter_model.safetensors", trainer.model)
+    else:
+        load_full(path / "model", trainer.model)
+    return int(meta["step"])
+
+
 # --------------------------------------------------------------------------- resume identity
 
 def weights_fingerprint(model: Any) -> str:

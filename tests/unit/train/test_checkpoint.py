@@ -11,7 +11,8 @@ import torch
 
 from opencomposer.models import load_model
 from opencomposer.train.loss import LossConfig
-from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, load_checkpoint, save_checkpoint
+from opencomposer.train import (CheckpointError, TrainConfig, Trainer, export_model, load_checkpoint, load_weights,
+                                save_checkpoint)
 
 from testkit.train_data import params, rollout_samples
 
@@ -91,6 +92,30 @@ def test_milestones_keep_their_weights_without_optimizer_state(tmp_path, tiny):
         assert all(torch.equal(got[n], weights[step][n]) for n in got)
     with pytest.raises(CheckpointError, match="optimizer.pt"):  # a milestone is read, not resumed
         load_checkpoint(tmp_path / "step-0003", trainer)
+    opt = _flat(copy.deepcopy(trainer.optimizer.state_dict()))
+    assert load_weights(tmp_path / "step-0003", trainer) == 3  # its weights alone
+    got = params(trainer.model)
+    assert all(torch.equal(got[n], weights[3][n]) for n in got) and _same(opt, _flat(trainer.optimizer.state_dict()))
+    lora = Trainer(*load_model("tiny-random"), TrainConfig(bf16=False, lora=True, lora_r=4))
+    with pytest.raises(CheckpointError, match="lora=False, trainer lora=True"):
+        load_weights(tmp_path / "step-0003", lora)
+
+
+def test_a_lora_milestone_is_read_into_another_trainer(tmp_path):
+    cfg = TrainConfig(bf16=False, lora=True, lora_r=4)
+    a = Trainer(*load_model("tiny-random"), cfg)
+    saved = {}
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            for n, p in a.model.named_parameters():
+                if "lora_" in n:
+                    p.add_(0.01 * step)
+        saved[step] = {n: t.clone() for n, t in params(a.model).items() if "lora_" in n}
+        save_checkpoint(tmp_path, a, {}, step=step, keep=1, keep_every=2)
+    b = Trainer(*load_model("tiny-random"), cfg)
+    assert load_weights(tmp_path / "step-0002", b) == 2
+    got = params(b.model)
+    assert saved[2] and all(torch.equal(got[n], t) for n, t in saved[2].items())
 
 
 def test_bad_checkpoints_name_the_file(tmp_path, tiny):
