@@ -283,6 +283,12 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
     (cd "$rd" && find . -path ./summary.json -o -path ./splits.json -o -path ./learn.png -o -name results.json \
        -o -name metrics.jsonl -o -name sft.json -o -path '*/validation/transcripts/*.json' | tar -czf "$dest/results.tgz" -T -) || true
   fi
+  # where this call's RL steps went (the engine's stepping thread: wall, CPU, waiting for a core), one line a step
+  [ -f "$rd/rl_run/metrics.jsonl" ] && python3 -c "import json, sys
+keys = ('step', 'pass@1', 'time_step', 'time_rollout', 'time_train', 'engine_steps', 'engine_decode_s', 'engine_step_s',
+        'engine_step_cpu_s', 'engine_step_runqueue_s', 'time_generate', 'time_generate_cpu', 'time_reward_cpu')
+for line in open(sys.argv[1]).read().splitlines()[-12:]:
+    r = json.loads(line); print('[arm$i] step', json.dumps({k: r.get(k) for k in keys}))" "$rd/rl_run/metrics.jsonl"
   return $rc
 }
 set +e
