@@ -263,6 +263,7 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
   # the script stops itself between units before --deadline-s; `timeout` is the backstop that still
   # leaves time to copy what was done to $OUT when a unit runs long
   local left=$(( ${BUDGET_S:-550} - ($(date +%s) - START) )); local -a spy=()
+  rm -f $L/pyspy-arm$i.txt  # an earlier call's profile is not this one's
   # PROFILE=I: arm I runs under py-spy (carried wheel): 50 times a second, the stack of the thread holding the GIL, into
   # $OUT[/armI]/pyspy.txt.gz (collapsed stacks; samples / (50 x seconds): how busy the GIL is, and by which threads)
   if [ "${PROFILE:-}" = "$i" ] && py-spy record --nonblocking --rate 50 -o $L/pyspy-probe.svg -- python3 -c 'import time; time.sleep(1)' > $L/pyspy-probe.log 2>&1; then
