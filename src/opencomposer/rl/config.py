@@ -97,7 +97,8 @@ class RolloutSection(SamplingSection):
     episode_nice: int = Field(0, ge=0, le=19, description="the episodes' threads, and the sandboxes, commands and "
         "graders they start, run this many steps nicer than the process (Linux: per thread), so the built-in "
         "engine's stepping thread is first to a core when they fill every core (session 32: ~13 graders at once "
-        "on each arm's 16 cores); 0: as the process")
+        "on each arm's 16 cores); 0: as the process. A [rollout] sandbox_pool's sandboxes are made by the pool's "
+        "own threads, at the process's priority")
     base_url: str | None = Field(None, description="rollout.engine='server', 'vllm' or 'sglang': the server, e.g. "
                                                    "http://gpu-7:8000/v1")
     # several engines (policies/fanout.py, rl/engines.py; docs/scaling.md, "Several rollout engines")
