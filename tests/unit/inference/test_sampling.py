@@ -5,6 +5,8 @@ sliver of mass at the end of a large vocabulary still reachable (the fp64 cumula
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
 from opencomposer.inference.engine.sampler import draw, plain_inputs, race, sample, sample_plain
@@ -86,3 +88,21 @@ def test_race_draws_in_proportion_to_the_weights_and_never_a_zero_weight():
         share = w[row] / w[row].sum()
         assert (freq - share).abs().max() < 0.015, (row, freq, share)
     assert not torch.isin(picks[:, 0], torch.tensor([0, 2])).any()
+
+
+def test_seeded_streams_are_uniform_independent_and_go_on_where_they_stopped():
+    from opencomposer.inference.engine.sampler import seeded_uniforms
+
+    u = seeded_uniforms([7, 8, -3, 2**63 - 1], [0, 0, 0, 0], 20_000)
+    assert u.shape == (4, 20_000) and (u >= 0).all() and (u < 1).all()
+    for row in u:  # uniform: each tenth of [0, 1) holds ~2,000 of 20,000 (4 sigma is ~170)
+        counts = np.histogram(row, bins=10, range=(0, 1))[0]
+        assert abs(counts - 2_000).max() < 200, counts
+    assert abs(np.corrcoef(u[0], u[1])[0, 1]) < 0.03 and abs(np.corrcoef(u[0, :-1], u[0, 1:])[0, 1]) < 0.03
+    # numbers 5.. of a stream are numbers 5.. whatever was drawn before, in whatever company
+    assert np.array_equal(seeded_uniforms([8, 7], [5, 0], 3)[0], u[1, 5:8])
+
+
+def test_a_seed_out_of_range_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"seed=18446744073709551616 \(an int in \[-2\*\*63, 2\*\*63\)"):
+        SamplingParams(seed=2**64).check()

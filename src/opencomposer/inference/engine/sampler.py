@@ -11,8 +11,8 @@ Sampling inverts each row's cumulative distribution at one uniform number (``dra
 from ``p``, with one random number a row where the exponential race ``argmax(p / E)`` took
 one per vocabulary entry (SmolLM2's 49,152 at batch 8: 13 -> 3.5 ms a step on the 2-core
 VM; the GPU graphs use the fused race of ``triton_sample.py``). Rows with a ``seed`` take
-their number from their own generator, so their output does not depend on what else is in
-the batch.
+their numbers from a stream of their own (``uniforms``: counter-based, SplitMix64 of the seed
+and a per-request count), so their output does not depend on what else is in the batch.
 
 ``top_logprobs = N`` (<= 20) also returns, per sampled token, the N most likely tokens and
 their logprobs under the same convention (before truncation), most likely first.
@@ -25,6 +25,7 @@ kernels launched from Python.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from opencomposer.inference.engine.sequence import Sequence
@@ -34,7 +35,7 @@ TopLogprobs = list[tuple[int, float]]
 
 def is_plain(seq: Sequence) -> bool:
     p = seq.params
-    return p.top_k == 0 and p.top_p >= 1.0 and seq.generator is None and not p.top_logprobs
+    return p.top_k == 0 and p.top_p >= 1.0 and seq.seed is None and not p.top_logprobs
 
 
 def plain_inputs(seqs: list[Sequence]) -> list[list[float]]:
@@ -92,16 +93,42 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
     return [int(t) for t in out[0]], out[1], tops
 
 
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function of ``x`` + the golden gamma (uint64, wrapping): a bijection
+    that scatters neighbouring inputs over all 64 bits."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def seeded_uniforms(seeds: list[int], starts: list[int], n: int) -> np.ndarray:
+    """[len(seeds), n] fp64 in [0, 1): numbers ``starts[i]`` .. ``starts[i] + n - 1`` of seed
+    ``seeds[i]``'s stream, SplitMix64(SplitMix64(seed) + count) in its top 53 bits. All rows at once
+    in numpy, on the host: no torch call per row, each of which would let go of the GIL (and an RL
+    rollout's engine thread must win it back from the episodes' threads every time)."""
+    with np.errstate(over="ignore"):
+        key = _splitmix(np.array(seeds, dtype=np.int64).astype(np.uint64))
+        count = np.array(starts, dtype=np.uint64)[:, None] + np.arange(n, dtype=np.uint64)[None, :]
+        bits = _splitmix(key[:, None] + count)
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 def uniforms(seqs: list[Sequence], n: int, device: torch.device) -> torch.Tensor:
-    """[len(seqs), n] uniform fp64 numbers in [0, 1); a row whose request has a ``seed`` draws
-    them from its own generator (its output does not depend on the rest of the batch). Those
-    generators live on the host (``Sequence``): a GPU engine's seeded rows are drawn there and
-    sent in one copy -- a device generator per row cost two kernel launches a row, ~180 at an
-    RL rollout's batch of 88, every step."""
-    seeded = [i for i, s in enumerate(seqs) if s.generator is not None]
+    """[len(seqs), n] uniform fp64 numbers in [0, 1); a row whose request has a ``seed`` takes the
+    next ``n`` numbers of its own stream (``seeded_uniforms``; its output does not depend on the rest
+    of the batch). They are made on the host for every seeded row at once and sent in one copy:
+    a device generator per row cost two kernel launches a row, ~180 at an RL rollout's batch of 88,
+    and a host generator per row one torch call a row."""
+    seeded = [i for i, s in enumerate(seqs) if s.seed is not None]
     if not seeded:
         return torch.rand(len(seqs), n, dtype=torch.float64, device=device)
-    rows = torch.stack([torch.rand(n, dtype=torch.float64, generator=seqs[i].generator) for i in seeded])
+    rows = torch.from_numpy(seeded_uniforms([seqs[i].seed for i in seeded], [seqs[i].draws for i in seeded], n))
+    for i in seeded:
+        seqs[i].draws += n
     if len(seeded) == len(seqs):
         return rows.to(device, non_blocking=True)
     u = torch.rand(len(seqs), n, dtype=torch.float64, device=device)

@@ -37,6 +37,8 @@ class SamplingParams:
             bad.append(f"top_p={self.top_p!r} (in (0, 1])")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             bad.append(f"top_k={self.top_k!r} (an int >= 0, 0 = off)")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**63):
+            bad.append(f"seed={self.seed!r} (an int in [-2**63, 2**63), or None)")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
             bad.append(f"stop={self.stop!r} (a tuple of non-empty strings)")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -73,12 +75,11 @@ class Sequence:
         self.routes: torch.Tensor | None = None  # MoE: set when finished (``moe.read_routes``)
         self.finish_reason: str | None = None
         self.text = ""                 # final text, set when finished
-        # on the host whatever the engine's device: ``sampler.uniforms`` draws every seeded
-        # row there and sends them in one copy (``device`` is kept for callers; unused)
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator()
-            self.generator.manual_seed(params.seed)
+        # a seeded request's random numbers: the ``draws``-th, ``draws + 1``-th, ... of its seed's
+        # counter-based stream (``sampler.uniforms``, on the host whatever the engine's device;
+        # ``device`` is kept for callers, unused)
+        self.seed: int | None = params.seed
+        self.draws = 0
 
     @property
     def num_generated(self) -> int:
