@@ -145,9 +145,11 @@ python3 -c 'from opencomposer.sandbox.namespace import unavailable_reason as u; 
 from opencomposer.harness.lint import ruff_binary; print("ruff (lint tool, lint reward):", ruff_binary() or "missing")'
 if [ "${1:-}" = engine ]; then  # the engine's decode step at an RL rollout's batch and contexts (session 32: ~44 ms a
   # step with ~88 sequences of ~2,400-token prompts, ~30x off the KV-read bound): plain vs seeded requests (RL's), with
-  # a busy Python thread beside the engine (the episodes' threads) and with a 0.5 ms thread switch interval
+  # a busy Python thread beside the engine (the episodes' threads) at 0.1 ms, 0.5 ms and the default 5 ms thread
+  # switch interval (session 33, CPU: every torch call hands the GIL over and waits up to an interval to win it back)
   A="--shapes smollm2-135m --batches 88,128 --context 128,3000,6000 --decode-only --max-model-len 8192 --decode-steps 64 --phase-steps 16"
-  for X in "" "--seeded" "--seeded --busy-threads 1" "--seeded --busy-threads 1 --switch-ms 0.5" "--busy-threads 1"; do
+  for X in "" "--seeded" "--seeded --busy-threads 1 --switch-ms 0.1" "--seeded --busy-threads 1 --switch-ms 0.5" \
+           "--seeded --busy-threads 1"; do  # the default 5 ms interval last: beside a busy thread it may not finish
     echo "== bench engine $X"
     # each arm at most ENGINE_ARM_S seconds (session 33: the first busy-thread arm ran past the call's 10 minutes)
     # shellcheck disable=SC2086
