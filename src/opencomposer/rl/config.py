@@ -90,12 +90,10 @@ class RolloutSection(SamplingSection):
                           "server at rollout.base_url, token ids in and out, new weights loaded from "
                           "rollout.weights_dir after each update")
     switch_interval_ms: float | None = Field(
-        0.1, gt=0, le=100, description="rollout.engine='builtin': Python's thread switch interval in this process "
-        "(sys.setswitchinterval) once an engine is built, in ms (Python's own is 5; None leaves it). The engine steps "
-        "in a thread beside every episode's thread, and each torch call it makes hands the GIL over and waits up to "
-        "this long to win it back while an episode thread runs Python (session 33, CPU: a decode step 61.8 ms alone, "
-        "3,203 ms beside one busy thread at 5 ms, 169 ms at 0.1 ms; `opencomposer bench engine --busy-threads 1 "
-        "--switch-ms S`)")
+        None, gt=0, le=100, description="rollout.engine='builtin': Python's thread switch interval in this process "
+        "(sys.setswitchinterval) once an engine is built, in ms; absent: Python's 5 ms. The engine steps in a thread "
+        "beside every episode's thread, and each wait for the device lets an episode thread hold the interpreter up "
+        "to this long (benchmarks: `opencomposer bench engine --busy-threads 1 --switch-ms 0.5`)")
     episode_nice: int = Field(0, ge=0, le=19, description="the episodes' threads, and the sandboxes, commands and "
         "graders they start, run this many steps nicer than the process (Linux: per thread), so the built-in "
         "engine's stepping thread is first to a core when they fill every core (session 32: ~13 graders at once "
