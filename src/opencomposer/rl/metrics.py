@@ -139,7 +139,7 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
     (the built-in one): prefill and decode seconds, prompt tokens and those the prefix cache
     spared (``prefix_hit_fraction``), generated tokens, steps, and the stepping thread's wall and
     CPU seconds in steps (``engine_step_s``, ``engine_step_cpu_s``: the difference is waiting, for
-    the device or for the GIL; ``engine_step_runqueue_s`` of it runnable but without a core)."""
+    the device or for the GIL; ``engine_step_runqueue_s``: the stepping thread runnable but without a core)."""
     eps = [r.result for r in rollouts if r.result is not None]
     n = max(len(eps), 1)
     policy = [sum(s.policy_seconds for s in e.trajectory.steps) for e in eps]

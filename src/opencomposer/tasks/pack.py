@@ -40,7 +40,6 @@ import sys
 import tarfile
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -539,23 +538,6 @@ def _extract(parts: list[Path], objects: Path) -> dict:
     return manifest
 
 
-def _rebuild_envs(todo: list[dict], tmp: Path, dest: Path, python: str, timeout: float) -> None:
-    """Rebuild the environments ``todo`` under ``tmp`` (staged for ``dest``), several at once: each is
-    a venv and an offline pip install, subprocesses waiting on disk (38 of them took 2 of the 2.7
-    minutes of a pack's unpack one after another, session 33). The first env in ``todo``'s order that
-    failed raises, named where it will be, not in the staging dir."""
-    def one(e: dict) -> None:
-        packenv.rebuild_env(tmp / ENVS / e["name"], tmp / ".wheels" / e["name"].replace("/", "_"), e,
-                            e.get("packages", []), python, timeout)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(todo)))) as pool:
-        futures = [pool.submit(one, e) for e in todo]
-    for f in futures:
-        if isinstance(err := f.exception(), packenv.EnvError):
-            raise packenv.EnvError(str(err).replace(str(tmp), str(dest))) from None
-        f.result()
-
-
 def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.executable,
                  timeout: float = 900.0) -> UnpackReport:
     """Restore the pack at ``pack`` (file, base name or part) into ``dest`` (new or empty), and with
@@ -602,7 +584,8 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
             real = os.path.realpath(tmp / ln["path"])
             if not (real == top or real.startswith(top + os.sep)):
                 raise PackError(f"{pack}: symlink {ln['path']!r} -> {ln['target']!r} resolves outside its task")
-        _rebuild_envs(todo, tmp, dest, python, timeout)
+        packenv.rebuild_envs([(tmp / ENVS / e["name"], tmp / ".wheels" / e["name"].replace("/", "_"), e)
+                              for e in todo], python, timeout, staged=(tmp, dest))
         for d in sorted((d for d in m["dirs"] if keep(d["path"])), key=lambda d: -d["path"].count("/")):
             os.chmod(tmp / d["path"], d["mode"] & 0o777)
         shutil.rmtree(objects)

@@ -70,11 +70,13 @@ KEEP_FINISHED = 4096  # finished requests kept for ``completion()`` (oldest drop
 AGENT_CONTEXT = 8192  # tokens of an agent conversation an engine for episodes holds (Engine.for_agents)
 
 
-def runqueue_ns() -> int:
-    """Nanoseconds the calling thread has spent runnable but waiting for a core (the second field of
-    Linux's ``/proc/thread-self/schedstat``); 0 where the kernel does not say."""
+def runqueue_ns(tid: int | None) -> int:
+    """Nanoseconds thread ``tid`` of this process has spent runnable but waiting for a core (the second
+    field of Linux's ``/proc/self/task/<tid>/schedstat``); 0 where the kernel does not say."""
+    if tid is None:
+        return 0
     try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
             return int(f.read().split()[1])
     except (OSError, IndexError, ValueError):
         return 0
@@ -130,9 +132,8 @@ class Engine:
                         # a whole step's wall time and its thread's CPU time: the difference is time spent
                         # waiting, for the device or for the interpreter (another thread holding the GIL)
                         "step_seconds": 0.0, "step_cpu_seconds": 0.0,
-                        # of the waiting, the time the thread was runnable but not running (Linux's schedstat):
-                        # cores taken by other processes (sandboxes, graders) or threads
-                        "step_runqueue_seconds": 0.0}
+                        }
+        self._stepper: int | None = None  # the stepping thread's native id: its run-queue time (counts)
 
     @classmethod
     def for_agents(cls, model: Any, tokenizer: Any, **kw: Any) -> Engine:
@@ -204,7 +205,7 @@ class Engine:
         with self._turn:  # an in-flight weight update waiting for the lock goes first
             pass
         with self._lock, self._on_device():
-            cpu0, rq0 = time.thread_time(), runqueue_ns()
+            cpu0, self._stepper = time.thread_time(), threading.get_native_id()
             outputs = [StepOutput(s.request_id, [], [], True, "abort") for s in self._aborted]
             self._aborted.clear()
             t0 = time.perf_counter()
@@ -223,7 +224,6 @@ class Engine:
             finally:
                 self._counts["step_seconds"] += time.perf_counter() - t0
                 self._counts["step_cpu_seconds"] += time.thread_time() - cpu0
-                self._counts["step_runqueue_seconds"] += (runqueue_ns() - rq0) / 1e9
             return outputs
 
     def _speculates(self, batch: ScheduledBatch) -> bool:
@@ -390,8 +390,10 @@ class Engine:
 
     def counts(self) -> dict[str, float]:
         """The running counters alone (prompt, prefill and generated tokens, steps, seconds; ``stats``
-        holds them with the rest): cheap to poll from another thread."""
-        return dict(self._counts)
+        holds them with the rest): cheap to poll from another thread. ``step_runqueue_seconds``: the stepping
+        thread's time runnable but without a core (cores taken by sandboxes, graders, other threads), read
+        from Linux here rather than in the step, which would pay two file reads a step for it."""
+        return {**self._counts, "step_runqueue_seconds": runqueue_ns(self._stepper) / 1e9}
 
     def stats(self) -> dict[str, Any]:
         cfg = self.model.cfg
@@ -421,7 +423,7 @@ class Engine:
             **(self.speculator.stats() if self.speculator is not None else {}),
             "capture_b1_ms": dict(self.runner.capture_ms),
             "gemv_plan": {k: ",".join(map(str, v)) if v else "cublas" for k, v in (self.model.gemv_plan or {}).items()},
-            **self._counts,
+            **self.counts(),
         }
 
     # ------------------------------------------------------------------ internals
