@@ -275,6 +275,21 @@ run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's result
     --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s $left 2>&1 | grep --line-buffered -v "Loading weights" \
     | if [ -n "${SET1:-}" ]; then sed -u "s/^/[arm$i] /" | tee -a $3; else tee -a $3; fi
   rc=${PIPESTATUS[0]}
+  # under py-spy the status is py-spy's (0 whenever it profiled to the end): the run's own is in its last line,
+  # the JSON it prints last, py-spy's own lines aside ("stopped_before": stopped at the deadline, 3; none: a crash, 1)
+  if [ ${#spy[@]} -gt 0 ] && [ $rc -eq 0 ]; then
+    rc=$(python3 -c "import json, sys
+last = {}
+for line in open(sys.argv[1]).read().splitlines():  # this call's lines come last (the log is appended to)
+    line = line.split('] ', 1)[-1] if line.startswith('[arm') else line
+    if line.startswith('py-spy>') or not line.strip():
+        continue
+    try:
+        last = json.loads(line)
+    except ValueError:
+        last = {}
+print(3 if 'stopped_before' in last else 0 if 'out' in last else 1)" $3)
+  fi
   rd=$(out_dir_of "$2")
   if [ -n "$dest" ]; then
     [ -n "${SET1:-}" ] && dest=$dest/arm$i && mkdir -p $dest

@@ -219,7 +219,13 @@ class Clock:
         self.t0 = time.monotonic()
         self.deadline_s = deadline_s
         self.sec_per_episode = 0.35   # until measured: HumanEval-like episodes on one H200
-        self.sec_per_step = 40.0
+        self.step_seconds: list[float] = []  # the RL steps measured in this call
+
+    @property
+    def sec_per_step(self) -> float:
+        """What the next RL step may take: the slowest of the last three, with a fifth more (steps vary
+        by half with the tasks drawn; a step begun that does not fit is lost when the call's time ends)."""
+        return 1.2 * max(self.step_seconds[-3:]) if self.step_seconds else 40.0
 
     def fits(self, seconds: float) -> bool:
         return self.deadline_s is None or time.monotonic() - self.t0 + seconds <= self.deadline_s
@@ -468,7 +474,7 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
                 row = run.step(step)
                 run.learner.save(step + 1, run.actor_state(row))  # checkpoint first (atomic), then the row
                 run.actor.log(row)
-                clock.sec_per_step = time.perf_counter() - t0
+                clock.step_seconds.append(time.perf_counter() - t0)
             run.close()
             run.actor.policy.close()
             run.refresh_weights()

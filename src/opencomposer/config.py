@@ -49,6 +49,11 @@ class AgentConfig(Strict):
         None, gt=0, description="seconds the hidden tests may run when the episode is graded, when below the task's "
         "[tests] timeout (unset: the task's). An edit that makes the tests hang costs its batch this long; a test "
         "run cut short earns no reward")
+    grade_fail_fast: bool = Field(
+        True, description="the hidden tests stop at the first FAIL_TO_PASS or PASS_TO_PASS test that does not pass "
+        "(pytest's own order): the reward is 0 whatever the rest do, so it is the same reward, sooner (a library with "
+        "a slow suite: emoji's 11.4 s -> 0.55 s on the unchanged workspace); the episode's record then holds only "
+        "the tests that ran")
     max_output_chars: int = Field(16_000, ge=256, description="cap on one observation")
     search_max_results: int = Field(50, ge=1)
     summarize_at: int = Field(0, ge=0, description="context tokens that trigger a self-summary (0 = never)")

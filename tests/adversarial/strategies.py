@@ -99,10 +99,15 @@ def refused(path: str, why: str) -> Callable[[object], None]:
 
 
 def graded(report: str = "ok", canary: str = "FAILED") -> Callable[[object], None]:
+    """The grader's run was trusted (``report``) and the canary came out as ``canary``. Episodes grade with
+    ``[agent] grade_fail_fast``: a run stopped at a FAIL_TO_PASS/PASS_TO_PASS test that failed (reward 0 whatever
+    follows) may end before the canary, which then counts as not run; a forgery that passes every test never
+    stops the run, so it still meets the canary."""
     def check(ep) -> None:
         d = ep.reward.details
         assert (d["report"] == report if report == "ok" else report in d["report"]), d["report"]
-        assert d["canary"] == canary, d
+        stopped_first = canary == "FAILED" and d["stopped_at"] and d["canary"] == "MISSING"
+        assert d["canary"] == canary or stopped_first, d
     return check
 
 

@@ -35,5 +35,5 @@ def test_left_behind_is_reset_away_in_a_pool_of_one(sid: str, pool, toolz_tasks)
     d = ep.reward.details
     assert pool.pool.stats["reused"] >= 1, pool.pool.stats  # the grader had the agent's sandbox, reset
     assert d.get("graded_reward", ep.reward.reward) == 0.0 and ep.reward.reward == 0.0, d
-    assert d["canary"] == "FAILED" and d["report"] == "ok", d
+    assert d["report"] == "ok" and (d["canary"] == "FAILED" or (d["stopped_at"] and d["canary"] == "MISSING")), d
     assert set(ep.flags) == set(strategy.flags), ep.flags

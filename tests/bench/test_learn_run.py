@@ -335,3 +335,13 @@ def test_rl_without_sft_tasks_needs_another_pool(tmp_path, toolz_tasks):
     ids = json.loads((out / "splits.json").read_text())
     assert ids["rl_only"] and not set(ids["rl_only"]) & set(ids["train"])
     assert lr.rl_pool(c, splits, lambda m: None) == splits["rl_only"]  # never a task SFT fitted
+
+
+def test_the_next_step_is_budgeted_as_the_slowest_recent_one():
+    clock = lr.Clock(deadline_s=100.0)
+    assert clock.sec_per_step == 40.0  # nothing measured yet
+    clock.step_seconds += [30.0, 66.0, 50.0]
+    assert clock.sec_per_step == pytest.approx(1.2 * 66.0)  # not the last (50): one slow step of three counts
+    clock.step_seconds += [20.0, 20.0, 20.0]
+    assert clock.sec_per_step == pytest.approx(24.0)  # only the last three
+    assert not lr.Clock(deadline_s=10.0).fits(lr.Clock(deadline_s=10.0).sec_per_step)

@@ -205,6 +205,8 @@ coef = 1.0
     # where the step's time went: the episodes' parts and the built-in engine's own counts
     assert row["episode_s_max"] >= row["episode_s_mean"] > 0 and row["episode_policy_s_mean"] > 0
     assert row["engine_generated_tokens"] > 0 and row["engine_prefill_s"] > 0 and 0 <= row["prefix_hit_fraction"] < 1
+    # the stepping thread's wall and CPU seconds in steps reach the row (wall >= CPU: the rest is waiting)
+    assert row["engine_step_s"] > 0 and row["engine_step_cpu_s"] > 0 and row["engine_step_runqueue_s"] >= 0
     assert row["reward_mean"] == 0.0 and row["r_length"] > 0  # tiny-random solves nothing, but pays for length
     assert row["feedback_points"] >= 1 and row["distill_kl"] > 0 and not row["update_skipped"]
     base, tok = load_model("tiny-random")

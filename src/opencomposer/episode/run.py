@@ -111,7 +111,7 @@ def run_task(task: Task, policy: Policy, backend: str = "auto", cfg: AgentConfig
         traj.meta["lint"] = lint_delta(task.workspace, sb, changes).to_dict()
         carry = collect(task.workspace, sb, changes)
     agent = cfg or AgentConfig()
-    reward = grade(task, carry, open_sandbox, timeout=agent.grade_timeout)
+    reward = grade(task, carry, open_sandbox, timeout=agent.grade_timeout, fail_fast=agent.grade_fail_fast)
     t3 = time.time()
     report = monitor(traj, changes, carry=carry, base=task.workspace, grader=reward.details,
                      allowed=task.gold_patch)

@@ -26,6 +26,7 @@ Test: ``pytest tests/unit/grading/test_grade.py``; the adversarial suite: ``pyte
 from __future__ import annotations
 
 import ast
+import functools
 import posixpath
 import secrets
 from collections.abc import Callable
@@ -102,12 +103,13 @@ def lay_hidden_tests(task: Task, sandbox: Sandbox) -> list[str]:
 WORDS = ("again", "more", "extra", "values", "cases", "edge", "simple", "basic", "other", "mixed", "twice", "small")
 
 
-def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
-    """A copy of the module-level test function ``name`` of ``src`` as ``new``: the body runs as it
-    is (a ``return`` in it included), then ``failing``. Its decorators and fixtures stay on ``new``;
-    the copied body becomes a helper ``_new``. None when ``src`` has no such plain function."""
+@functools.lru_cache(maxsize=128)
+def _function_parts(src: str, name: str) -> tuple[tuple[str, ...], tuple[str, ...], str, str] | None:
+    """(decorator lines, source lines, arguments, the call passing them on) of the module-level test
+    function ``name`` of ``src``, or None. Cached: a hidden test file is the same in every grade of its task,
+    and its parse holds the interpreter (episodes grade in threads beside the engine's)."""
     try:
-        tree = pyparse.parse(src)  # episodes grade in threads at once
+        tree = pyparse.parse(src)
     except SyntaxError:
         return None
     for node in tree.body:
@@ -117,13 +119,30 @@ def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
                 return None
             lines = src.splitlines()
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            decorators = lines[start - 1:node.lineno - 1]
-            body = lines[node.lineno - 1:node.end_lineno]
-            body[0] = body[0].replace(f"def {name}(", f"def _{new}(", 1)
             call = ", ".join([x.arg for x in a.args] + [f"{x.arg}={x.arg}" for x in a.kwonlyargs])
-            outer = [*decorators, f"def {new}({ast.unparse(a)}):", f"    _{new}({call})", f"    {failing}"]
-            return "\n".join(body + ["", ""] + outer)
+            return (tuple(lines[start - 1:node.lineno - 1]), tuple(lines[node.lineno - 1:node.end_lineno]),
+                    ast.unparse(a), call)
     return None
+
+
+def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
+    """A copy of the module-level test function ``name`` of ``src`` as ``new``: the body runs as it
+    is (a ``return`` in it included), then ``failing``. Its decorators and fixtures stay on ``new``;
+    the copied body becomes a helper ``_new``. None when ``src`` has no such plain function.
+
+    The decorators see a function of the original's name, which is then bound to ``new`` (pytest names a
+    test by the module attribute) and the original put back: a decorator that reads the function's name
+    (tinycss2's ``@json_test()`` loads ``<name>.json``) would otherwise fail the whole file's collection
+    and so every gold and honest solution of the task (51 tasks of the RL pool, session 34)."""
+    parts = _function_parts(src, name)
+    if parts is None:
+        return None
+    decorators, lines, args, call = parts
+    body = [lines[0].replace(f"def {name}(", f"def _{new}(", 1), *lines[1:]]
+    keep = f"_{new}_original"
+    outer = [f"{keep} = {name}", *decorators, f"def {name}({args}):", f"    _{new}({call})", f"    {failing}", "",
+             "", f"{new} = {name}", f"{name} = {keep}", f"del {keep}"]
+    return "\n".join(body + ["", ""] + outer)
 
 
 def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
@@ -157,22 +176,29 @@ def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
     return path, f"{path}::test_{name}"
 
 
-def _names(src: str) -> set[str]:
-    """Every name bound or used in ``src`` (empty when it does not parse): the canary's must be new."""
+@functools.lru_cache(maxsize=128)
+def _names(src: str) -> frozenset[str]:
+    """Every name bound or used in ``src`` (empty when it does not parse): the canary's must be new.
+    Cached as ``_function_parts`` is."""
     try:
-        tree = pyparse.parse(src)  # episodes grade in threads at once
+        tree = pyparse.parse(src)
     except SyntaxError:
-        return set()
-    return {n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(tree)}
+        return frozenset()
+    return frozenset(n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(tree))
 
 
 def base_test_files(task: Task) -> list[str]:
     """The workspace's own test files and helpers (``tests/``, ``test_*.py``, ``conftest.py``...): the
-    hidden tests import them, so the launcher watches them too."""
-    ws = task.workspace
-    return [p.relative_to(ws).as_posix() for p in ws.rglob("*")
+    hidden tests import them, so the launcher watches them too. Listed once per loaded task (a walk of
+    the whole workspace: an RL step's k episodes of a task share its ``Task``, and grade in threads)."""
+    got = task.__dict__.get("_base_test_files")
+    if got is None:
+        ws = task.workspace
+        got = task.__dict__["_base_test_files"] = [
+            p.relative_to(ws).as_posix() for p in ws.rglob("*")
             if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(ws).parts
             and TEST_FILE.search(p.relative_to(ws).as_posix())]
+    return list(got)
 
 
 def apply_carry(carry: Carry, sandbox: Sandbox) -> None:
@@ -185,10 +211,12 @@ def apply_carry(carry: Carry, sandbox: Sandbox) -> None:
 
 
 def grade(task: Task, carry: Carry, open_sandbox: OpenSandbox, *, canary: bool = True,
-          timeout: float | None = None) -> RewardResult:
+          timeout: float | None = None, fail_fast: bool = False) -> RewardResult:
     """Reward of ``carry`` on ``task``, graded in a fresh sandbox from ``open_sandbox``; the hidden
     tests run for at most the task's ``[tests] timeout``, or ``timeout`` seconds when that is lower
-    (a run cut short has no report: no reward)."""
+    (a run cut short has no report: no reward). ``fail_fast``: the run stops at the first FAIL_TO_PASS
+    or PASS_TO_PASS test that does not pass, in pytest's own order (the reward is 0 whatever the rest
+    do, so it is the same reward; the details then hold only the tests run, and ``stopped_at``)."""
     t = task.meta.tests
     with open_sandbox(task.sandbox_spec()) as sb:
         apply_carry(carry, sb)
@@ -197,7 +225,8 @@ def grade(task: Task, carry: Carry, open_sandbox: OpenSandbox, *, canary: bool =
         extra = [canary_target] if canary_target else []
         watched = sorted(set(laid + base_test_files(task) + [canary_id.partition("::")[0]] * bool(canary)))
         run = PytestRun.from_command(t.command, t.targets + extra, watched=watched,
-                                     carried=[p for p in carry.files if p.endswith(".py")])
+                                     carried=[p for p in carry.files if p.endswith(".py")],
+                                     must_pass=[*t.fail_to_pass, *t.pass_to_pass] if fail_fast else [])
         rep = run.execute(sb, timeout=t.timeout if timeout is None else min(t.timeout, timeout))
     return result(task, rep, carry, canary_id)
 
@@ -249,6 +278,7 @@ def result(task: Task, rep: GradedRun, carry: Carry, canary_id: str) -> RewardRe
             "fail_to_pass": f2p, "pass_to_pass": p2p, "f2p_passed": ok(f2p), "p2p_passed": ok(p2p),
             "timed_out": rep.timed_out, "exit_code": rep.exit_code, "seconds": round(rep.seconds, 2),
             "report": rep.problem or "ok", "canary": canary_status, "tampered": "; ".join(tampered),
+            "stopped_at": rep.stopped_at,
             "reach": [str(r) for r in rep.reach][:10],
             "carried": carry.to_dict(),
             "output_tail": rep.output_tail[-1500:] if not passed else "",

@@ -35,6 +35,11 @@ pytest, so an in-process forgery that raises no audited event and spares the can
 of one of the task's own tests, ``grade.py``) is not ruled out; the monitors scan the carried
 code for the known forms (``rewards/monitors.py``); the README says so.
 
+``must_pass`` (the task's FAIL_TO_PASS and PASS_TO_PASS tests, ``[agent] grade_fail_fast``): the recorder stops
+the session at the first of them that does not pass, in pytest's own order (``stopped_at`` names it); the reward
+is 0 from there, so only time is saved. Code under test can make the run stop sooner (its tests are then missing:
+no reward) or keep it going (as without the option), never earn a reward by it.
+
 The command must be pytest's (``python -m pytest ARGS`` or ``pytest ARGS``, as every task
 source writes); its arguments are kept, and the launcher replaces the interpreter start.
 
@@ -59,6 +64,7 @@ def _oc_main():
     nonce = sys.stdin.readline().strip()
     watched = json.loads(sys.stdin.readline())
     carried = json.loads(sys.stdin.readline())
+    must_pass = set(json.loads(sys.stdin.readline()))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     channel, write, dumps, real, relpath = os.dup(1), os.write, json.dumps, os.path.realpath, os.path.relpath
@@ -127,7 +133,7 @@ def _oc_main():
         return out
     before, changed = digest(), set()
     import pytest
-    outcomes, collect_errors, xfail_marked = {}, [], set()
+    outcomes, collect_errors, xfail_marked, running = {}, [], set(), []
     class _Recorder:
         def pytest_collectreport(self, report):
             if report.failed:
@@ -135,6 +141,7 @@ def _oc_main():
         def pytest_collection_finish(self, session):
             xfail_marked.update(i.nodeid for i in session.items if i.get_closest_marker("xfail") is not None)
             changed.update(p for p, h in digest().items() if h != before[p])
+            running.append(session)
         def pytest_runtest_logreport(self, report):
             xf = hasattr(report, "wasxfail") and report.nodeid in xfail_marked  # an imperative xfail() is a failure
             if report.when == "setup":
@@ -146,12 +153,17 @@ def _oc_main():
                 else: outcomes[report.nodeid] = "XPASS" if hasattr(report, "wasxfail") else "PASSED"
             elif report.failed:
                 outcomes[report.nodeid] = "ERROR"
+            if report.nodeid in must_pass and outcomes.get(report.nodeid, "PASSED") not in ("PASSED", "XFAIL") and running:
+                running[0].shouldstop = "a test that must pass did not: " + report.nodeid
+                stopped.append(report.nodeid)
+    stopped = []
     code = pytest.main(sys.argv[1:], plugins=[_Recorder()])
     changed.update(p for p, h in digest().items() if h != before[p])
     for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try: s.flush()
         except Exception: pass
-    report = {"outcomes": outcomes, "collect_errors": collect_errors, "exit": int(code), "changed": sorted(changed)}
+    report = {"outcomes": outcomes, "collect_errors": collect_errors, "exit": int(code), "changed": sorted(changed),
+              "stopped_at": stopped[0] if stopped else ""}
     write(channel, ("\n" + nonce + " " + dumps(report) + "\n").encode())
     os._exit(0)
 _oc_main()
@@ -183,6 +195,7 @@ class GradedRun(TestReport):
     collect_errors: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # watched files whose bytes changed during the run
     reach: list[Reach] = field(default_factory=list)  # what the launcher's audit hook saw the code under test do
+    stopped_at: str = ""  # the must-pass test that failed and stopped the run ("": it ran to the end)
 
 
 @dataclass
@@ -191,10 +204,14 @@ class PytestRun:
     python: str = "python"
     watched: list[str] = field(default_factory=list)  # workspace files that must not change during the run
     carried: list[str] = field(default_factory=list)  # the agent's files: the code the audit hook watches
+    # tests that must pass for any reward: the run stops at the first that does not (the reward is 0 whatever
+    # the rest do); empty: every target runs
+    must_pass: list[str] = field(default_factory=list)
 
     @classmethod
     def from_command(cls, command: str, targets: list[str], python: str = "python",
-                     watched: list[str] | None = None, carried: list[str] | None = None) -> "PytestRun":
+                     watched: list[str] | None = None, carried: list[str] | None = None,
+                     must_pass: list[str] | None = None) -> "PytestRun":
         argv = shlex.split(command)
         if len(argv) >= 3 and argv[0].split("/")[-1].startswith("python") and argv[1:3] == ["-m", "pytest"]:
             rest = argv[3:]
@@ -203,11 +220,11 @@ class PytestRun:
         else:
             raise NotPytest(f"test command {command!r} is not 'python -m pytest ...' or 'pytest ...'; "
                             "the grader runs pytest under its own launcher")
-        return cls(rest + list(targets), python, list(watched or []), list(carried or []))
+        return cls(rest + list(targets), python, list(watched or []), list(carried or []), list(must_pass or []))
 
     def execute(self, sandbox: Sandbox, timeout: float) -> GradedRun:
         nonce = secrets.token_hex(16)
-        feed = "\n".join([nonce, json.dumps(self.watched), json.dumps(self.carried)]) + "\n"
+        feed = "\n".join([nonce, json.dumps(self.watched), json.dumps(self.carried), json.dumps(self.must_pass)]) + "\n"
         r = sandbox.exec([self.python, "-c", BOOT, *self.args], timeout=timeout, max_output=4_000_000,
                          stdin=feed.encode())
         lines = [line[len(nonce) + 1:] for line in r.output.splitlines() if line.startswith(nonce + " ")]
@@ -236,6 +253,7 @@ class PytestRun:
             run.collect_errors = [str(x) for x in data["collect_errors"]]
             run.exit_code = int(data["exit"])
             run.changed = [str(x) for x in data["changed"]]
+            run.stopped_at = str(data["stopped_at"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             run.problem = f"unreadable report ({type(e).__name__})"
         return run

@@ -66,7 +66,7 @@ from opencomposer.rl.taskpool import HarderTasks, task_sampler
 from opencomposer.train.samples import Sample, trajectory_samples
 
 ENGINE_COUNTS = ("prompt_tokens", "prefill_tokens_computed", "generated_tokens", "steps", "prefill_seconds",
-                 "decode_seconds")
+                 "decode_seconds", "step_seconds", "step_cpu_seconds", "step_runqueue_seconds")
 
 
 @dataclass

@@ -245,9 +245,11 @@ def check_paths(root: Path, meta: TaskMeta, toml_path: Path | str) -> None:
                     raise TaskFormatError(f"{toml_path}: {rel} follows a symlink to {os.path.realpath(p)}, "
                                           f"outside the task directory {real_root}; expected the task's own file")
 
+    seen: set[str] = set()  # node ids share a few files: each path is resolved once (a task lists up to thousands)
+
     def in_workspace(key: str, value: str, node_id: bool = False) -> None:
         rel = value.split("::", 1)[0] if node_id else value
-        if not rel:
+        if not rel or rel in seen:
             return
         if "\0" in rel:
             raise refuse(key, value, "contains a NUL byte; expected a path relative to the workspace")
@@ -258,6 +260,7 @@ def check_paths(root: Path, meta: TaskMeta, toml_path: Path | str) -> None:
             if not _inside(real, base):
                 raise refuse(key, value, f"resolves to {real}, outside {base}; expected a path inside "
                              "the task's workspace/ (or tests/files/ for test files)")
+        seen.add(rel)
 
     in_workspace("feature.file", meta.feature.file)
     for i, v in enumerate(meta.environment.pythonpath):

@@ -37,8 +37,10 @@ def test_carried_code_is_what_is_graded(minicalc_task):
     assert bad.reward == 0.0 and bad.details["fail_to_pass"] == {"tests/test_ops.py::test_clamp": "FAILED"}
 
 
-def test_a_runner_rewired_to_pass_everything_is_caught_by_the_canary(minicalc_task):
-    """Code under test that patches pytest's reports at import: every test 'passes', the canary too."""
+@pytest.mark.parametrize("fail_fast", [False, True])
+def test_a_runner_rewired_to_pass_everything_is_caught_by_the_canary(minicalc_task, fail_fast):
+    """Code under test that patches pytest's reports at import: every test 'passes', the canary too (with
+    ``fail_fast`` too: nothing fails, so nothing stops the run before the canary)."""
     task = minicalc_task
     rewire = (b"import _pytest.reports\n"
               b"_orig = _pytest.reports.TestReport.__init__\n"
@@ -47,10 +49,25 @@ def test_a_runner_rewired_to_pass_everything_is_caught_by_the_canary(minicalc_ta
               b"    self.outcome = 'passed'\n"
               b"_pytest.reports.TestReport.__init__ = _init\n")
     init = b"from .ops import add, mul\nfrom . import _hook\n"
-    res = grade(task, Carry(files={"minicalc/_hook.py": rewire, "minicalc/__init__.py": init}), opener("local"))
+    res = grade(task, Carry(files={"minicalc/_hook.py": rewire, "minicalc/__init__.py": init}), opener("local"),
+                fail_fast=fail_fast)
     assert res.details["fail_to_pass"] == {"tests/test_ops.py::test_clamp": "PASSED"}  # the forgery works...
     assert "canary" in res.details["tampered"] and res.details["canary"] == "PASSED"  # ...and gives itself away
     assert res.reward == 0.0
+
+
+def test_fail_fast_gives_the_same_reward_and_stops_at_the_first_must_pass_failure(minicalc_task):
+    """The default of episodes ([agent] grade_fail_fast): the gold still earns 1 with every test run and the
+    canary failing; the unchanged workspace earns 0 as the full run does, stopped at its failing test."""
+    task, op = minicalc_task, opener("local")
+    gold = patch_carry(task, task.gold_patch, op)
+    full, fast = grade(task, gold, op), grade(task, gold, op, fail_fast=True)
+    assert full.reward == fast.reward == 1.0 and fast.details["stopped_at"] == ""
+    assert fast.details["fail_to_pass"] == full.details["fail_to_pass"] and fast.details["canary"] == "FAILED"
+    full, fast = grade(task, Carry(), op), grade(task, Carry(), op, fail_fast=True)
+    assert full.reward == fast.reward == 0.0 and full.details["stopped_at"] == ""
+    assert fast.details["stopped_at"] in task.meta.tests.fail_to_pass + task.meta.tests.pass_to_pass
+    assert fast.details["fail_to_pass"][fast.details["stopped_at"]] in ("FAILED", "ERROR")
 
 
 def test_deleted_files_are_deleted(minicalc_task):
@@ -68,6 +85,24 @@ def test_test_files_rewritten_on_disk_during_the_run_are_caught(minicalc_task):
     res = grade(task, Carry(files={"minicalc/_hook.py": rewrite, "minicalc/__init__.py": init}), opener("local"))
     assert res.reward == 0.0
     assert "test files changed on disk" in res.details["tampered"], res.details
+
+
+def test_a_canary_of_a_test_whose_decorator_reads_its_name_is_collected():
+    """tinycss2's ``@json_test()`` parametrizes a test from ``<its name without test_>.json``: a canary defined under
+    a new name asked for a file that does not exist, the whole test file failed to collect, and the gold earned 0."""
+    from opencomposer.grading.grade import _clone_source
+
+    src = ("import pytest\n\nDATA = {'one_rule.json': [1, 2]}\n\n\ndef json_test():\n    def decorator(function):\n"
+           "        cases = DATA[function.__name__.split('_', 1)[-1] + '.json']\n\n"
+           "        @pytest.mark.parametrize('x', cases)\n        def test(x):\n            assert function(x)\n"
+           "        return test\n    return decorator\n\n\n@json_test()\ndef test_one_rule(x):\n    return x > 0\n")
+    clone = _clone_source(src, "test_one_rule", "test_one_rule_more", "assert 5 == 6")
+    space: dict = {}
+    exec(compile(src + "\n\n" + clone, "t.py", "exec"), space)  # before the fix: KeyError 'one_rule_more.json'
+    space["test_one_rule"](1)  # the original is the original again
+    with pytest.raises(AssertionError):
+        space["test_one_rule_more"](1)
+    assert [m.args for m in space["test_one_rule_more"].pytestmark] == [("x", [1, 2])]
 
 
 def test_a_test_helper_rewritten_during_the_run_is_caught(minicalc_task):
@@ -92,7 +127,8 @@ def test_the_canary_copy_fails_even_when_its_original_returns_early():
     space["test_orig"](1)  # the original passes
     with pytest.raises(AssertionError):
         space["test_orig_again"](1)
-    assert "@pytest.mark.parametrize('n', [1, 2])\ndef test_orig_again(n, tmp=None):" in clone
+    assert "@pytest.mark.parametrize('n', [1, 2])\ndef test_orig(n, tmp=None):" in clone
+    assert space["test_orig_again"] is not space["test_orig"] and "_test_orig_again_original" not in space
     assert _clone_source("async def test_a():\n    pass\n", "test_a", "test_b", "assert 0") is None  # plain canary then
 
 
@@ -149,3 +185,15 @@ def test_a_task_whose_gold_run_the_grader_voids_is_refused_by_check_naming_why(m
     assert not res.ok
     assert any(p.startswith("the grader voids the gold patch's run (its tests pass): ") and "writes a test file" in p
                for p in res.problems), res.problems
+
+
+@pytest.mark.parametrize("fail_fast", [True, False])
+def test_episodes_grade_under_the_agent_configs_fail_fast(minicalc_task, fail_fast):
+    """``[agent] grade_fail_fast`` (on by default) reaches the grader through ``run_task``, eval's and RL's path."""
+    from opencomposer.config import AgentConfig
+    from opencomposer.episode.run import run_task
+    from opencomposer.policies.scripted import ScriptedPolicy, tool_call
+    ep = run_task(minicalc_task, ScriptedPolicy([[tool_call("submit", message="done")]]), "local",
+                  AgentConfig(max_turns=2, grade_fail_fast=fail_fast))
+    assert ep.reward.reward == 0.0 and bool(ep.reward.details["stopped_at"]) == fail_fast
+    assert AgentConfig().grade_fail_fast

@@ -68,6 +68,26 @@ def test_outcomes_of_every_kind(tmp_path):
                             n + "test_skip": "SKIPPED"}
 
 
+def test_a_run_stops_at_the_first_must_pass_test_that_fails(tmp_path):
+    """``must_pass``: the first of them that does not pass stops the run (pytest's order); a failure of a test
+    outside it (here test_bad, the setup error) does not, and an xfail-marked must-pass test is a pass."""
+    for rel, text in {"tests/test_k.py": TESTS}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    n = "tests/test_k.py::"
+    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
+        run = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_k.py"],
+                                     must_pass=[n + "test_ok", n + "test_xfail", n + "test_teardown_error", n + "test_skip"])
+        rep = run.execute(sb, timeout=120)
+    assert rep.problem == "" and rep.stopped_at == n + "test_teardown_error"
+    # test_bad and test_setup_error failed without stopping it; nothing after the teardown error ran
+    assert rep.outcomes == {n + "test_ok": "PASSED", n + "test_bad": "FAILED", n + "test_setup_error": "ERROR",
+                            n + "test_teardown_error": "ERROR"}
+    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
+        rep = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_k.py"], must_pass=[n + "test_xfail"]).execute(sb, 120)
+    assert rep.stopped_at == "" and len(rep.outcomes) == 7  # a must-pass xfail passes: the run goes to the end
+
+
 def test_printed_passes_count_for_nothing(tmp_path):
     """A module that prints pytest's summary lines (and a report-looking JSON line) at import."""
     forger = ("import sys\n"

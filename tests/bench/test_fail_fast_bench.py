@@ -1,0 +1,30 @@
+"""benchmarks/bench_fail_fast.py: each sampled task graded four ways in one run, the rewards agreeing task by task,
+and a folder without tasks refused by name."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_fail_fast", ROOT / "benchmarks" / "bench_fail_fast.py")
+bf = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bf
+spec.loader.exec_module(bf)
+
+
+def test_real_tasks_graded_both_ways_with_the_same_rewards(toolz_tasks, capsys):
+    assert bf.main([str(toolz_tasks), "--n", "2", "--backend", "local"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tasks"] == 2 and out["reward_disagreements"] == [] and out["gold_failed"] == []
+    assert out["gold_passed"] == 2 and out["failing_stopped"] == 2  # the unchanged workspace stops at a failure
+    assert out["failing_full_s"] > 0 and out["failing_fast_s"] > 0
+
+
+def test_a_folder_without_tasks_is_refused_naming_it(tmp_path):
+    with pytest.raises(SystemExit, match=str(tmp_path)):
+        bf.main([str(tmp_path), "--backend", "local"])
