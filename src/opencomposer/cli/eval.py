@@ -140,12 +140,18 @@ def eval_compare(
     n_boot: int = typer.Option(2000, help="bootstrap resamples"),
     seed: int = typer.Option(0, help="bootstrap seed"),
     strict: bool = typer.Option(False, help="non-inferiority: B must show it is within the tolerance"),
+    also_a: list[Path] = typer.Option([], "--also-a", help="more results of A's stage pooled with it (another seed: "
+                                      "each task's episodes count together); repeatable"),
+    also_b: list[Path] = typer.Option([], "--also-b", help="more results of B's stage pooled with it; repeatable"),
 ) -> None:
     """The regression gate: exit 1 when B is worse than A beyond the tolerance (paired bootstrap over tasks)."""
     from opencomposer.eval.gate import compare
+    from opencomposer.eval.results import pool_results
 
     try:
-        r = compare(a, b, metric=metric, tolerance=tolerance, confidence=confidence, n_boot=n_boot, seed=seed,
+        ra = pool_results([a, *also_a]) if also_a else a
+        rb = pool_results([b, *also_b]) if also_b else b
+        r = compare(ra, rb, metric=metric, tolerance=tolerance, confidence=confidence, n_boot=n_boot, seed=seed,
                     strict=strict)
     except _eval_errors() as e:
         fail(e)

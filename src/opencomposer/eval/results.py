@@ -173,6 +173,28 @@ def load_results(src: str | Path | Mapping[str, Any]) -> dict:
     return validate(data, str(p))
 
 
+def pool_results(sources: Sequence[str | Path | Mapping[str, Any]]) -> dict:
+    """Several results files of one stage (e.g. the same model sampled under two seeds, or two RL seeds'
+    models) as one: each task's episodes from every file count together, samples renumbered file after
+    file, ``k`` their sum. The files must be of one suite with one ``k``; an error names the file that is not."""
+    if not sources:
+        raise ResultsError("no results files to pool")
+    runs = [load_results(src) for src in sources]
+    names = [str(src) if not isinstance(src, Mapping) else f"<results dict {i}>" for i, src in enumerate(sources)]
+    first = runs[0]
+    for name, r in zip(names[1:], runs[1:]):
+        for key in ("suite", "k"):
+            if r[key] != first[key]:
+                raise ResultsError(f"{name}: field {key!r} is {r[key]!r}, expected {first[key]!r} as in {names[0]} "
+                                   "(pooled files are one stage's samples of one suite)")
+    episodes = []
+    for j, r in enumerate(runs):
+        episodes += [{**ep, "sample": int(ep["sample"]) + j * int(first["k"])} for ep in r["episodes"]]
+    pooled = {**first, "label": "+".join(r["label"] for r in runs), "k": int(first["k"]) * len(runs),
+              "episodes": episodes, "pooled_from": names}
+    return validate(pooled, "+".join(names))
+
+
 def validate(data: Any, where: str) -> dict:
     """Check the schema tag, top-level fields and every episode record; errors name the
     file, the field and the value found."""

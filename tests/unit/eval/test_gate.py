@@ -81,3 +81,36 @@ def test_bad_inputs(tmp_path):
         compare(tmp_path / "missing", results(GOOD))
     with pytest.raises(ValueError, match="tolerance"):
         compare(results(GOOD), results(GOOD), tolerance=-1)
+
+
+def test_seeds_pooled_count_every_episode_of_a_task_together(tmp_path):
+    """Two seeds of one stage: a task's 4 + 4 episodes as 8 samples (pass@1 their mean, pass@8 from all 8);
+    the CLI pools with --also-a / --also-b; files of another suite or k are refused naming the file."""
+    from typer.testing import CliRunner
+
+    from opencomposer.cli import app
+    from opencomposer.eval.results import per_task, pool_results
+
+    sft0 = results({f"t{i}": [0, 0, 0, 0] for i in range(10)}, label="sft")
+    sft1 = results({f"t{i}": [0, 0, 0, 1] if i < 2 else [0, 0, 0, 0] for i in range(10)}, label="sft")
+    rl0 = results({f"t{i}": [1, 0, 0, 0] if i < 6 else [0, 0, 0, 0] for i in range(10)}, label="rl")
+    rl1 = results({f"t{i}": [1, 1, 0, 0] if i < 6 else [0, 0, 0, 0] for i in range(10)}, label="rl")
+    pooled = pool_results([rl0, rl1])
+    assert pooled["k"] == 8 and pooled["label"] == "rl+rl" and len(pooled["episodes"]) == 80
+    assert sorted(e["sample"] for e in pooled["episodes"] if e["task_id"] == "t0") == list(range(8))
+    assert per_task(pooled, "pass@1")["t0"] == pytest.approx(3 / 8) and per_task(pooled, "pass@1")["t9"] == 0
+    r = compare(pool_results([sft0, sft1]), pooled)
+    assert r.delta == pytest.approx(6 * 3 / 8 / 10 - 2 * 1 / 8 / 10)
+    paths = []
+    for name, res in (("sft0", sft0), ("sft1", sft1), ("rl0", rl0), ("rl1", rl1)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+        paths.append(str(tmp_path / f"{name}.json"))
+    out = CliRunner().invoke(app, ["eval", "compare", paths[0], paths[2], "--also-a", paths[1], "--also-b", paths[3]])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output.strip().splitlines()[-1])
+    assert got["delta"] == pytest.approx(r.delta) and got["n_tasks"] == 10 and got["label_b"] == "rl+rl"
+    (tmp_path / "other.json").write_text(json.dumps(results(GOOD, suite="other")))
+    with pytest.raises(ResultsError, match=r"other.json: field 'suite' is 'other', expected 's'"):
+        pool_results([paths[0], str(tmp_path / "other.json")])
+    with pytest.raises(ResultsError, match="no results files"):
+        pool_results([])
