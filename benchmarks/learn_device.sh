@@ -44,6 +44,11 @@
 #   SET1='...' runs a second arm at once on the second GPU of nvidia-h200-x2 (results in $OUT/arm0, $OUT/arm1).
 #   PROFILE=1 runs arm 1 under py-spy (its wheel in .gpuw2): who holds the GIL, $OUT/arm1/pyspy.txt.gz; read it here
 #   with benchmarks/pyspy_summary.py FILE --seconds S (the engine's thread against the episodes' threads).
+#   A run that outlives each call (session 34 on: no ~60 s start and no step lost at every call's end):
+#     `SET=... SET1=... RUN_S=1300 benchmarks/learn_device.sh start` (the arms in sessions of their own, at most RUN_S
+#     seconds), then `benchmarks/learn_device.sh watch` call after call, back to back (the machine goes back 30 s
+#     after a call ends, and the arms with it), and `benchmarks/learn_device.sh stop` (each arm stops before its next
+#     unit of work) before shipping; each returns the results as `run` does.
 #   `run` exits 3 when it stopped at its deadline (BUDGET_S seconds after the call began, default 550: run
 #   it again to resume) and 0
 #   when the config's stages are done; its results come back under $OUT (summary, per-stage results, log).
@@ -290,9 +295,14 @@ for line in open(sys.argv[1]).read().splitlines():  # this call's lines come las
         last = {}
 print(3 if 'stopped_before' in last else 0 if 'out' in last else 1)" $3)
   fi
+  collect_arm $i "$2" $3 "${SET1:-}"
+  return $rc
+}
+collect_arm() {  # collect_arm I SETS LOG TWO: arm I's log and results to $OUT (under $OUT/armI when TWO is not empty)
+  local i=$1 rd dest=${OUT:-}
   rd=$(out_dir_of "$2")
   if [ -n "$dest" ]; then
-    [ -n "${SET1:-}" ] && dest=$dest/arm$i && mkdir -p $dest
+    [ -n "$4" ] && dest=$dest/arm$i && mkdir -p $dest
     cp $3 "$dest/" 2>/dev/null
     [ -f $L/pyspy-arm$i.txt ] && gzip -c $L/pyspy-arm$i.txt > "$dest/pyspy.txt.gz"
     [ -f "$rd/summary.md" ] && cp "$rd/summary.md" "$dest/"
@@ -307,8 +317,73 @@ keys = ('step', 'pass@1', 'time_step', 'time_rollout', 'time_train', 'engine_ste
         'engine_step_cpu_s', 'engine_step_runqueue_s', 'time_generate', 'time_generate_cpu', 'time_reward_cpu')
 for line in open(sys.argv[1]).read().splitlines()[-12:]:
     r = json.loads(line); print('[arm$i] step', json.dumps({k: r.get(k) for k in keys}))" "$rd/rl_run/metrics.jsonl"
-  return $rc
+  return 0
 }
+sft_from() {  # sft_from SETS: the [learn] sft_model the settings name, if any
+  local x v; local -a sets
+  IFS=';' read -ra sets <<< "$1"
+  for x in "${sets[@]}"; do case $x in learn.sft_model=*) v=${x#learn.sft_model=}; v=${v%\"}; echo "${v#\"}" ;; esac; done
+}
+# ---- a run that outlives the call (the device keeps a process that started a session of its own, setsid, until
+# the machine goes back): `start` launches the arms (SET, SET1 as `run`) for RUN_S seconds (default 1200) and
+# follows them until this call's BUDGET_S; `watch` follows them again (call it back to back: the machine goes back
+# 30 s after a call ends, and the arms with it, resuming from their last checkpoint on the next machine); `stop`
+# has them stop before their next unit of work (a stop file) and waits for that. Each returns the arms' results to
+# $OUT as `run` does, and exits 3 while an arm still runs or stopped early, 0 when every arm finished its stages.
+daemon_arm() {  # daemon_arm I SETS LOG: arm I's learning run in a session of its own; its status to $L/rc-armI
+  local i=$1 x m; local -a sets ls=()
+  IFS=';' read -ra sets <<< "$2"
+  for x in "${sets[@]}"; do [ -n "$x" ] && ls+=(--set "$x"); done
+  m=$(sft_from "$2")
+  rm -f $L/rc-arm$i; printf '%s' "$2" > $L/sets-arm$i; if [ -f "$3" ]; then wc -l < "$3"; else echo 0; fi > $L/seen-arm$i
+  # shellcheck disable=SC2016
+  CUDA_VISIBLE_DEVICES=$i setsid bash -c 'm=$1 log=$2 rc=$3 stop=$4; shift 4
+    if [ -n "$m" ]; then until [ -f "$m/config.json" ] || [ -f "$stop" ]; do sleep 10; done; fi
+    python3 "$@" 2>&1 | grep --line-buffered -v "Loading weights" >> "$log"; echo "${PIPESTATUS[0]}" > "$rc.tmp"
+    mv "$rc.tmp" "$rc"' _ "$m" $3 $L/rc-arm$i $L/stop benchmarks/learn_run.py --config $CFG "${ls[@]}" \
+    --humaneval-data $L/wheels/HumanEval.jsonl.gz --deadline-s ${RUN_S:-1200} --stop-file $L/stop \
+    < /dev/null > /dev/null 2>&1 &
+  echo "[arm$i] started in a session of its own (pid $!): $(out_dir_of "$2"), at most ${RUN_S:-1200} s"
+}
+arm_log() { if [ "$1" = 1 ]; then echo $L/device1.log; else echo $L/device.log; fi; }
+watch_arms() {  # follow the arms' logs until each has ended or this call's BUDGET_S is near; then their results
+  local i n s rc all log two="" code=0; local -a arms=()
+  for i in 0 1; do [ -f $L/sets-arm$i ] && arms+=("$i"); done
+  [ ${#arms[@]} -gt 0 ] || { echo "no arm was started on this machine (start first)"; exit 2; }
+  [ ${#arms[@]} -gt 1 ] && two=1
+  while :; do
+    all=1
+    for i in "${arms[@]}"; do
+      log=$(arm_log $i); n=$(wc -l < "$log" 2>/dev/null || echo 0); s=$(cat $L/seen-arm$i 2>/dev/null || echo 0)
+      [ "$n" -gt "$s" ] && sed -n "$(( s + 1 )),${n}p" "$log" | grep -v '^\[rollouts\]\|^\[eval ' | sed "s/^/[arm$i] /"
+      echo "$n" > $L/seen-arm$i
+      [ -f $L/rc-arm$i ] || all=0
+    done
+    [ $all = 1 ] && break
+    [ $(( $(date +%s) - START )) -lt $(( ${BUDGET_S:-550} - 40 )) ] || break
+    sleep ${WATCH_POLL_S:-15}
+  done
+  for i in "${arms[@]}"; do
+    collect_arm $i "$(cat $L/sets-arm$i)" "$(arm_log $i)" "$two"
+    if [ -f $L/rc-arm$i ]; then rc=$(cat $L/rc-arm$i); echo "arm$i exit $rc"; else rc=3; echo "arm$i still running"; fi
+    if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then code=$rc; elif [ $rc -eq 3 ] && [ $code -eq 0 ]; then code=3; fi
+  done
+  exit $code
+}
+set +e  # from here every arm's failure is reported, not the script's end
+case "${1:-}" in
+  start)
+    for i in 0 1; do [ -f $L/sets-arm$i ] && [ ! -f $L/rc-arm$i ] && { echo "arm$i is still running: watch or stop it"; exit 2; }; done
+    rm -f $L/stop $L/sets-arm0 $L/sets-arm1
+    daemon_arm 0 "${SET:-}" $L/device.log
+    if [ -n "${SET1:-}" ]; then
+      [ "$(out_dir_of "${SET:-}")" != "$(out_dir_of "$SET1")" ] || { echo "SET and SET1 name the same out_dir: give each arm its own run.out_dir"; exit 2; }
+      sleep ${ARM1_DELAY_S:-30}; daemon_arm 1 "$SET1" $L/device1.log  # arm 0 imports the HumanEval tasks both read first
+    fi
+    watch_arms ;;
+  watch) watch_arms ;;
+  stop) touch $L/stop; echo "stop file written: each arm stops before its next unit of work"; watch_arms ;;
+esac
 set +e
 if [ -z "${SET1:-}" ]; then
   run_arm 0 "${SET:-}" $L/device.log
@@ -320,11 +395,6 @@ rd0=$(out_dir_of "${SET:-}"); rd1=$(out_dir_of "$SET1")
 [ "$rd0" != "$rd1" ] || { echo "SET and SET1 name the same out_dir ($rd0): give each arm its own run.out_dir"; exit 2; }
 if [ -d "$rd0/sft/traces" ] && [ ! -d "$rd1/sft/traces" ]; then mkdir -p "$rd1/sft" && cp -r "$rd0/sft/traces" "$rd1/sft/"; fi
 # an arm 1 that starts from arm 0's SFT model ([learn] sft_model in SET1: a second RL seed) waits for its export
-sft_from() {  # sft_from SETS: the [learn] sft_model the settings name, if any
-  local x v; local -a sets
-  IFS=';' read -ra sets <<< "$1"
-  for x in "${sets[@]}"; do case $x in learn.sft_model=*) v=${x#learn.sft_model=}; v=${v%\"}; echo "${v#\"}" ;; esac; done
-}
 m1=$(sft_from "$SET1")
 (sleep 30
  if [ -n "$m1" ] && [ ! -f "$m1/config.json" ]; then

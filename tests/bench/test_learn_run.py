@@ -163,6 +163,18 @@ def test_the_deadline_stops_before_work(tmp_path, toolz_tasks, capsys):
     assert not list(out.glob("*/*/results.json"))
 
 
+def test_a_stop_file_stops_before_work_as_the_deadline_does(tmp_path, toolz_tasks, capsys):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    stop = tmp_path / "stop"
+    stop.touch()
+    assert lr.main(["--config", str(cfg), "--stop-file", str(stop)]) == 3
+    text = capsys.readouterr().out
+    assert json.loads(text.strip().splitlines()[-1])["stopped_before"] == "sft" and f"{stop} exists" in text
+    assert not list(out.glob("*/*/results.json"))
+    assert lr.Clock(None, tmp_path / "absent").fits(1e9)  # no file, no deadline: everything fits
+
+
 def test_settings_set_on_the_command_line(tmp_path):
     shipped = str(ROOT / "configs" / "learn" / "gpu.toml")
     cfg = lr.config_with(shipped, ['agent.edit_tools=["replace_lines", "write_file"]', 'learn.eval_splits=["validation"]',

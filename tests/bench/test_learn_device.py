@@ -1,0 +1,90 @@
+"""benchmarks/learn_device.sh's runs that outlive a call (`start`, `watch`, `stop`), with a stand-in for
+benchmarks/learn_run.py (the GPU run itself cannot run here): the arms keep going after `start` returns, `watch`
+reports their new lines and results, `stop` ends them between units with the run's own status, and a second
+`start` is refused while an arm still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAKE_RUN = '''
+import argparse, json, sys, time, types
+from pathlib import Path
+def config_with(cfg, sets):
+    out = "runs/x"
+    for s in sets:
+        if s.startswith("run.out_dir="):
+            out = s.split("=", 1)[1].strip('"')
+    return types.SimpleNamespace(run=types.SimpleNamespace(out_dir=out))
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    for opt in ("--config", "--humaneval-data"):
+        ap.add_argument(opt)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--deadline-s", type=float)
+    ap.add_argument("--stop-file", type=Path)
+    a = ap.parse_args()
+    out = Path(config_with(a.config, a.set).run.out_dir)
+    (out / "rl_run").mkdir(parents=True, exist_ok=True)
+    for step in range(1, 1000):
+        if a.stop_file.exists():
+            print(json.dumps({"out": str(out), "stopped_before": f"rl step {step}"}))
+            sys.exit(3)
+        time.sleep(0.3)
+        print(f"  RL step {step}: pass@1 0.00", flush=True)
+        with open(out / "rl_run" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "pass@1": 0.0}) + "\\n")
+'''
+
+
+def part(tmp: Path) -> Path:
+    """The script's arm functions and its start/watch/stop modes, after its set-up (which needs the GPU machine)."""
+    s = (ROOT / "benchmarks" / "learn_device.sh").read_text()
+    a = s.index("out_dir_of() {")
+    b = s.index("esac", s.index('case "${1:-}" in')) + len("esac")
+    p = tmp / "part.sh"
+    p.write_text(f"set -euo pipefail\nL={tmp}/L; START=$(date +%s); CFG=x.toml\nmkdir -p $L\n" + s[a:b] + "\n")
+    return p
+
+
+def call(tmp: Path, mode: str, out: str, budget: int, **env: str) -> subprocess.CompletedProcess:
+    (tmp / out).mkdir(exist_ok=True)
+    e = {**os.environ, "OUT": str(tmp / out), "BUDGET_S": str(budget), "ARM1_DELAY_S": "1", "WATCH_POLL_S": "1", **env}
+    return subprocess.run(["bash", str(tmp / "part.sh"), mode], cwd=tmp, env=e, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_arms_outlive_the_call_and_stop_between_units(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "learn_run.py").write_text(FAKE_RUN)
+    part(tmp_path)
+    arms = {"SET": 'run.out_dir="runs/a0"', "SET1": 'run.seed=1;run.out_dir="runs/a1"'}
+    try:
+        r = call(tmp_path, "start", "o1", 46, **arms)  # follows them, a look a second, until 40 s of its budget are left
+        assert r.returncode == 3, r.stderr
+        assert "[arm0] started in a session of its own" in r.stdout and "arm0 still running" in r.stdout
+        assert "[arm1]   RL step 1: pass@1 0.00" in r.stdout
+        steps = len((tmp_path / "runs/a0/rl_run/metrics.jsonl").read_text().splitlines())
+        time.sleep(1.5)  # the call has returned; the arms go on
+        assert len((tmp_path / "runs/a0/rl_run/metrics.jsonl").read_text().splitlines()) > steps
+        again = call(tmp_path, "start", "o2", 42, **arms)
+        assert again.returncode == 2 and "arm0 is still running" in again.stdout
+        printed = [line for line in r.stdout.splitlines() if line.startswith("[arm0]   RL step")]
+        w = call(tmp_path, "watch", "o3", 41)
+        seen = [line for line in w.stdout.splitlines() if line.startswith("[arm0]   RL step")]
+        last = int(printed[-1].split("step ")[1].split(":")[0])
+        assert w.returncode == 3 and seen[0].startswith(f"[arm0]   RL step {last + 1}:")  # the lines after start's
+        s = call(tmp_path, "stop", "o4", 60)
+        assert s.returncode == 3 and "arm0 exit 3" in s.stdout and "arm1 exit 3" in s.stdout, s.stdout
+        assert '"stopped_before"' in s.stdout
+        with tarfile.open(tmp_path / "o4" / "arm1" / "results.tgz") as t:
+            assert "./rl_run/metrics.jsonl" in t.getnames()
+        assert (tmp_path / "o4" / "arm0" / "device.log").is_file()
+    finally:
+        (tmp_path / "L" / "stop").touch()
