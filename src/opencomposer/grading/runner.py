@@ -35,6 +35,10 @@ pytest, so an in-process forgery that raises no audited event and spares the can
 of one of the task's own tests, ``grade.py``) is not ruled out; the monitors scan the carried
 code for the known forms (``rewards/monitors.py``); the README says so.
 
+A subtest that fails (``unittest``'s ``subTest``, pytest's ``subtests``) fails its test: pytest 9 reports the
+test itself passed after a failed subtest, and taking that last report let an edit that fails only inside
+``subTest`` blocks earn the reward. Skipped and passed subtests leave the test as its own reports have it.
+
 ``must_pass`` (the task's FAIL_TO_PASS and PASS_TO_PASS tests, ``[agent] grade_fail_fast``): the recorder stops
 the session at the first of them that does not pass, in pytest's own order (``stopped_at`` names it); the reward
 is 0 from there, so only time is saved. Code under test can make the run stop sooner (its tests are then missing:
@@ -133,7 +137,7 @@ def _oc_main():
         return out
     before, changed = digest(), set()
     import pytest
-    outcomes, collect_errors, xfail_marked, running = {}, [], set(), []
+    outcomes, collect_errors, xfail_marked, running, sub_failed = {}, [], set(), [], set()
     class _Recorder:
         def pytest_collectreport(self, report):
             if report.failed:
@@ -144,7 +148,15 @@ def _oc_main():
             running.append(session)
         def pytest_runtest_logreport(self, report):
             xf = hasattr(report, "wasxfail") and report.nodeid in xfail_marked  # an imperative xfail() is a failure
-            if report.when == "setup":
+            if type(report).__name__ in ("SubtestReport", "SubTestReport"):  # pytest >= 9, or pytest-subtests
+                # a failed subtest fails its test, whatever the test's own report says after it (pytest reports
+                # the test passed); a skipped or passed one leaves the test as its own reports have it
+                if report.failed and report.nodeid not in xfail_marked:
+                    outcomes[report.nodeid] = "FAILED"
+                    sub_failed.add(report.nodeid)
+            elif report.nodeid in sub_failed and report.when == "call":
+                pass  # a subtest failed: the test stays FAILED (an error in teardown may still make it ERROR)
+            elif report.when == "setup":
                 if report.failed: outcomes[report.nodeid] = "ERROR"
                 elif report.skipped: outcomes[report.nodeid] = "XFAIL" if xf else "SKIPPED"
             elif report.when == "call":

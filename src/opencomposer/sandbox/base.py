@@ -136,9 +136,13 @@ def copy_tree(src: Path, dst: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove ``path`` even where modes forbid it (overlay leaves a mode-000 ``work/work``)."""
+    """Remove ``path`` even where modes forbid it (overlay leaves a mode-000 ``work/work``). What is gone
+    already is no error: another process's reaper (``cleanup.reap``) may remove the same dead sandbox at once
+    (two RL arms, or two graders, starting on one machine)."""
 
-    def fix(func, p, _exc):
+    def fix(func, p, exc):
+        if isinstance(exc[1] if isinstance(exc, tuple) else exc, FileNotFoundError):
+            return
         try:
             os.chmod(os.path.dirname(p), stat.S_IRWXU)
             os.chmod(p, stat.S_IRWXU)

@@ -88,6 +88,38 @@ def test_a_run_stops_at_the_first_must_pass_test_that_fails(tmp_path):
     assert rep.stopped_at == "" and len(rep.outcomes) == 7  # a must-pass xfail passes: the run goes to the end
 
 
+SUBTESTS = '''\
+import unittest
+
+class T(unittest.TestCase):
+    def test_fail_sub(self):
+        with self.subTest(i=1):
+            self.assertEqual(1, 2)
+
+    def test_skip_sub(self):
+        with self.subTest(i=1):
+            self.skipTest("no backend")
+        with self.subTest(i=2):
+            pass
+
+    def test_ok(self):
+        pass
+'''
+
+
+def test_a_failed_subtest_fails_its_test_and_a_skipped_one_does_not(tmp_path):
+    """pytest 9 reports a test passed after its failed subtest: taking that report let an edit that fails only
+    inside ``subTest`` earn the reward. A skipped subtest (an optional backend missing) is no failure, and does
+    not stop a fail-fast run."""
+    n = "tests/test_s.py::T::"
+    rep = run(tmp_path, {"tests/test_s.py": SUBTESTS}, ["tests/test_s.py"])
+    assert rep.outcomes == {n + "test_fail_sub": "FAILED", n + "test_skip_sub": "PASSED", n + "test_ok": "PASSED"}
+    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
+        fast = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_s.py"],
+                                      must_pass=[n + "test_skip_sub", n + "test_ok"]).execute(sb, 120)
+    assert fast.stopped_at == "" and fast.outcomes == rep.outcomes
+
+
 def test_printed_passes_count_for_nothing(tmp_path):
     """A module that prints pytest's summary lines (and a report-looking JSON line) at import."""
     forger = ("import sys\n"

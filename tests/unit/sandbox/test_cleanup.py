@@ -144,3 +144,25 @@ def test_reap_leaves_a_record_being_written_alone(tmp_path, monkeypatch):
     os.utime(stale, (old, old))
     cleanup.reap()
     assert fresh.exists() and not stale.exists()
+
+
+def test_a_tree_another_reaper_removes_at_the_same_time_is_no_error(tmp_path, monkeypatch):
+    """Two processes starting sandboxes reap the same dead sandbox: whatever the other removed first is gone,
+    not an error (session 34: a second grader process died on FileNotFoundError at its first sandbox)."""
+    import os
+
+    from opencomposer.sandbox import base
+
+    root = tmp_path / "oc-ns-dead"
+    (root / "work" / "work").mkdir(parents=True)
+    (root / "work" / "f").write_text("x")
+    real_unlink = os.unlink
+
+    def raced(p, *a, **k):  # the other reaper took the file just before us
+        real_unlink(p, *a, **k)
+        raise FileNotFoundError(2, "No such file or directory", p)
+
+    monkeypatch.setattr(os, "unlink", raced)
+    base.remove_tree(root)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert not root.exists()
