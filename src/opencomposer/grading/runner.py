@@ -35,6 +35,10 @@ pytest, so an in-process forgery that raises no audited event and spares the can
 of one of the task's own tests, ``grade.py``) is not ruled out; the monitors scan the carried
 code for the known forms (``rewards/monitors.py``); the README says so.
 
+XFAIL counts only for tests marked so before they run: pytest's ``xfail`` marker, or ``expected_failures``, the
+tests the hidden files' source decorates with unittest's ``@expectedFailure`` (read there by the grader, on the
+host: the attribute the decorator sets could be set by code under test too, on tests a canary does not share).
+
 A subtest that fails (``unittest``'s ``subTest``, pytest's ``subtests``) fails its test: pytest 9 reports the
 test itself passed after a failed subtest, and taking that last report let an edit that fails only inside
 ``subTest`` blocks earn the reward. Skipped and passed subtests leave the test as its own reports have it.
@@ -69,6 +73,7 @@ def _oc_main():
     watched = json.loads(sys.stdin.readline())
     carried = json.loads(sys.stdin.readline())
     must_pass = set(json.loads(sys.stdin.readline()))
+    expected = set(json.loads(sys.stdin.readline()))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     channel, write, dumps, real, relpath = os.dup(1), os.write, json.dumps, os.path.realpath, os.path.relpath
@@ -143,7 +148,8 @@ def _oc_main():
             if report.failed:
                 collect_errors.append(report.nodeid)
         def pytest_collection_finish(self, session):
-            xfail_marked.update(i.nodeid for i in session.items if i.get_closest_marker("xfail") is not None)
+            xfail_marked.update(i.nodeid for i in session.items
+                                if i.get_closest_marker("xfail") is not None or i.nodeid in expected)
             changed.update(p for p, h in digest().items() if h != before[p])
             running.append(session)
         def pytest_runtest_logreport(self, report):
@@ -219,11 +225,14 @@ class PytestRun:
     # tests that must pass for any reward: the run stops at the first that does not (the reward is 0 whatever
     # the rest do); empty: every target runs
     must_pass: list[str] = field(default_factory=list)
+    # tests the hidden files' source marks with unittest's @expectedFailure (read on the host, ``grade.py``): XFAIL
+    # counts for them as for pytest's xfail marker; never read from the run, where code under test could set it
+    expected_failures: list[str] = field(default_factory=list)
 
     @classmethod
     def from_command(cls, command: str, targets: list[str], python: str = "python",
                      watched: list[str] | None = None, carried: list[str] | None = None,
-                     must_pass: list[str] | None = None) -> "PytestRun":
+                     must_pass: list[str] | None = None, expected_failures: list[str] | None = None) -> "PytestRun":
         argv = shlex.split(command)
         if len(argv) >= 3 and argv[0].split("/")[-1].startswith("python") and argv[1:3] == ["-m", "pytest"]:
             rest = argv[3:]
@@ -232,11 +241,13 @@ class PytestRun:
         else:
             raise NotPytest(f"test command {command!r} is not 'python -m pytest ...' or 'pytest ...'; "
                             "the grader runs pytest under its own launcher")
-        return cls(rest + list(targets), python, list(watched or []), list(carried or []), list(must_pass or []))
+        return cls(rest + list(targets), python, list(watched or []), list(carried or []), list(must_pass or []),
+                   list(expected_failures or []))
 
     def execute(self, sandbox: Sandbox, timeout: float) -> GradedRun:
         nonce = secrets.token_hex(16)
-        feed = "\n".join([nonce, json.dumps(self.watched), json.dumps(self.carried), json.dumps(self.must_pass)]) + "\n"
+        feed = "\n".join([nonce, json.dumps(self.watched), json.dumps(self.carried), json.dumps(self.must_pass),
+                          json.dumps(self.expected_failures)]) + "\n"
         r = sandbox.exec([self.python, "-c", BOOT, *self.args], timeout=timeout, max_output=4_000_000,
                          stdin=feed.encode())
         lines = [line[len(nonce) + 1:] for line in r.output.splitlines() if line.startswith(nonce + " ")]

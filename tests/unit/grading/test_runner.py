@@ -120,6 +120,37 @@ def test_a_failed_subtest_fails_its_test_and_a_skipped_one_does_not(tmp_path):
     assert fast.stopped_at == "" and fast.outcomes == rep.outcomes
 
 
+EXPECTED = '''\
+import unittest
+
+class T(unittest.TestCase):
+    @unittest.expectedFailure
+    def test_known_bug(self):
+        self.assertEqual(1, 2)
+
+    def test_plain(self):
+        self.assertEqual(1, 2)
+
+T.test_plain.__unittest_expecting_failure__ = True  # as code under test could do at import
+'''
+
+
+def test_expected_failures_are_those_the_grader_names_not_those_the_run_claims(tmp_path):
+    """boolean.py marks known bugs with unittest's ``@expectedFailure``: counted as FAILED, 24 pool tasks could not be
+    solved (a PASS_TO_PASS test fails with the gold, as expected). The grader names them from the hidden source;
+    the attribute set at run time (here on test_plain) counts for nothing."""
+    from opencomposer.grading.grade import _expected_failures
+
+    n = "tests/test_e.py::T::"
+    assert _expected_failures(EXPECTED) == ("T::test_known_bug",)
+    rep = run(tmp_path, {"tests/test_e.py": EXPECTED}, ["tests/test_e.py"])
+    assert rep.outcomes == {n + "test_known_bug": "FAILED", n + "test_plain": "FAILED"}  # nothing named: failures
+    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
+        rep = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_e.py"],
+                                     expected_failures=[n + "test_known_bug"]).execute(sb, 120)
+    assert rep.outcomes == {n + "test_known_bug": "XFAIL", n + "test_plain": "FAILED"}
+
+
 def test_printed_passes_count_for_nothing(tmp_path):
     """A module that prints pytest's summary lines (and a report-looking JSON line) at import."""
     forger = ("import sys\n"
