@@ -190,14 +190,21 @@ def _expected_failures(src: str) -> tuple[str, ...]:
                  and any(named(d) == "expectedFailure" for d in f.decorator_list))
 
 
+def _per_task(task: Task, key: str, make: Callable[[], list[str]]) -> list[str]:
+    """``make()`` once per loaded task (an RL step's k episodes of a task share its ``Task`` and grade in threads;
+    the task's files never change under it), a copy each call."""
+    got = task.__dict__.get(key)
+    if got is None:
+        got = task.__dict__[key] = make()
+    return list(got)
+
+
 def expected_failures(task: Task, laid: list[str]) -> list[str]:
     """The node ids of the hidden test files' ``@expectedFailure`` tests (boolean.py marks known bugs so)."""
-    out = []
-    for path in laid:
-        if path.endswith(".py"):
-            src = (task.hidden_tests / path).read_bytes().decode("utf-8", errors="replace")
-            out += [f"{path}::{x}" for x in _expected_failures(src)]
-    return out
+    def make() -> list[str]:
+        return [f"{path}::{x}" for path in laid if path.endswith(".py")
+                for x in _expected_failures((task.hidden_tests / path).read_bytes().decode("utf-8", errors="replace"))]
+    return _per_task(task, "_expected_failures", make)
 
 
 @functools.lru_cache(maxsize=128)
@@ -214,15 +221,12 @@ def _names(src: str) -> frozenset[str]:
 def base_test_files(task: Task) -> list[str]:
     """The workspace's own test files and helpers (``tests/``, ``test_*.py``, ``conftest.py``...): the
     hidden tests import them, so the launcher watches them too. Listed once per loaded task (a walk of
-    the whole workspace: an RL step's k episodes of a task share its ``Task``, and grade in threads)."""
-    got = task.__dict__.get("_base_test_files")
-    if got is None:
-        ws = task.workspace
-        got = task.__dict__["_base_test_files"] = [
-            p.relative_to(ws).as_posix() for p in ws.rglob("*")
-            if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(ws).parts
-            and TEST_FILE.search(p.relative_to(ws).as_posix())]
-    return list(got)
+    the whole workspace)."""
+    ws = task.workspace
+    return _per_task(task, "_base_test_files", lambda: [
+        p.relative_to(ws).as_posix() for p in ws.rglob("*")
+        if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(ws).parts
+        and TEST_FILE.search(p.relative_to(ws).as_posix())])
 
 
 def apply_carry(carry: Carry, sandbox: Sandbox) -> None:

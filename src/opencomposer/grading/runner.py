@@ -142,7 +142,7 @@ def _oc_main():
         return out
     before, changed = digest(), set()
     import pytest
-    outcomes, collect_errors, xfail_marked, running, sub_failed = {}, [], set(), [], set()
+    outcomes, collect_errors, xfail_marked, running, sub_failed, stopped = {}, [], set(), [], set(), []
     class _Recorder:
         def pytest_collectreport(self, report):
             if report.failed:
@@ -174,7 +174,6 @@ def _oc_main():
             if report.nodeid in must_pass and outcomes.get(report.nodeid, "PASSED") not in ("PASSED", "XFAIL") and running:
                 running[0].shouldstop = "a test that must pass did not: " + report.nodeid
                 stopped.append(report.nodeid)
-    stopped = []
     code = pytest.main(sys.argv[1:], plugins=[_Recorder()])
     changed.update(p for p, h in digest().items() if h != before[p])
     for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):

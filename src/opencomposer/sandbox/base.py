@@ -141,7 +141,7 @@ def remove_tree(path: Path) -> None:
     (two RL arms, or two graders, starting on one machine)."""
 
     def fix(func, p, exc):
-        if isinstance(exc[1] if isinstance(exc, tuple) else exc, FileNotFoundError):
+        if isinstance(exc[1], FileNotFoundError):  # rmtree's onerror: (function, path, exc_info)
             return
         try:
             os.chmod(os.path.dirname(p), stat.S_IRWXU)
