@@ -38,6 +38,7 @@ Test: ``pytest tests/distributed/test_distributed.py`` (2 ranks on gloo).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from collections.abc import Callable, Sequence
@@ -106,7 +107,16 @@ def init_from_env(device: str | torch.device | None = None, timeout_s: float = 1
         torch.cuda.set_device(local)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
                             **({"device_id": torch.device("cuda", local)} if cuda else {}))
+    atexit.register(_leave)
     return current()
+
+
+def _leave() -> None:
+    """The group torn down before the interpreter exits: left to static destructors, a gloo
+    rank whose peer had already gone aborted ("terminate called without an active exception",
+    about 1 exit in 20 on 2 CPU ranks) and failed a run that had finished."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def rank_device(d: Dist, device: str | torch.device) -> torch.device:
