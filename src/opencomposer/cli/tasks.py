@@ -36,6 +36,7 @@ def tasks_make(
     config: Optional[Path] = typer.Option(None, help="factory config (configs/tasks/factory.toml): many libraries"),
 ) -> None:
     """Turn a real library (or every library of a factory config) into validated feature-deletion tasks."""
+    from opencomposer.grading.check import staged_check
     from opencomposer.tasks.deletion import LEVELS
     from opencomposer.tasks.make import make_tasks
 
@@ -56,7 +57,8 @@ def tasks_make(
                       TimeElapsedColumn(), console=err, transient=False) as prog:
             bar = prog.add_task(f"tasks from {source}", total=max_tasks)
             rep = make_tasks(source, out_dir, max_tasks, seed, sandbox, lv, workers=workers,
-                             progress=lambda name, n, total: prog.update(bar, completed=n))
+                             progress=lambda name, n, total: prog.update(bar, completed=n),
+                             check=staged_check(sandbox))
     except known_errors() as e:
         fail(e)
     per_min = len(rep.made) / max(rep.seconds["total"], 1e-9) * 60
@@ -71,6 +73,7 @@ def tasks_make(
 def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Optional[int],
                         sandbox: Optional[str]) -> None:
     """`tasks make --config`: every library of a factory config, one after another."""
+    from opencomposer.grading.check import staged_check
     from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 
     try:
@@ -80,7 +83,7 @@ def _tasks_make_factory(config: Path, out_dir: Optional[Path], max_tasks: Option
         if cfg.install_agent is not None:  # an agent installs what the discovered recipe cannot
             from opencomposer.policies import make_policy
             agent = make_policy("openai", **cfg.install_agent.model_dump())
-        factory = TaskFactory(cfg, out_dir, agent)
+        factory = TaskFactory(cfg, out_dir, agent, staged_check(cfg.factory.backend))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as prog:
             bars: dict[str, int] = {}

@@ -15,6 +15,7 @@ Test: ``pytest tests/unit/tasks/test_factory.py tests/integration/test_tasks_pip
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,9 @@ class CheckResult:
     seconds: float = 0.0
 
 
-def check_task(path: Path, backend: str = "auto") -> CheckResult:
+def check_task(path: Path, backend: str = "auto", leaks: bool = True) -> CheckResult:
+    """``path`` graded at start and with its gold patch, and (``leaks``) probed for leaks. The task
+    factory checks each task in its staging dir with ``leaks=False``: it ran the leak probe there first."""
     res = CheckResult(task=str(path))
     t0 = time.time()
     try:
@@ -70,7 +73,7 @@ def check_task(path: Path, backend: str = "auto") -> CheckResult:
                 res.problems.append(f"the grader voids the gold patch's run (its tests pass): {gold.details['tampered']}")
     except Exception as e:  # a task that crashes the checker is a failed check, not a crash
         res.problems.append(f"{type(e).__name__}: {e}")
-    res.leak_channels, suspects = leak_scan(task)
+    res.leak_channels, suspects = leak_scan(task) if leaks else ({}, {})
     res.leaks = len(suspects)
     if suspects:
         where, found = next(iter(suspects.items()))
@@ -78,3 +81,10 @@ def check_task(path: Path, backend: str = "auto") -> CheckResult:
     res.ok = not res.problems
     res.seconds = round(time.time() - t0, 2)
     return res
+
+
+def staged_check(backend: str) -> Callable[[Path], CheckResult]:
+    """The task factory's last check of each task it stages (``tasks/make.py``): the grader, in
+    ``backend``, gives the start no reward and the gold patch the reward (the factory ran the
+    leak probe there just before)."""
+    return lambda task_dir: check_task(task_dir, backend, leaks=False)

@@ -47,10 +47,12 @@ def ensure_tasks(cfg: TasksSection, backend: str, log=print) -> list[Path]:
     have = find_tasks([root]) if root.is_dir() else []
     have = [p for p in have if (p / "task.toml").exists()]
     if not have and cfg.sources:
+        from opencomposer.grading.check import staged_check
         from opencomposer.tasks.make import make_tasks
         for src in cfg.sources:
             log(f"making tasks from {src} ...")
-            rep = make_tasks(src, root, cfg.max_per_source, cfg.seed, backend, tuple(cfg.levels))
+            rep = make_tasks(src, root, cfg.max_per_source, cfg.seed, backend, tuple(cfg.levels),
+                             check=staged_check(backend))
             log(f"  {len(rep.made)} tasks in {rep.seconds['total']}s")
         have = [p for p in find_tasks([root]) if (p / "task.toml").exists()]
     if not have:
@@ -203,11 +205,13 @@ class HarderTasks:
 
     def __init__(self, cfg: TasksSection, out: Path, log=print):
         from opencomposer.config import load_config
+        from opencomposer.grading.check import staged_check
         from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 
         if not cfg.factory:
             raise ValueError("HarderTasks needs tasks.factory (a factory config file)")
-        self.factory = TaskFactory(load_config(Path(cfg.factory), FactoryConfig), Path(out) / "factory_tasks")
+        fcfg = load_config(Path(cfg.factory), FactoryConfig)
+        self.factory = TaskFactory(fcfg, Path(out) / "factory_tasks", check=staged_check(fcfg.factory.backend))
         self.run_out = Path(out)  # its split.json names what must stay held out
         self.every, self.window, self.log = cfg.harder_every, cfg.pass_window, log
         self.rates: list[float] = []

@@ -6,8 +6,12 @@ The task is built in a staging dir ``OUT/.<id>.tmp-<host>-<pid>-<rand>`` (``path
 and renamed into place whole, so a run killed at any moment leaves either the whole task or
 none. Before the rename the workspace is scrubbed of every leak channel and the full leak
 probe (``leakage.leak_scan``: workspace and git objects, the env with its archives and
-compiled files) runs; a flagged deletion raises ``LeakFound`` and is never written. The
-format itself is ``tasks/format.py``'s.
+compiled files) runs; a flagged deletion raises ``LeakFound`` and is never written. Then
+``check`` (the caller passes ``grading.check.check_task``) grades the staged task as an
+agent's work is graded: at start no reward, with the gold patch the reward; a task the grader
+judges otherwise raises ``GraderRejects`` and is never written (the factory's own test runs
+choose FAIL_TO_PASS and PASS_TO_PASS; the grader has the last word). The format itself is
+``tasks/format.py``'s.
 
 Test: ``pytest tests/unit/tasks/test_factory.py tests/integration/test_tasks_make_killed.py``.
 """
@@ -34,6 +38,7 @@ from opencomposer.tasks.format import (
 )
 from opencomposer.tasks.leakage import leak_scan
 from opencomposer.tasks.prepare import Prepared
+from opencomposer.tasks.sources import Check
 from opencomposer.tasks.testrun import DEFAULT_COMMAND
 
 
@@ -44,8 +49,9 @@ def task_id(slug: str, cand, level: str) -> str:
 
 
 def write_task(prep: Prepared, out: Path, d, targets: list[str],
-               f2p: list[str], p2p: list[str], rng: random.Random) -> Path:
-    """Write the task of deletion ``d`` (a ``Deletion`` or ``FeatureDeletion``) atomically."""
+               f2p: list[str], p2p: list[str], rng: random.Random, check: Check | None = None) -> Path:
+    """Write the task of deletion ``d`` (a ``Deletion`` or ``FeatureDeletion``) atomically;
+    ``check(staging_dir)`` (an object with ``ok`` and ``problems``) must pass first."""
     cand, level, removed = d.candidate, d.level, d.removed
     slug = prep.env.name
     tid = task_id(slug, cand, level)
@@ -95,9 +101,18 @@ def write_task(prep: Prepared, out: Path, d, targets: list[str],
             where, found = next(iter(suspects.items()))
             raise LeakFound(f"{where.replace(str(tmp), tid)} holds {len(found)} deleted lines, "
                             f"e.g. {min(found)!r}")
+        if check is not None:
+            got = check(tmp)
+            if not got.ok:
+                raise GraderRejects("; ".join(got.problems).replace(str(tmp), tid))
     return final
 
 
 class LeakFound(Exception):
     """The leak probe found the deleted code somewhere a task's sandbox can read."""
+
+
+class GraderRejects(Exception):
+    """The grader judged the staged task otherwise than the factory's test runs did (the gold patch
+    earns no reward, or the start already does); the message is the check's problems."""
 

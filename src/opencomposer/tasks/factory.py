@@ -38,6 +38,7 @@ from opencomposer.protocols import Policy
 from opencomposer.tasks.difficulty import LevelSchedule, mean_level
 from opencomposer.tasks.envs import EnvError
 from opencomposer.tasks.make import MakeReport, make_tasks
+from opencomposer.tasks.sources import Check
 
 
 class Library(Strict):
@@ -121,7 +122,8 @@ class FactoryReport:
 class TaskFactory:
     """Makes tasks from every configured library at the schedule's current levels."""
 
-    def __init__(self, cfg: FactoryConfig, out: Path | None = None, policy: Policy | None = None):
+    def __init__(self, cfg: FactoryConfig, out: Path | None = None, policy: Policy | None = None,
+                 check: Check | None = None):
         if policy is None and cfg.install_agent is not None:  # never drop a configured agent silently
             raise ConfigError("the factory config has [install_agent] but no policy was passed: build it with "
                               "make_policy(\"openai\", **cfg.install_agent.model_dump()) (opencomposer.policies) "
@@ -129,6 +131,7 @@ class TaskFactory:
         self.cfg = cfg
         self.out = Path(out or cfg.factory.out)
         self.policy = policy  # the install agent, for repositories the recipe cannot install
+        self.check = check  # grades each staged task (make.make_tasks): grading.check.check_task, bound
         self.schedule = cfg.difficulty.model_copy()
         self.rounds = 0
 
@@ -150,7 +153,7 @@ class TaskFactory:
             try:
                 rep: MakeReport = make_tasks(
                     f"pypi:{lib.spec}", self.out, n, s.seed + self.rounds, s.backend, weights,
-                    s.test_timeout, s.workers, policy=self.policy, max_candidates=s.max_candidates,
+                    s.test_timeout, s.workers, policy=self.policy, max_candidates=s.max_candidates, check=self.check,
                     progress=(lambda name, k, total, spec=lib.spec: progress(spec, name, k, total)) if progress else None)
                 res.made, res.tried, res.rejected = len(rep.made), rep.tried, rep.rejected
                 res.candidates = rep.candidates

@@ -9,7 +9,9 @@ level) jobs, levels weighted as asked (``jobs.draw_jobs``) -> for each, delete i
 rerun the tests that execute or mention it (``validate``) -> keep it when some tests fail
 (FAIL_TO_PASS) and the rest still pass (PASS_TO_PASS) -> write the task directory
 (``emit.write_task``) atomically, scrubbed of every leak channel, after the full leak probe
-found nothing; a flagged candidate is rejected and never written. ``make_tasks`` runs the
+found nothing and, given ``check`` (``grading.check.check_task``; every CLI path passes it), after
+the grader gave the staged task no reward at start and the reward with its gold patch; a
+flagged or rejected candidate is never written. ``make_tasks`` runs the
 jobs on ``workers`` threads, one sandbox each, and keeps the count under ``max_tasks``.
 
 Validation order (the cheap way that keeps every guarantee): a ``function`` or ``class``
@@ -48,10 +50,11 @@ from opencomposer.paths import remove_stale_temps
 from opencomposer.protocols import Policy
 from opencomposer.tasks import deletion
 from opencomposer.tasks.coverage import item_of
-from opencomposer.tasks.emit import LeakFound, task_id, write_task
+from opencomposer.tasks.emit import GraderRejects, LeakFound, task_id, write_task
 from opencomposer.tasks.format import task_dirs
 from opencomposer.tasks.jobs import Journal, batch_id, draw_jobs, job_key
 from opencomposer.tasks.prepare import prepare_source
+from opencomposer.tasks.sources import Check
 from opencomposer.tasks.validate import Worker, module_of, select_targets, test_items
 
 
@@ -78,10 +81,11 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                levels: tuple[str, ...] | dict[str, float] = ("body", "function"), timeout: float = 300.0,
                workers: int = 2, progress: Callable[[str, int, int], None] | None = None,
                policy: Policy | None = None, max_candidates: int | None = None,
-               trace: bool = True) -> MakeReport:
+               trace: bool = True, check: Check | None = None) -> MakeReport:
     """Tasks from one source. ``levels`` is a tuple (equal weights) or level -> weight, e.g.
-    ``difficulty.LevelSchedule.weights()``; ``policy`` enables the install agent. Resumes from
-    ``OUT/_journal`` (module docstring): ``max_tasks`` counts tasks this batch made before."""
+    ``difficulty.LevelSchedule.weights()``; ``policy`` enables the install agent; ``check`` grades
+    each staged task before it is written (module docstring). Resumes from ``OUT/_journal``
+    (module docstring): ``max_tasks`` counts tasks this batch made before."""
     weights = dict(levels) if isinstance(levels, dict) else {lv: 1.0 for lv in levels}
     bad = sorted(set(weights) - set(deletion.LEVELS))
     if bad or not any(w > 0 for w in weights.values()):
@@ -149,7 +153,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         try:
             while (job := take()) is not None:
                 obj, level = job
-                outcome, task = _one(w, obj, level, random.Random(f"{seed}/{job_key(obj, level)}/{level}"))
+                outcome, task, detail = _one(w, obj, level, random.Random(f"{seed}/{job_key(obj, level)}/{level}"))
                 with lock:
                     if task:
                         state["writing"] -= 1
@@ -161,7 +165,7 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                         report.reject(outcome)
                 if outcome:  # None: not tried after all (the quota filled meanwhile)
                     journal.add({"key": job_key(obj, level), "level": level, "outcome": outcome,
-                                 "task": task}, t0)
+                                 "task": task, **({"detail": detail} if detail else {})}, t0)
         finally:
             w.sb.close()
 
@@ -169,8 +173,14 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         with lock:
             report.runs[kind] = report.runs.get(kind, 0) + 1
 
-    def _one(w: Worker, obj, level: str, crng: random.Random) -> tuple[str | None, str | None]:
-        """(outcome, task id if made): outcome is "made" or the rejection reason."""
+    def _one(w: Worker, obj, level: str, crng: random.Random) -> tuple[str | None, str | None, str]:
+        """(outcome, task id if made, detail): outcome is "made" or the rejection reason."""
+        try:
+            return (*_judge(w, obj, level, crng), "")
+        except GraderRejects as e:  # the reason counted; what the grader saw goes to the journal
+            return "the grader rejects it (start or gold)", None, str(e)[:500]
+
+    def _judge(w: Worker, obj, level: str, crng: random.Random) -> tuple[str | None, str | None]:
         try:
             if isinstance(obj, deletion.Feature):
                 d = deletion.delete_feature(prep.root, obj)
@@ -219,10 +229,16 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                 return None, None
             state["writing"] += 1
         try:
-            path = write_task(prep, out, d, list(targets), f2p, p2p, crng)
+            path = write_task(prep, out, d, list(targets), f2p, p2p, crng, check)
+            if check is not None:
+                count_run("grade")
         except LeakFound:
             release()
             return "the leak probe found the deleted code", None
+        except GraderRejects:
+            count_run("grade")
+            release()
+            raise
         except BaseException:
             release()
             raise

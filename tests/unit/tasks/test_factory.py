@@ -14,7 +14,7 @@ import pytest
 from opencomposer.config import validate
 from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.episode.run import run_task
-from opencomposer.grading.check import check_task
+from opencomposer.grading.check import check_task, staged_check
 from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 from opencomposer.tasks.format import Task, find_tasks
 
@@ -131,7 +131,7 @@ def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
         "libraries": [{"spec": str(bad)}, {"spec": str(good)}],
     }, FactoryConfig, "test")
     out = tmp_path / "tasks"
-    factory = TaskFactory(cfg, out)
+    factory = TaskFactory(cfg, out, check=staged_check("local"))  # as `tasks make --config` does
     s = factory.make().summary()
     assert s["failed"] and "brokenlib" in next(iter(s["failed"])) and \
         "its tests cannot run here" in next(iter(s["failed"].values()))
@@ -139,6 +139,7 @@ def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
     lib = s["per_library"][str(good)]
     assert lib["install"] == "recipe" and lib["flaky"] == 1 and lib["baseline_passed"] == 5
     assert lib["made"] >= 2 and set(lib["levels"]) == {"block"}, lib
+    assert lib["runs"]["grade"] >= lib["made"], lib  # every task written was graded in its staging dir first
     assert (out / "factory_summary.json").exists()
     factory.harder(0.9)  # the policy solves most: next batch at the top of the ladder
     s2 = factory.make().summary()
@@ -194,3 +195,42 @@ def test_factory_never_writes_a_task_the_leak_probe_flags(tmp_path: Path) -> Non
         t = Task.load(p)
         assert t.meta.feature.symbol not in ("count", "longest"), t.meta.feature
         assert check_task(p, "local").ok
+
+
+@pytest.mark.slow  # one small venv, three suite runs, a dozen candidates and their grades: ~1-2 minutes
+def test_factory_never_writes_a_task_the_grader_voids(tmp_path: Path) -> None:
+    """``test_clean`` records each run in ``tests/last_run.txt`` (as snapshot suites rewrite their
+    files). The factory's own test runs accept deletions that select it, but the grader watches the
+    test files and voids any run that changes one: no agent could earn those tasks' reward, so the
+    factory's last check (the grader on the staged task) rejects them, the journal says why, and
+    only tasks whose tests leave the files alone are written."""
+    import json
+
+    tests_util = ("import time\nfrom pathlib import Path\nfrom minilib.util import clean, shout\n\n\n"
+                  "def test_clean():\n    assert clean(\"Hi!\") == \"hi\"\n"
+                  "    (Path(__file__).parent / \"last_run.txt\").write_text(str(time.time()))\n\n\n"
+                  "def test_shout():\n    assert shout(\"a\") == \"A!\"\n")
+    core_tests = TESTS.format(counter="unused")
+    core_tests = core_tests[:core_tests.index("def test_clean")]  # test_core.py: words, count, longest
+    lib = _sdist(tmp_path, "minilib", {
+        "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
+        "tests/test_core.py": core_tests, "tests/test_util.py": tests_util, "tests/last_run.txt": "never\n"})
+    cfg = validate({
+        "factory": {"max_per_library": 20, "workers": 1, "test_timeout": 120, "backend": "local"},
+        "difficulty": {"position": 1.0, "width": 4.0},
+        "libraries": [{"spec": str(lib)}],
+    }, FactoryConfig, "test")
+    out = tmp_path / "tasks"
+    s = TaskFactory(cfg, out, check=staged_check("local")).make().summary()
+    rejected = s["per_library"][str(lib)]["rejected"]
+    assert rejected.get("the grader rejects it (start or gold)", 0) >= 1, rejected
+    journal = [json.loads(ln) for f in (out / "_journal").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    details = [j["detail"] for j in journal if j.get("outcome") == "the grader rejects it (start or gold)"]
+    assert details and all("test files changed on disk during the run" in d for d in details), details
+    tasks = [p for p in find_tasks([out]) if (p / "task.toml").exists()]
+    assert tasks, rejected  # deletions whose tests stay in test_core.py are made
+    for p in tasks:
+        t = Task.load(p)
+        assert all(not x.startswith("tests/test_util.py") for x in t.meta.tests.targets), t.meta.tests.targets
+        assert check_task(p, "local").ok
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging dir left behind
