@@ -26,7 +26,9 @@ later can take it back, for every write to a watched file and for every frame, `
 carried (``carried``); the grader drops those made from lines of the base file or the gold
 patch (``grade.honest_line``). The launcher binds ``os.write`` and the path functions it uses before any test code runs (a
 test suite that swaps ``os.path`` for ``ntpath``, as mako's does, must not turn a carried file's
-``pkg/mod.py`` into ``pkg\\mod.py``, which no longer names the carried file), always
+``pkg/mod.py`` into ``pkg\\mod.py``, which no longer names the carried file) and names a reach's file
+relative to the workspace root, not to the current directory (python-dotenv's tests ``chdir`` into a temporary
+directory: ``../../../../workspace/src/dotenv/main.py`` named no carried file either), always
 exits 0 after its report (another status is refused), and counts XFAIL only for tests with an
 xfail marker (an imperative ``pytest.xfail()`` from the code under test is a failure).
 
@@ -78,6 +80,7 @@ def _oc_main():
     os.dup2(null, 0)
     channel, write, dumps, real, relpath = os.dup(1), os.write, json.dumps, os.path.realpath, os.path.relpath
     getframe, fspath = sys._getframe, os.fspath
+    root = real(os.getcwd())
     watched_real = {real(p) for p in watched}
     carried_real = {real(p) for p in carried}
     stdlib = os.path.dirname(os.__file__)
@@ -98,7 +101,7 @@ def _oc_main():
         while walk and f is not None and f.f_code.co_filename.startswith(stdlib):
             f = f.f_back
         if f is not None and is_carried(f.f_code.co_filename):
-            return (relpath(real(f.f_code.co_filename)), f.f_lineno)
+            return (relpath(real(f.f_code.co_filename), root), f.f_lineno)
         return None
     FRAMES = {"sys._getframe", "sys._current_frames", "object.__getattr__", "gc.get_objects", "gc.get_referrers",
               "gc.get_referents", "exec", "compile", "sys.settrace", "sys.setprofile", "sys.addaudithook"}

@@ -179,6 +179,23 @@ def test_a_reach_names_the_carried_file_when_the_tests_swap_os_path_for_ntpath(t
     assert [(r.what, r.file, r.line) for r in rep.reach] == [("compile", "pkg/mod.py", 2)]
 
 
+def test_a_reach_names_the_carried_file_when_the_tests_change_directory(tmp_path):
+    """python-dotenv's tests ``chdir`` into a temporary directory before calling ``find_dotenv``, which walks
+    ``sys._getframe()``: the reach must name ``pkg/mod.py`` relative to the workspace (relative to the new
+    directory it was ``../../../../workspace/...``, no carried file, and the gold patch earned 0)."""
+    files = {"pkg/__init__.py": "", "pkg/mod.py": "import sys\n\ndef where():\n    return sys._getframe().f_lineno\n",
+             "tests/test_k.py": "import os\nimport pkg.mod\n\n\ndef test_a(tmp_path):\n"
+                                "    (tmp_path / 'a' / 'b').mkdir(parents=True)\n    os.chdir(tmp_path / 'a' / 'b')\n"
+                                "    assert pkg.mod.where() == 4\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
+        rep = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_k.py"], carried=["pkg/mod.py"]).execute(sb, timeout=120)
+    assert rep.outcomes == {"tests/test_k.py::test_a": "PASSED"}
+    assert [(r.what, r.file, r.line) for r in rep.reach] == [("sys._getframe", "pkg/mod.py", 4)]
+
+
 def test_no_report_when_the_run_dies(tmp_path):
     rep = run(tmp_path, {"tests/test_k.py": "import os\n\ndef test_a():\n    print('PASSED tests/test_k.py::test_a')\n"
                          "    os._exit(0)\n"}, ["tests/test_k.py"])
