@@ -231,9 +231,13 @@ class Clock:
         return 1.2 * max(self.step_seconds[-3:]) if self.step_seconds else 40.0
 
     def fits(self, seconds: float) -> bool:
+        return seconds <= self.left()
+
+    def left(self) -> float:
+        """Seconds before the deadline (inf without one; 0 once the stop file exists)."""
         if self.stop_file is not None and self.stop_file.exists():
-            return False
-        return self.deadline_s is None or time.monotonic() - self.t0 + seconds <= self.deadline_s
+            return 0.0
+        return float("inf") if self.deadline_s is None else self.deadline_s - (time.monotonic() - self.t0)
 
     def stopper(self, margin_s: float):
         """``stop()`` for a stage of small units: True once less than ``margin_s`` is left."""
@@ -252,40 +256,81 @@ def eval_split(run: RLRun, cfg: LearnConfig, stage: str, split: str, tasks: list
                clock: Clock, log, base_model: bool = False) -> dict | None:
     """``[eval] k`` episodes of every task of the split (``[learn] heldout_k`` on a held-out split) with
     the run's current weights, written as ``<out>/<stage>/<split>/results.json``; an existing one is
-    read back."""
+    read back.
+
+    In chunks of whole tasks (all k samples of a task in one chunk), as many as the clock leaves time
+    for but at least one engine batch (``eval_concurrency`` episodes), each written whole to
+    ``<split>/chunks/NNNN.json`` as it ends: a held-out split of 1,200 episodes, longer than one device
+    call, is finished by the next call (with the same weights: the stage's) instead of never starting.
+    The results are made from every chunk, which are then removed."""
     dest = out / stage / split / "results.json"
     if dest.exists():
         return json.loads(dest.read_text())
     if not tasks:
         return None
     k = cfg.eval.k if split == "validation" or cfg.learn.heldout_k is None else cfg.learn.heldout_k
-    if not clock.fits(len(tasks) * k * clock.sec_per_episode):
-        raise OutOfTime(f"{stage}/{split}")
-    log(f"{stage}: evaluating {split} ({len(tasks)} tasks x {k}) ...")
     loaded = [Task.load(p) for p in tasks]
-    t0 = time.perf_counter()
-    with run.actor.make_policy(cfg.eval.temperature, base_model=base_model) as pol:
-        eps = run_episodes(loaded, pol, k, cfg.rollout.backend, cfg.agent,
-                           max_concurrent=min(len(loaded) * k, cfg.learn.eval_concurrency), progress=f"eval {split}")
-    secs = time.perf_counter() - t0
-    clock.sec_per_episode = secs / max(len(eps), 1)
-    records = []
-    for ep in eps:
-        rec = episode_record(ep, ep.task.meta.feature.level)
-        if ep.result is not None:
-            rec["outcome"] = outcome(ep.result.trajectory, bool(rec["reward"]))
-            rec["summaries"] = ep.result.trajectory.summaries
-            if split == "validation" and rec["sample"] == 0:  # one transcript a task, to read what failed
-                ep.result.trajectory.save(dest.parent / "transcripts" / f"{rec['task_id']}.json")
-        records.append(rec)
+    chunks_dir = dest.parent / "chunks"
+    chunks = read_chunks(chunks_dir, {t.meta.id for t in loaded}, k)
+    done = {r["task_id"] for c in chunks for r in c["episodes"]}
+    todo = [t for t in loaded if t.meta.id not in done]
+    batch = max(1, -(-cfg.learn.eval_concurrency // k))  # tasks that fill the engine once
+    if todo:
+        log(f"{stage}: evaluating {split} ({len(loaded)} tasks x {k}"
+            + (f", {len(done)} done in {len(chunks)} chunk(s) before)" if done else ")") + " ...")
+    while todo:
+        fit = clock.left() / (k * clock.sec_per_episode)
+        n = len(todo) if fit >= len(todo) else int(fit)
+        if n < min(batch, len(todo)):
+            raise OutOfTime(f"{stage}/{split}" + (f" ({len(done)} of {len(loaded)} tasks done)" if done else ""))
+        part, todo = todo[:n], todo[n:]
+        t0 = time.perf_counter()
+        with run.actor.make_policy(cfg.eval.temperature, base_model=base_model) as pol:
+            eps = run_episodes(part, pol, k, cfg.rollout.backend, cfg.agent,
+                               max_concurrent=min(len(part) * k, cfg.learn.eval_concurrency), progress=f"eval {split}")
+        secs = time.perf_counter() - t0
+        clock.sec_per_episode = secs / max(len(eps), 1)
+        records = []
+        for ep in eps:
+            rec = episode_record(ep, ep.task.meta.feature.level)
+            if ep.result is not None:
+                rec["outcome"] = outcome(ep.result.trajectory, bool(rec["reward"]))
+                rec["summaries"] = ep.result.trajectory.summaries
+                if split == "validation" and rec["sample"] == 0:  # one transcript a task, to read what failed
+                    ep.result.trajectory.save(dest.parent / "transcripts" / f"{rec['task_id']}.json")
+            records.append(rec)
+        chunk = {"k": k, "seconds": secs, "episodes": records}
+        chunks_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(chunks_dir / f"{len(chunks):04d}.json", json.dumps(chunk))
+        chunks.append(chunk)
+        done |= {t.meta.id for t in part}
+        if todo:
+            log(f"  {stage}/{split}: {len(done)} of {len(loaded)} tasks in {secs:.0f}s")
+    records = [r for c in chunks for r in c["episodes"]]
+    secs = sum(c["seconds"] for c in chunks)
     res = {"schema": SCHEMA, "suite": split, "label": stage, "k": k, "temperature": cfg.eval.temperature,
            "summary": summarize(records, k, wall_s=secs), "episodes": records,
            "created": f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"}
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, json.dumps(res, indent=1))
+    shutil.rmtree(chunks_dir, ignore_errors=True)  # their episodes are all in results.json now
     s = res["summary"]
     log(f"  {stage}/{split}: pass@1 {s['pass@1']:.3f} pass@{k} {s['pass@k']:.3f} in {secs:.0f}s")
     return res
+
+
+def read_chunks(chunks_dir: Path, ids: set[str], k: int) -> list[dict]:
+    """The chunks an earlier call finished, in order; one of other tasks or another k is refused by name
+    (a split's tasks never change mid-run: ``splits.json``)."""
+    chunks = []
+    for f in sorted(chunks_dir.glob("[0-9][0-9][0-9][0-9].json")) if chunks_dir.is_dir() else []:
+        c = json.loads(f.read_text())
+        other = sorted({r["task_id"] for r in c["episodes"]} - ids)
+        if c["k"] != k or other:
+            raise SystemExit(f"{f}: a partial evaluation of " + (f"other tasks ({other[:3]})" if other else
+                             f"k={c['k']}") + f", not of this split at k={k}: remove {chunks_dir} to evaluate anew")
+        chunks.append(c)
+    return chunks
 
 
 def seed_all(seed: int) -> None:

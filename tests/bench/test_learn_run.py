@@ -357,3 +357,53 @@ def test_the_next_step_is_budgeted_as_the_slowest_recent_one():
     clock.step_seconds += [20.0, 20.0, 20.0]
     assert clock.sec_per_step == pytest.approx(24.0)  # only the last three
     assert not lr.Clock(deadline_s=10.0).fits(lr.Clock(deadline_s=10.0).sec_per_step)
+
+
+def test_a_split_longer_than_a_call_is_evaluated_in_chunks_over_calls(tmp_path, toolz_tasks):
+    """A held-out split can outlast one device call (1,200 episodes at ~0.4 s): it is evaluated in chunks of
+    whole tasks, each written as it ends; the next call finishes the rest with the same weights, and the
+    results hold every task's k episodes once. A leftover chunk of other tasks is refused by name."""
+    from collections import Counter
+
+    from opencomposer.tasks.format import Task
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = lr.config_with(write_config(tmp_path, toolz_tasks, out),
+                         ["learn.eval_concurrency=3", "learn.humaneval_heldout=[2, 4, 6]"])  # a task fills it
+    splits = lr.make_splits(cfg, out, None, lambda *_: None)
+    tasks = splits["humaneval_heldout"]
+    assert len(tasks) == 3
+    k = cfg.learn.heldout_k
+
+    class OneChunk(lr.Clock):
+        """Time for one task's episodes at the first look, none after: the end of a call."""
+
+        def __init__(self):
+            super().__init__(None)
+            self.looks = 0
+
+        def left(self) -> float:
+            self.looks += 1
+            return 1.5 * k * self.sec_per_episode if self.looks == 1 else 0.0
+
+    split_dir = out / "base" / "humaneval_heldout"
+    run = lr.RLRun(lr.sub_config(cfg, out / "base"), splits["train"], out / "base")
+    try:
+        with pytest.raises(lr.OutOfTime, match=f"base/humaneval_heldout \\(1 of {len(tasks)} tasks done\\)"):
+            lr.eval_split(run, cfg, "base", "humaneval_heldout", tasks, out, OneChunk(), lambda *_: None)
+        assert [p.name for p in (split_dir / "chunks").iterdir()] == ["0000.json"]
+        assert not (split_dir / "results.json").exists()
+        res = lr.eval_split(run, cfg, "base", "humaneval_heldout", tasks, out, lr.Clock(None), lambda *_: None)
+    finally:
+        run.actor.policy.close()
+    per_task = Counter(r["task_id"] for r in res["episodes"])
+    assert set(per_task) == {Task.load(p).meta.id for p in tasks} and set(per_task.values()) == {k}
+    assert res["k"] == k and not (split_dir / "chunks").exists()
+    assert json.loads((split_dir / "results.json").read_text())["summary"] == res["summary"]
+
+    other = out / "rl" / "humaneval_heldout" / "chunks"  # left by an evaluation of other tasks
+    other.mkdir(parents=True)
+    (other / "0000.json").write_text(json.dumps({"k": k, "seconds": 1.0, "episodes": [{"task_id": "not-in-this-split"}]}))
+    with pytest.raises(SystemExit, match=r"0000.json: a partial evaluation of other tasks \(\['not-in-this-split'\]\)"):
+        lr.eval_split(None, cfg, "rl", "humaneval_heldout", tasks, out, lr.Clock(None), lambda *_: None)
