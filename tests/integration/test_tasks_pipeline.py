@@ -78,6 +78,28 @@ def test_cli_check_and_list_print_json_last(toolz_tasks: Path):
     assert last["tasks"] == 4 and last["median_instruction_chars"] < 400
 
 
+def test_cli_check_of_a_pool_in_sittings_with_a_report(toolz_tasks: Path, tmp_path: Path):
+    """``--sample`` draws tasks, ``--report`` keeps a line a task and a rerun checks only what it lacks (a torn
+    last line, a run killed mid-write, is checked again); ``--no-leaks`` grades without the leak probe."""
+    report = tmp_path / "check.jsonl"
+    r = run_cli("tasks", "check", str(toolz_tasks), "--sample", "2", "--seed", "1", "--no-leaks", "--report", str(report))
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stderr
+    assert last["checked"] == 2 and last["ok"] == 2 and last["leaks"] is None and last["checked_before"] == 0
+    rows = [json.loads(x) for x in report.read_text().splitlines()]
+    assert len(rows) == 2 and all(x["ok"] and x["leak_channels"] == {} for x in rows)
+    report.write_text(report.read_text() + '{"task": "torn')  # killed while writing a third line
+    r = run_cli("tasks", "check", str(toolz_tasks), "--no-leaks", "--report", str(report))
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and last["checked"] == 4 and last["ok"] == 4 and last["checked_before"] == 2
+    rows = [json.loads(x) for x in report.read_text().splitlines()]  # the torn line dropped, two more after
+    assert len(rows) == 4 and len({x["task"] for x in rows}) == 4
+    report.write_text("not json\n" + report.read_text())
+    r = run_cli("tasks", "check", str(toolz_tasks), "--report", str(report))
+    assert r.returncode == 2
+    assert json.loads(r.stdout.strip().splitlines()[-1])["error"].startswith(f"{report}:1: not a line of `tasks check --report`")
+
+
 def test_cli_agent_oracle(toolz_tasks: Path, tmp_path: Path):
     task = find_tasks([toolz_tasks])[0]
     tr = tmp_path / "t.json"

@@ -110,39 +110,89 @@ def tasks_check(
     paths: list[Path] = typer.Argument(..., help="task directories, or directories of them"),
     sandbox: str = typer.Option("auto", help=SANDBOX_HELP),
     workers: int = typer.Option(2, min=1, help="tasks checked in parallel"),
+    leaks: bool = typer.Option(True, "--leaks/--no-leaks", help="run the leak probe too (the costly part; "
+                               "the factory ran it on each task it wrote)"),
+    sample: int = typer.Option(0, min=0, help="check this many tasks, drawn at random with --seed (0: all)"),
+    seed: int = typer.Option(0, help="the draw of --sample"),
+    report: Optional[Path] = typer.Option(None, help="a JSONL file, one line a task as it is checked; a rerun "
+                                          "with the same file checks only the tasks it lacks (a pool of "
+                                          "thousands over several sittings)"),
 ) -> None:
-    """Validate tasks: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
+    """Validate tasks through the grader: FAIL_TO_PASS fail, PASS_TO_PASS pass, gold patch fixes all, no leaks."""
+    import random
+    import threading
     from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import asdict
 
-    from opencomposer.grading.check import check_task
+    from opencomposer.grading.check import CheckResult, check_task
     from opencomposer.tasks.format import find_tasks
 
     try:
         sandbox = sandbox_backend(sandbox, "--sandbox")  # the gold patch and tests of imported tasks are third-party code
         found = find_tasks(paths)
+        if sample:
+            found = sorted(random.Random(seed).sample(found, min(sample, len(found))))
+        earlier = _checked_before(report) if report else {}
+        todo = [p for p in found if str(p.resolve()) not in earlier]
+        lock = threading.Lock()
         with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as prog, ThreadPoolExecutor(workers) as ex:
-            bar = prog.add_task("check", total=len(found))
+            bar = prog.add_task("check", total=len(found), completed=len(found) - len(todo))
 
-            def one(p: Path):
-                r = check_task(p, sandbox)
+            def one(p: Path) -> CheckResult:
+                r = check_task(p, sandbox, leaks=leaks)
+                if report:
+                    with lock, report.open("a") as f:  # a line a task: a killed run loses at most the tasks in flight
+                        f.write(json.dumps(asdict(r), default=str) + "\n")
                 prog.advance(bar)
                 return r
 
-            results = list(ex.map(one, found))
+            results = [earlier[str(p.resolve())] for p in found if str(p.resolve()) in earlier] + list(ex.map(one, todo))
     except known_errors() as e:
         fail(e)
+    shown = results if len(results) <= 50 else [r for r in results if not r.ok]  # a pool: its failures only
     table = Table("task", "ok", "F2P", "P2P", "leaks", "s", "problem")
-    for r in results:
+    for r in shown:
         table.add_row(Path(r.task).name, "yes" if r.ok else "[red]no[/]", str(r.f2p), str(r.p2p),
-                      str(r.leaks), f"{r.seconds:.1f}", (r.problems[0][:80] if r.problems else ""))
-    err.print(table)
+                      str(r.leaks) if leaks else "-", f"{r.seconds:.1f}", (r.problems[0][:80] if r.problems else ""))
+    if shown:
+        err.print(table)
     ok = sum(r.ok for r in results)
     emit({"checked": len(results), "ok": ok, "failed": len(results) - ok, "sandbox": sandbox,
-          "leaks": sum(r.leaks for r in results),
+          "leaks": sum(r.leaks for r in results) if leaks else None, "checked_before": len(found) - len(todo),
           "failures": {Path(r.task).name: r.problems for r in results if not r.ok}})
     if ok < len(results):
         raise typer.Exit(1)
+
+
+def _checked_before(report: Path):
+    """Resolved task path -> its result in ``report`` (absent file: none). A torn last line (a run killed while
+    writing it) is dropped, so that task is checked again; any other bad line is an error naming it."""
+    from opencomposer.config import ConfigError
+    from opencomposer.grading.check import CheckResult
+
+    from opencomposer.paths import atomic_write_text
+
+    if not report.exists():
+        return {}
+    text = report.read_text()
+    lines = text.splitlines()
+    got, kept = {}, []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = CheckResult(**json.loads(line))
+            got[str(Path(row.task).resolve())] = row
+            kept.append(line)
+        except (ValueError, TypeError) as e:
+            if n == len(lines):
+                break
+            raise ConfigError(f"{report}:{n}: not a line of `tasks check --report` ({type(e).__name__}: {e}); "
+                              "expected one JSON object with a 'task' a line") from e
+    if len(kept) < len([x for x in lines if x.strip()]) or (text and not text.endswith("\n")):
+        atomic_write_text(report, "".join(x + "\n" for x in kept))  # the next line must not join a torn one
+    return got
 
 
 @tasks_app.command("list")
