@@ -51,12 +51,12 @@ def test_skip():
 '''
 
 
-def run(tmp_path: Path, files: dict[str, str], targets: list[str], backend: str = "local"):
+def run(tmp_path: Path, files: dict[str, str], targets: list[str], backend: str = "local", carried: list[str] = ()):
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     with make_sandbox(SandboxSpec(tmp_path, ENV), backend) as sb:
-        return PytestRun.from_command(DEFAULT_COMMAND, targets).execute(sb, timeout=120)
+        return PytestRun.from_command(DEFAULT_COMMAND, targets, carried=list(carried)).execute(sb, timeout=120)
 
 
 def test_outcomes_of_every_kind(tmp_path):
@@ -170,11 +170,7 @@ def test_a_reach_names_the_carried_file_when_the_tests_swap_os_path_for_ntpath(t
              "tests/test_k.py": "import ntpath, os, posixpath\nimport pkg.mod\n\n\ndef test_a():\n"
                                 "    os.path = ntpath\n    try:\n        pkg.mod.build()\n    finally:\n"
                                 "        os.path = posixpath\n"}
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
-        rep = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_k.py"], carried=["pkg/mod.py"]).execute(sb, timeout=120)
+    rep = run(tmp_path, files, ["tests/test_k.py"], carried=["pkg/mod.py"])
     assert rep.outcomes == {"tests/test_k.py::test_a": "PASSED"}
     assert [(r.what, r.file, r.line) for r in rep.reach] == [("compile", "pkg/mod.py", 2)]
 
@@ -187,11 +183,7 @@ def test_a_reach_names_the_carried_file_when_the_tests_change_directory(tmp_path
              "tests/test_k.py": "import os\nimport pkg.mod\n\n\ndef test_a(tmp_path):\n"
                                 "    (tmp_path / 'a' / 'b').mkdir(parents=True)\n    os.chdir(tmp_path / 'a' / 'b')\n"
                                 "    assert pkg.mod.where() == 4\n"}
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    with make_sandbox(SandboxSpec(tmp_path, ENV), "local") as sb:
-        rep = PytestRun.from_command(DEFAULT_COMMAND, ["tests/test_k.py"], carried=["pkg/mod.py"]).execute(sb, timeout=120)
+    rep = run(tmp_path, files, ["tests/test_k.py"], carried=["pkg/mod.py"])
     assert rep.outcomes == {"tests/test_k.py::test_a": "PASSED"}
     assert [(r.what, r.file, r.line) for r in rep.reach] == [("sys._getframe", "pkg/mod.py", 4)]
 
