@@ -197,3 +197,27 @@ def test_episodes_grade_under_the_agent_configs_fail_fast(minicalc_task, fail_fa
                   AgentConfig(max_turns=2, grade_fail_fast=fail_fast))
     assert ep.reward.reward == 0.0 and bool(ep.reward.details["stopped_at"]) == fail_fast
     assert AgentConfig().grade_fail_fast
+
+
+def test_a_canary_is_never_a_copy_of_a_test_expected_to_fail(minicalc_task, tmp_path):
+    """ftfy's FAIL_TO_PASS tests include ``@pytest.mark.xfail(strict=True) test_failing_json_example``: the gold
+    makes its assertion fail (XFAIL, a pass). A canary copied from it kept the marker, failed as it must and was
+    reported XFAIL, which reads as a forgery: the gold patch earned 0. Now such a test is not the canary's model;
+    a plain failing function is, and is reported FAILED."""
+    import shutil
+
+    from opencomposer.tasks.format import Task
+
+    root = minicalc_task.root.parent / f"xfail-{tmp_path.name}"  # beside it: the same environment
+    shutil.copytree(minicalc_task.root, root, symlinks=True)
+    hidden = root / "tests" / "files" / "tests" / "test_ops.py"
+    src = hidden.read_text()
+    body = src[src.index("def test_clamp"):]
+    hidden.write_text("import pytest\n" + src.replace(body, "@pytest.mark.xfail(strict=True)\ndef test_clamp():\n"
+                      "    import minicalc.ops as ops\n    assert not hasattr(ops, 'clamp')  # until the fix\n"))
+    task, open_sandbox = Task.load(root), opener("local")
+    start = grade(task, Carry(), open_sandbox)
+    assert start.reward == 0.0 and start.details["fail_to_pass"] == {"tests/test_ops.py::test_clamp": "FAILED"}  # XPASS(strict)
+    gold = grade(task, patch_carry(task, task.gold_patch, open_sandbox), open_sandbox)
+    assert gold.details["fail_to_pass"] == {"tests/test_ops.py::test_clamp": "XFAIL"}
+    assert gold.reward == 1.0 and gold.details["canary"] == "FAILED", gold.details["tampered"]
