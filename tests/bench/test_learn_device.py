@@ -32,6 +32,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     out = Path(config_with(a.config, a.set).run.out_dir)
     (out / "rl_run").mkdir(parents=True, exist_ok=True)
+    (out / "rl" / "heldout_libraries" / "chunks").mkdir(parents=True, exist_ok=True)  # a split evaluated in part
+    (out / "rl" / "heldout_libraries" / "chunks" / "0000.json").write_text("{}")
     for step in range(1, 1000):
         if a.stop_file.exists():
             print(json.dumps({"out": str(out), "stopped_before": f"rl step {step}"}))
@@ -84,7 +86,7 @@ def test_arms_outlive_the_call_and_stop_between_units(tmp_path):
         assert s.returncode == 3 and "arm0 exit 3" in s.stdout and "arm1 exit 3" in s.stdout, s.stdout
         assert '"stopped_before"' in s.stdout
         with tarfile.open(tmp_path / "o4" / "arm1" / "results.tgz") as t:
-            assert "./rl_run/metrics.jsonl" in t.getnames()
+            assert {"./rl_run/metrics.jsonl", "./rl/heldout_libraries/chunks/0000.json"} <= set(t.getnames())
         assert (tmp_path / "o4" / "arm0" / "device.log").is_file()
     finally:
         (tmp_path / "L" / "stop").touch()
