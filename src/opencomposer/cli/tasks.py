@@ -133,7 +133,8 @@ def tasks_check(
         if sample:
             found = sorted(random.Random(seed).sample(found, min(sample, len(found))))
         earlier = _checked_before(report) if report else {}
-        todo = [p for p in found if str(p.resolve()) not in earlier]
+        key = {p: str(p.resolve()) for p in found}
+        todo = [p for p in found if key[p] not in earlier]
         lock = threading.Lock()
         with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as prog, ThreadPoolExecutor(workers) as ex:
@@ -147,7 +148,7 @@ def tasks_check(
                 prog.advance(bar)
                 return r
 
-            results = [earlier[str(p.resolve())] for p in found if str(p.resolve()) in earlier] + list(ex.map(one, todo))
+            results = [earlier[key[p]] for p in found if key[p] in earlier] + list(ex.map(one, todo))
     except known_errors() as e:
         fail(e)
     shown = results if len(results) <= 50 else [r for r in results if not r.ok]  # a pool: its failures only
@@ -170,7 +171,6 @@ def _checked_before(report: Path):
     writing it) is dropped, so that task is checked again; any other bad line is an error naming it."""
     from opencomposer.config import ConfigError
     from opencomposer.grading.check import CheckResult
-
     from opencomposer.paths import atomic_write_text
 
     if not report.exists():
@@ -183,15 +183,16 @@ def _checked_before(report: Path):
             continue
         try:
             row = CheckResult(**json.loads(line))
-            got[str(Path(row.task).resolve())] = row
-            kept.append(line)
         except (ValueError, TypeError) as e:
-            if n == len(lines):
+            if n == len(lines):  # torn: dropped below
                 break
             raise ConfigError(f"{report}:{n}: not a line of `tasks check --report` ({type(e).__name__}: {e}); "
                               "expected one JSON object with a 'task' a line") from e
-    if len(kept) < len([x for x in lines if x.strip()]) or (text and not text.endswith("\n")):
-        atomic_write_text(report, "".join(x + "\n" for x in kept))  # the next line must not join a torn one
+        got[str(Path(row.task).resolve())] = row
+        kept.append(line)
+    rewritten = "".join(x + "\n" for x in kept)
+    if text != rewritten:  # a torn line, or none ending the file: the next line must not join it
+        atomic_write_text(report, rewritten)
     return got
 
 

@@ -103,16 +103,23 @@ def lay_hidden_tests(task: Task, sandbox: Sandbox) -> list[str]:
 WORDS = ("again", "more", "extra", "values", "cases", "edge", "simple", "basic", "other", "mixed", "twice", "small")
 
 
+@functools.lru_cache(maxsize=32)
+def _tree(src: str) -> ast.Module | None:
+    """``src`` parsed once (None when it does not parse): the canary, the expected failures and the new
+    name all read the same hidden test file, in every grade of its task, in threads beside the engine's.
+    Read only."""
+    try:
+        return pyparse.parse(src)
+    except SyntaxError:
+        return None
+
+
 @functools.lru_cache(maxsize=128)
 def _function_parts(src: str, name: str) -> tuple[tuple[str, ...], tuple[str, ...], str, str] | None:
     """(decorator lines, source lines, arguments, the call passing them on) of the module-level test
-    function ``name`` of ``src``, or None. Cached: a hidden test file is the same in every grade of its task,
-    and its parse holds the interpreter (episodes grade in threads beside the engine's)."""
-    try:
-        tree = pyparse.parse(src)
-    except SyntaxError:
-        return None
-    for node in tree.body:
+    function ``name`` of ``src``, or None. Cached, as its parse is (``_tree``)."""
+    tree = _tree(src)
+    for node in tree.body if tree else ():
         if isinstance(node, ast.FunctionDef) and node.name == name:
             a = node.args
             if a.vararg or a.kwarg or a.posonlyargs:
@@ -148,12 +155,13 @@ def _clone_source(src: str, name: str, new: str, failing: str) -> str | None:
 @functools.lru_cache(maxsize=128)
 def _module_xfail(src: str) -> bool:
     """Whether ``src`` marks every test of the module xfail (``pytestmark = ...xfail...``)."""
-    try:
-        tree = pyparse.parse(src)
-    except SyntaxError:
-        return False
-    return any(isinstance(n, (ast.Assign, ast.AnnAssign)) and "pytestmark" in ast.unparse(n).split("=", 1)[0]
-               and "xfail" in ast.unparse(n) for n in tree.body)
+    tree = _tree(src)
+    for n in tree.body if tree else ():
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets) and n.value is not None \
+                and "xfail" in ast.unparse(n.value):
+            return True
+    return False
 
 
 def _may_be_xfail(src: str, name: str) -> bool:
@@ -205,9 +213,8 @@ def lay_canary(task: Task, sandbox: Sandbox) -> tuple[str, str]:
 def _expected_failures(src: str) -> tuple[str, ...]:
     """``Class::method`` of every test method of ``src`` decorated with unittest's ``expectedFailure``: what the
     source says, never what a run reports (``runner.PytestRun.expected_failures``)."""
-    try:
-        tree = pyparse.parse(src)
-    except SyntaxError:
+    tree = _tree(src)
+    if tree is None:
         return ()
     named = lambda d: (d.attr if isinstance(d, ast.Attribute) else d.id if isinstance(d, ast.Name) else "")  # noqa: E731
     return tuple(f"{c.name}::{f.name}" for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
@@ -236,9 +243,8 @@ def expected_failures(task: Task, laid: list[str]) -> list[str]:
 def _names(src: str) -> frozenset[str]:
     """Every name bound or used in ``src`` (empty when it does not parse): the canary's must be new.
     Cached as ``_function_parts`` is."""
-    try:
-        tree = pyparse.parse(src)
-    except SyntaxError:
+    tree = _tree(src)
+    if tree is None:
         return frozenset()
     return frozenset(n.id if isinstance(n, ast.Name) else getattr(n, "name", "") for n in ast.walk(tree))
 

@@ -173,6 +173,10 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
         with lock:
             report.runs[kind] = report.runs.get(kind, 0) + 1
 
+    def graded(task_dir: Path):  # ``check``, counted as the test runs are
+        count_run("grade")
+        return check(task_dir)
+
     def _one(w: Worker, obj, level: str, crng: random.Random) -> tuple[str | None, str | None, str]:
         """(outcome, task id if made, detail): outcome is "made" or the rejection reason."""
         try:
@@ -229,17 +233,11 @@ def make_tasks(source: str, out: Path, max_tasks: int = 50, seed: int = 0, backe
                 return None, None
             state["writing"] += 1
         try:
-            path = write_task(prep, out, d, list(targets), f2p, p2p, crng, check)
-            if check is not None:
-                count_run("grade")
+            path = write_task(prep, out, d, list(targets), f2p, p2p, crng, graded if check else None)
         except LeakFound:
             release()
             return "the leak probe found the deleted code", None
-        except GraderRejects:
-            count_run("grade")
-            release()
-            raise
-        except BaseException:
+        except BaseException:  # GraderRejects included: _one names it
             release()
             raise
         return "made", path.name  # work() releases the slot as it counts the task
