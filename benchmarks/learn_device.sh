@@ -307,10 +307,11 @@ collect_arm() {  # collect_arm I SETS LOG TWO: arm I's log and results to $OUT (
     [ -f $L/pyspy-arm$i.txt ] && gzip -c $L/pyspy-arm$i.txt > "$dest/pyspy.txt.gz"
     [ -f "$rd/summary.md" ] && cp "$rd/summary.md" "$dest/"
     # the rest in one file (at most 8 come back a call): summary.json, splits, plot, every stage's results
-    # (episode records; one validation transcript a task), the chunks of a split evaluated in part (learn_run.py:
+    # (episode records; one validation transcript a task; RL's passed and flagged rollouts), the chunks of a split evaluated in part (learn_run.py:
     # the next session finishes it) and the RL rows, compressed
     (cd "$rd" && find . -path ./summary.json -o -path ./splits.json -o -path ./learn.png -o -name results.json \
        -o -path '*/chunks/[0-9]*.json' -o -name metrics.jsonl -o -name sft.json -o -path '*/validation/transcripts/*.json' \
+       -o -path './rl_run/transcripts/step-*/*.json' \
        | tar -czf "$dest/results.tgz" -T -) || true
   fi
   # where this call's RL steps went (the engine's stepping thread: wall, CPU, waiting for a core), one line a step

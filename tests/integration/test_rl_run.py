@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from opencomposer.config import load_config
+from opencomposer.harness.trajectory import Trajectory
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.pipeline.run import run_pipeline
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint
@@ -61,13 +62,24 @@ def test_rollouts_on_a_server_that_follows_the_runs_weight_store(toolz_tasks: Pa
             assert torch.equal(view, sd[name]), name
 
 
+def _keep_all(cfg: Path) -> Path:
+    """The config with [rollout] keep_transcripts = "all"."""
+    cfg.write_text(cfg.read_text().replace("[rollout]\n", '[rollout]\nkeep_transcripts = "all"\n', 1))
+    return cfg
+
+
 def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):
     from opencomposer.models.registry import load_model
     out, store = tmp_path / "run", tmp_path / "weights"
-    cfg = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, sync=store), RLRunConfig)
+    cfg = load_config(_keep_all(write_cfg(tmp_path, toolz_tasks, out, steps=2, kl=0.05, sync=store)), RLRunConfig)
     result = run_pipeline(cfg, log=lambda m: None)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    # [rollout] keep_transcripts = "all": each step's k rollouts, readable transcripts
+    assert [r["transcripts_kept"] for r in rows] == [2, 2]
+    for step in (1, 2):
+        kept = sorted((out / "transcripts" / f"step-{step:04d}").glob("*.json"))
+        assert len(kept) == 2 and all(Trajectory.load(p).meta["rl"]["step"] == step for p in kept)
     for r in rows:
         for key in ("reward_mean", "pass@1", "pass@2", "mean_completion_tokens", "tool_calls", "invalid_calls",
                     "kl", "loss", "entropy", "grad_norm", "time_rollout", "time_train"):
@@ -89,8 +101,12 @@ def test_two_steps_then_resume(toolz_tasks: Path, tmp_path: Path):
     assert [r["sync_kind_full"] for r in rows] == [0.0, 0.0] and all(r["sync_stored_mb"] > 0 for r in rows)
     follower = _follower_matches(store, trainer, rows[-1]["policy_version"])
     # resume: step 3 continues from the checkpoint with a task never used before
-    cfg3 = load_config(write_cfg(tmp_path, toolz_tasks, out, steps=3, kl=0.05, sync=store), RLRunConfig)
+    cfg3 = load_config(_keep_all(write_cfg(tmp_path, toolz_tasks, out, steps=3, kl=0.05, sync=store)), RLRunConfig)
+    stale = out / "transcripts" / "step-0003" / "killed-before-its-checkpoint.json"
+    stale.parent.mkdir()
+    stale.write_text("{}")  # as a step killed after its transcripts and before its checkpoint leaves them
     run_pipeline(cfg3, resume=True, log=lambda m: None)
+    assert not stale.exists() and len(list(stale.parent.glob("*.json"))) == 2  # step 3 done again, kept once
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     trainer3 = Trainer(load_model("tiny-random")[0], tok, cfg.train)

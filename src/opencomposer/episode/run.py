@@ -175,7 +175,9 @@ class Rollout:
 
 
 def shape_rollouts(rollouts: list["Rollout"], cfg: RewardConfig) -> dict[str, float]:
-    """Shape every rollout's reward (``rewards/shaping.py``); returns the mean of each term.
+    """Shape every rollout's reward (``rewards/shaping.py``); returns the mean of each term
+    (``r_<term>``), the share of rollouts flagged (``hacking_flagged``) and the share each
+    monitor flagged (``flag_<kind>``, only the kinds that fired).
 
     A failed rollout (no result) keeps reward 0 and pays no terms.
     """
@@ -190,10 +192,12 @@ def shape_rollouts(rollouts: list["Rollout"], cfg: RewardConfig) -> dict[str, fl
         ro.result.trajectory.meta["shaped_reward"] = {"total": ro.shaped.total, **ro.shaped.terms,
                                                       "flags": ro.shaped.flags}
         flagged += bool(ro.shaped.flags)
+        for kind in ro.shaped.flags:  # which monitor: flag_<kind>, the share of rollouts it flagged
+            sums[f"flag:{kind}"] = sums.get(f"flag:{kind}", 0.0) + 1.0
         for k, v in ro.shaped.terms.items():
             sums[k] = sums.get(k, 0.0) + v
     n = max(len(rollouts), 1)
-    out = {f"r_{k}": v / n for k, v in sums.items()}
+    out = {f"flag_{k[5:]}" if k.startswith("flag:") else f"r_{k}": v / n for k, v in sums.items()}
     out["shaped_reward_mean"] = sum(ro.train_reward for ro in rollouts) / n
     out["hacking_flagged"] = flagged / n
     return out

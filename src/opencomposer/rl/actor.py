@@ -63,6 +63,7 @@ from opencomposer.rl.metrics import MetricsLog, rollout_stats, rollout_times
 from opencomposer.rl.sampler import TaskSampler
 from opencomposer.rl.staleness import oldest_version, versions_per_rollout
 from opencomposer.rl.taskpool import HarderTasks, task_sampler
+from opencomposer.rl.transcripts import KeptTranscripts
 from opencomposer.train.samples import Sample, trajectory_samples
 
 ENGINE_COUNTS = ("prompt_tokens", "prefill_tokens_computed", "generated_tokens", "steps", "prefill_seconds",
@@ -160,6 +161,10 @@ class Actor:
             if self.harder is not None and "harder" in state:
                 self.harder.restore(state["harder"])
             self.metrics.truncate(start_step, state.get("row"))
+        # the transcripts of the passed and flagged rollouts ([rollout] keep_transcripts), a folder a step
+        self.kept = KeptTranscripts(out, cfg.rollout.keep_transcripts)
+        if state:
+            self.kept.truncate(start_step)
         # [sync]: every version goes to a weight store for remote followers
         self.publisher = self._publisher()
         # [cluster]: engine actors and sandbox hosts on Ray (rl/cluster.py); the engines are this run's servers
@@ -434,8 +439,10 @@ class Actor:
 
     def report(self, step: int, batch: Batch, train: dict[str, float], published: Published) -> dict[str, Any]:
         """The metrics row of ``step``: the batch's rollouts, the learner's ``train`` metrics,
-        what ``publish`` measured; and, with harder tasks on, what the factory was told."""
+        what ``publish`` measured; and, with harder tasks on, what the factory was told. The
+        transcripts ``[rollout] keep_transcripts`` keeps are written here, before the checkpoint."""
         r, fb, p = self.cfg.rollout, self.cfg.feedback, published
+        kept = self.kept.keep(step, batch.drawn or batch.rollouts)
         feedback = {}
         if fb.enabled:
             kinds = [pt.kind for pt in batch.points]
@@ -456,7 +463,7 @@ class Actor:
             "time_rollout_idle": round(p.rollout_idle_s, 2),
             "staleness_mean": train["staleness_mean"], "staleness_max": train["staleness_max"],
             **versions_per_rollout(batch.rollouts), "dropped_stale": batch.dropped,
-            "policy_version": self.weights.version,
+            "policy_version": self.weights.version, "transcripts_kept": len(kept),
             **p.sync,
         }
         if self.harder is not None:

@@ -139,6 +139,10 @@ class RolloutSection(SamplingSection):
     max_resample_groups: int | None = Field(
         None, ge=1, description="zero_variance='resample': most extra groups (tasks) a step draws; absent: "
                                 "max_resample_rounds bounds it (each round draws at most tasks_per_step)")
+    keep_transcripts: Literal["none", "notable", "all"] = Field(
+        "notable", description="the rollouts whose transcripts the run keeps under <out>/transcripts/step-NNNN/, for "
+                               "a person to audit what was rewarded: notable = each one the hidden tests passed or a "
+                               "monitor flagged (a few a step); all = every one; none (rl/transcripts.py)")
 
     @property
     def servers(self) -> list[str]:

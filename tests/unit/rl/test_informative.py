@@ -13,6 +13,7 @@ import pytest
 
 from opencomposer.config import ConfigError, validate
 from opencomposer.rl.actor import Actor, Published
+from opencomposer.rl.transcripts import KeptTranscripts
 from opencomposer.rl.advantages import is_zero_variance, split_groups
 from opencomposer.rl.config import RLRunConfig, RolloutSection, TasksSection
 from opencomposer.rl.sampler import Informative, PoolExhausted, TaskSampler
@@ -62,6 +63,7 @@ def fake_actor(monkeypatch, outcomes: dict[str, list[float]], pool: int, tasks_p
     a.weights = SimpleNamespace(version=0)
     a.policy = SimpleNamespace(policy_version=0, stats={}, engine_counts=dict)  # a BatchedPolicy without an engine
     a.sampler = TaskSampler([Path(f"/tasks/t{i:02d}") for i in range(pool)], tasks_per_step, seed=0)
+    a.kept = KeptTranscripts(Path("unused"), "none")  # (fake rollouts have no transcripts to keep)
     a.rolled = []
 
     def roll(paths):

@@ -1,0 +1,97 @@
+"""The transcripts an RL run keeps of its rollouts, for a person to audit what was rewarded.
+
+An RL run finds every shortcut a reward leaves open. The metrics rows say how many episodes
+passed and how many the monitors flagged; only the episodes themselves say *how*. With
+``[rollout] keep_transcripts``:
+
+* ``"notable"`` (default): every episode the hidden tests passed (graded, before any voiding)
+  and every episode a monitor flagged: the ones whose reward a forgery would have raised, and
+  the ones caught trying; a few a step, so a 100-step run keeps a few hundred;
+* ``"all"``: every episode (large: 128 an update at 16 x 8);
+* ``"none"``: none.
+
+Each is a transcript (``harness/trajectory.py``, ``Trajectory.load`` reads it back) at
+``<out>/transcripts/step-NNNN/<task id>__g<group>r<index>.json``, written atomically, without
+the per-token fields the update read (token ids, sampler log-probs, routes: the bulk of it).
+Its ``meta`` holds what the episode was judged by: the grader's details (``reward``), the
+monitors' flags with their evidence (``monitor``), the shaped reward's terms
+(``shaped_reward``) and the changed files (``changes``); ``keep`` adds ``rl`` (step, group,
+index, passed, flagged).
+
+A step's transcripts are written before its checkpoint; a resumed run (``truncate``) removes
+those of steps after the checkpoint, which it runs again, as ``MetricsLog.truncate`` does rows.
+
+    kept = KeptTranscripts(out, "notable")
+    kept.keep(step, rollouts)     # -> the paths written
+    kept.truncate(step)           # on resume: drop steps > step
+
+Test: ``pytest tests/unit/rl/test_transcripts.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from opencomposer.episode.run import Rollout
+
+__all__ = ["KEEP", "KeptTranscripts", "notable"]
+
+KEEP = ("none", "notable", "all")
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def notable(ro: "Rollout") -> bool:
+    """The hidden tests passed it (graded, before a monitor voided it) or a monitor flagged it."""
+    if ro.result is None:
+        return False
+    details = ro.result.reward.details
+    passed = bool(details.get("graded_passed", ro.result.reward.passed))
+    return passed or bool(ro.result.flags)
+
+
+class KeptTranscripts:
+    """``<out>/transcripts``: the rollouts ``mode`` keeps, one folder a step."""
+
+    def __init__(self, out: Path, mode: Literal["none", "notable", "all"] = "notable"):
+        if mode not in KEEP:
+            raise ValueError(f"[rollout] keep_transcripts = {mode!r}: expected one of {', '.join(KEEP)}")
+        self.root, self.mode = Path(out) / "transcripts", mode
+
+    def keep(self, step: int, rollouts: list["Rollout"]) -> list[Path]:
+        """Write the transcripts of ``step``'s rollouts that ``mode`` keeps; the paths written."""
+        if self.mode == "none":
+            return []
+        folder = self.root / f"step-{step:04d}"
+        written = []
+        for ro in rollouts:
+            if ro.result is None or (self.mode == "notable" and not notable(ro)):
+                continue
+            traj = ro.result.trajectory
+            details = ro.result.reward.details
+            lean = replace(traj, steps=[replace(s, token_ids=[], logprobs=[], policy_versions=[], routes="")
+                                        for s in traj.steps],
+                           meta={**traj.meta, "rl": {
+                               "step": step, "group": ro.group, "index": ro.index,
+                               "passed": bool(details.get("graded_passed", ro.result.reward.passed)),
+                               "reward": ro.reward, "train_reward": ro.train_reward,
+                               "flagged": sorted(ro.result.flags), "policy_versions": sorted(set(ro.policy_versions))}})
+            name = f"{_UNSAFE.sub('_', ro.task_id)}__g{ro.group}r{ro.index}.json"
+            written.append(lean.save(folder / name))
+        return written
+
+    def truncate(self, step: int) -> list[int]:
+        """Remove the folders of steps after ``step`` (a resumed run does them again); the steps removed."""
+        gone = []
+        if self.root.is_dir():
+            for d in sorted(self.root.iterdir()):
+                m = _STEP_DIR.match(d.name)
+                if m and int(m.group(1)) > step:
+                    shutil.rmtree(d)
+                    gone.append(int(m.group(1)))
+        return gone

@@ -1,0 +1,82 @@
+"""The RL run keeps the transcripts of the rollouts a person must audit: passed and flagged ones.
+
+Real episodes of a shipped smoke task in local sandboxes, graded by the real grader: the
+oracle (passes), an agent that rewrites a test file (flagged by the monitors, reward voided)
+and one that gives up (neither). ``KeptTranscripts`` writes the first two under
+``transcripts/step-NNNN/``, readable by ``Trajectory.load``, with what they were judged by and
+without the per-token fields; a resumed run drops the steps it runs again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opencomposer.rewards.config import RewardConfig
+from opencomposer.episode.run import Rollout, run_task, shape_rollouts
+from opencomposer.harness.trajectory import Trajectory
+from opencomposer.policies.oracle import OraclePolicy
+from opencomposer.policies.scripted import ScriptedPolicy, tool_call
+from opencomposer.rl.transcripts import KeptTranscripts
+from opencomposer.eval.suite import load_suite
+
+SMOKE = "textkit__clamp__function"
+
+
+@pytest.fixture(scope="module")
+def rollouts() -> list[Rollout]:
+    task = load_suite("smoke").tasks[0]  # env "current": graded with this interpreter's pytest
+    assert task.id == SMOKE
+    tamper = ScriptedPolicy([[tool_call("write_file", path="tests/test_numbers.py",
+                                        content="def test_nothing():\n    assert True\n")],
+                             [tool_call("submit", message="Done.")]])
+    give_up = ScriptedPolicy([[tool_call("submit", message="I could not do it.")]])
+    ros = [Rollout(task.id, 0, i, run_task(task, policy, "local"))
+           for i, policy in enumerate([OraclePolicy(task), tamper, give_up])]
+    ros[0].result.trajectory.steps[0].token_ids = [1, 2, 3]  # as an engine's policy fills them
+    ros[0].result.trajectory.steps[0].logprobs = [-0.1, -0.2, -0.3]
+    return ros
+
+
+def test_passed_and_flagged_rollouts_are_kept_with_what_judged_them(rollouts, tmp_path: Path):
+    oracle, tamper, give_up = rollouts
+    assert oracle.result.reward.passed and not oracle.result.flags
+    assert tamper.result.flags and tamper.reward == 0.0  # voided
+    assert not give_up.result.reward.passed and not give_up.result.flags
+    shaping = shape_rollouts(rollouts, RewardConfig())
+    assert shaping["hacking_flagged"] == pytest.approx(1 / 3)
+    assert all(shaping[f"flag_{k}"] == pytest.approx(1 / 3) for k in tamper.result.flags)
+
+    written = KeptTranscripts(tmp_path, "notable").keep(7, rollouts)
+    assert sorted(p.name for p in written) == [f"{oracle.task_id}__g0r0.json", f"{oracle.task_id}__g0r1.json"]
+    assert {p.parent for p in written} == {tmp_path / "transcripts" / "step-0007"}
+    kept = {p.name: Trajectory.load(p) for p in written}
+    ok, flagged = kept[f"{oracle.task_id}__g0r0.json"], kept[f"{oracle.task_id}__g0r1.json"]
+    assert ok.meta["rl"] == {"step": 7, "group": 0, "index": 0, "passed": True, "reward": 1.0,
+                             "train_reward": oracle.train_reward, "flagged": [], "policy_versions": []}
+    assert ok.meta["reward"]["passed"] and ok.steps[0].token_ids == [] and ok.steps[0].logprobs == []
+    assert rollouts[0].result.trajectory.steps[0].token_ids == [1, 2, 3]  # the update's copy untouched
+    assert flagged.meta["rl"]["flagged"] == sorted(tamper.result.flags)
+    assert flagged.meta["monitor"]["flags"] == tamper.result.flags  # with the evidence
+    assert any("tests/test_numbers.py" in json.dumps(ev) for ev in tamper.result.flags.values())
+    assert flagged.meta["shaped_reward"]["flags"] == tamper.result.flags
+
+
+def test_all_none_and_a_resume_that_drops_the_steps_it_runs_again(rollouts, tmp_path: Path):
+    assert len(KeptTranscripts(tmp_path / "a", "all").keep(1, rollouts)) == 3
+    assert KeptTranscripts(tmp_path / "n", "none").keep(1, rollouts) == []
+    assert not (tmp_path / "n" / "transcripts").exists()
+    kept = KeptTranscripts(tmp_path, "notable")
+    for step in (1, 2, 3):
+        kept.keep(step, rollouts)
+    (tmp_path / "transcripts" / "notes").mkdir()  # not a step's folder: left alone
+    assert kept.truncate(1) == [2, 3]
+    assert sorted(p.name for p in (tmp_path / "transcripts").iterdir()) == ["notes", "step-0001"]
+    assert kept.truncate(1) == []
+
+
+def test_an_unknown_mode_names_the_setting():
+    with pytest.raises(ValueError, match=r"\[rollout\] keep_transcripts = 'some'.*notable"):
+        KeptTranscripts(Path("x"), "some")
