@@ -10,16 +10,15 @@ import json
 from pathlib import Path
 
 import torch
+from conftest import following_server
+from testkit.rl_tasks import write_cfg
 
 from opencomposer.config import load_config
 from opencomposer.harness.trajectory import Trajectory
-from opencomposer.rl.config import RLRunConfig
 from opencomposer.pipeline.run import run_pipeline
+from opencomposer.rl.config import RLRunConfig
 from opencomposer.train.checkpoint import load_checkpoint, resolve_checkpoint
 from opencomposer.train.trainer import Trainer
-
-from conftest import following_server
-from testkit.rl_tasks import write_cfg
 
 
 def _follower_matches(store: Path, trainer: Trainer, version: int, follower=None):

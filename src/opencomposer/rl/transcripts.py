@@ -46,7 +46,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def notable(ro: "Rollout") -> bool:
+def notable(ro: Rollout) -> bool:
     """The hidden tests passed it (graded, before a monitor voided it) or a monitor flagged it."""
     if ro.result is None:
         return False
@@ -63,7 +63,7 @@ class KeptTranscripts:
             raise ValueError(f"[rollout] keep_transcripts = {mode!r}: expected one of {', '.join(KEEP)}")
         self.root, self.mode = Path(out) / "transcripts", mode
 
-    def keep(self, step: int, rollouts: list["Rollout"]) -> list[Path]:
+    def keep(self, step: int, rollouts: list[Rollout]) -> list[Path]:
         """Write the transcripts of ``step``'s rollouts that ``mode`` keeps; the paths written."""
         if self.mode == "none":
             return []

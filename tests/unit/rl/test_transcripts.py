@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.rewards.config import RewardConfig
 from opencomposer.episode.run import Rollout, run_task, shape_rollouts
+from opencomposer.eval.suite import load_suite
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.policies.scripted import ScriptedPolicy, tool_call
+from opencomposer.rewards.config import RewardConfig
 from opencomposer.rl.transcripts import KeptTranscripts
-from opencomposer.eval.suite import load_suite
 
 SMOKE = "textkit__clamp__function"
 
