@@ -24,6 +24,10 @@ those of steps after the checkpoint, which it runs again, as ``MetricsLog.trunca
     kept = KeptTranscripts(out, "notable")
     kept.keep(step, rollouts)     # -> the paths written
     kept.truncate(step)           # on resume: drop steps > step
+    audit(out)                    # what was kept: passes by library, flags by kind, one entry each
+
+``python benchmarks/rl_audit.py RUN_DIR`` prints ``audit``'s entries with each episode's edits,
+for a person to judge whether a pass was earned.
 
 Test: ``pytest tests/unit/rl/test_transcripts.py``.
 """
@@ -32,14 +36,17 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from opencomposer.harness.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from opencomposer.episode.run import Rollout
 
-__all__ = ["KEEP", "KeptTranscripts", "notable"]
+__all__ = ["KEEP", "KeptTranscripts", "audit", "notable"]
 
 KEEP = ("none", "notable", "all")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -95,3 +102,32 @@ class KeptTranscripts:
                     shutil.rmtree(d)
                     gone.append(int(m.group(1)))
         return gone
+
+
+def _library(task_id: str) -> str:
+    """A factory task's library: its id's first ``__`` part (``tinycss2__parser__line_42`` -> ``tinycss2``)."""
+    return task_id.split("__", 1)[0]
+
+
+def audit(out: Path) -> dict[str, Any]:
+    """What ``<out>/transcripts`` holds: counts (kept, passed, flagged, by monitor kind, passes by
+    library) and one entry a transcript (step, task, passed, reward, flags with their evidence,
+    edit calls, tokens, path), in step order. A transcript that cannot be read is an error naming it."""
+    root = Path(out) / "transcripts"
+    entries, kinds, libraries = [], Counter(), Counter()
+    for path in sorted(root.glob("step-*/*.json")) if root.is_dir() else []:
+        t = Trajectory.load(path)  # ValueError naming the file
+        rl, flags = t.meta.get("rl", {}), t.meta.get("monitor", {}).get("flags", {})
+        edits = [e for s in t.steps for e in s.tool_events if e.name not in ("read_file", "list_files", "search",
+                                                                               "lint", "submit")]
+        entries.append({"step": rl.get("step"), "task": t.task_id, "passed": bool(rl.get("passed")),
+                        "reward": rl.get("reward"), "flags": flags, "turns": t.turns,
+                        "tool_calls": t.tool_calls, "completion_tokens": t.completion_tokens,
+                        "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok} for e in edits],
+                        "final_message": t.final_message, "path": str(path)})
+        kinds.update(list(flags))  # each kind once an episode
+        if rl.get("passed"):
+            libraries[_library(t.task_id)] += 1
+    return {"kept": len(entries), "passed": sum(e["passed"] for e in entries),
+            "flagged": sum(bool(e["flags"]) for e in entries), "by_flag": dict(sorted(kinds.items())),
+            "passed_by_library": dict(libraries.most_common()), "entries": entries}

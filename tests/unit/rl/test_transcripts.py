@@ -10,6 +10,8 @@ without the per-token fields; a resumed run drops the steps it runs again.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from opencomposer.harness.trajectory import Trajectory
 from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.policies.scripted import ScriptedPolicy, tool_call
 from opencomposer.rewards.config import RewardConfig
-from opencomposer.rl.transcripts import KeptTranscripts
+from opencomposer.rl.transcripts import KeptTranscripts, audit
 
 SMOKE = "textkit__clamp__function"
 
@@ -80,3 +82,27 @@ def test_all_none_and_a_resume_that_drops_the_steps_it_runs_again(rollouts, tmp_
 def test_an_unknown_mode_names_the_setting():
     with pytest.raises(ValueError, match=r"\[rollout\] keep_transcripts = 'some'.*notable"):
         KeptTranscripts(Path("x"), "some")
+
+
+def test_the_audit_reads_back_what_was_kept_and_the_script_prints_the_edits(rollouts, tmp_path: Path):
+    tamper = rollouts[1]
+    KeptTranscripts(tmp_path, "notable").keep(3, rollouts)
+    report = audit(tmp_path)
+    assert (report["kept"], report["passed"], report["flagged"]) == (2, 1, 1)
+    assert report["by_flag"] == {k: 1 for k in tamper.result.flags}
+    assert report["passed_by_library"] == {"textkit": 1}
+    flagged = next(e for e in report["entries"] if e["flags"])
+    assert flagged["calls"][0]["name"] == "write_file" and flagged["calls"][0]["arguments"]["path"] == "tests/test_numbers.py"
+    assert audit(tmp_path / "nothing-here")["kept"] == 0
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "rl_audit.py"
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), "--only", "flagged"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "tamper_tests" in r.stdout and "tests/test_numbers.py" in r.stdout and "(reward voided)" in r.stdout
+    assert "(passed)" not in r.stdout  # --only flagged
+    assert json.loads(r.stdout.strip().splitlines()[-1])["flagged"] == 1
+    bad = tmp_path / "transcripts" / "step-0003" / "torn.json"
+    bad.write_text("{not json")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 2 and "torn.json: not a readable trajectory" in r.stderr
