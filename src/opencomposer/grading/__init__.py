@@ -2,7 +2,7 @@
 
     carry = collect(task.workspace, episode_sandbox, changes)   # carry.py: what is carried, what refused
     reward = grade(task, carry, open_sandbox)                   # grade.py: a fresh sandbox, tests laid last
-    runner.PytestRun                                            # runner.py: outcomes from a nonce report
+    tasks.testrun.PytestRun                                     # the launcher: outcomes from a nonce report
     check.check_task(path, backend)                             # check.py: validate a task dir through the grader
 
 Test: ``pytest tests/unit/grading -q``; the reward-forging suite: ``pytest tests/adversarial -q``.

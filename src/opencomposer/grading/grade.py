@@ -9,7 +9,7 @@
 factory the episode used: a backend, a pool's lease or a cluster's), writes the carried
 files into it (``carry.py`` decides which), removes the carried deletions, lays every hidden
 test file last (over whatever is there) plus a canary test that must fail, runs the task's
-pytest command under the launcher (``runner.py``), and reads the outcomes from the nonce
+pytest command under the launcher (``tasks/testrun.py``, the factory's runner too), and reads the outcomes from the nonce
 report. Reward 1.0 only when every FAIL_TO_PASS and PASS_TO_PASS test passes, the report is
 trustworthy, the canary failed and no test file changed on disk during the run; ``details`` keeps the per-test outcomes, what was
 carried and refused, and ``tampered`` when the run gave itself away (a passing canary, two
@@ -32,15 +32,15 @@ import secrets
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from opencomposer import pyparse
 from opencomposer.grading.carry import TEST_FILE, Carry, collect
-from opencomposer.grading.runner import GradedRun, PytestRun, Reach
 from opencomposer.harness.patch import PatchError, parse_patch
 from opencomposer.harness.patch import apply_patch as patch_files
 from opencomposer.protocols import RewardResult, Sandbox, SandboxSpec
 from opencomposer.rewards.changes import workspace_changes
 from opencomposer.sandbox import make_sandbox
-from opencomposer import pyparse
 from opencomposer.tasks.format import Task
+from opencomposer.tasks.testrun import GradedRun, PytestRun, Reach
 
 OpenSandbox = Callable[[SandboxSpec], AbstractContextManager[Sandbox]]
 GOOD = ("PASSED", "XFAIL")
@@ -216,7 +216,7 @@ def _expected_failures(src: str) -> tuple[str, ...]:
     tree = _tree(src)
     if tree is None:
         return ()
-    named = lambda d: (d.attr if isinstance(d, ast.Attribute) else d.id if isinstance(d, ast.Name) else "")  # noqa: E731
+    named = lambda d: (d.attr if isinstance(d, ast.Attribute) else d.id if isinstance(d, ast.Name) else "")
     return tuple(f"{c.name}::{f.name}" for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
                  if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                  and any(named(d) == "expectedFailure" for d in f.decorator_list))
@@ -319,7 +319,7 @@ def result(task: Task, rep: GradedRun, carry: Carry, canary_id: str) -> RewardRe
     t = task.meta.tests
     f2p = {n: rep.status(n) for n in t.fail_to_pass}
     p2p = {n: rep.status(n) for n in t.pass_to_pass}
-    ok = lambda d: sum(v in GOOD for v in d.values())  # noqa: E731
+    ok = lambda d: sum(v in GOOD for v in d.values())
     tampered = [rep.problem] if "forged" in rep.problem else []
     if rep.changed:
         tampered.append(f"test files changed on disk during the run: {rep.changed[:3]}")

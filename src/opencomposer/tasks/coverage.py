@@ -21,12 +21,11 @@ Test: ``.venv/bin/python -m pytest tests/unit/tasks/test_coverage.py``.
 from __future__ import annotations
 
 import json
-import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from opencomposer.protocols import Sandbox
-from opencomposer.tasks.testrun import DEFAULT_COMMAND, TestReport, parse_outcomes
+from opencomposer.tasks.testrun import DEFAULT_COMMAND, TestReport, run_tests
 
 PLUGIN_MODULE = "_oc_trace"
 CONFIG_FILE = "_oc_trace.json"
@@ -126,10 +125,8 @@ def trace_tests(sandbox: Sandbox, targets: list[str], package_dirs: list[str],
     """Run ``targets`` under the tracing plugin; the sandbox's workspace gets three extra files."""
     sandbox.write_file(f"{PLUGIN_MODULE}.py", PLUGIN.encode())
     sandbox.write_file(CONFIG_FILE, json.dumps({"package_dirs": [d.rstrip("/") for d in package_dirs]}).encode())
-    # `python -m` puts the workspace root on sys.path, so `-p _oc_trace` finds the plugin
-    cmd = DEFAULT_COMMAND + f" -p {PLUGIN_MODULE} " + " ".join(_quote(t) for t in targets)
-    r = sandbox.exec(["sh", "-c", cmd], timeout=timeout, max_output=4_000_000)
-    report = TestReport(parse_outcomes(r.output), r.exit_code, r.timed_out, r.output[-4000:], r.seconds)
+    # the launcher (`python -c`) puts the workspace root on sys.path, so `-p _oc_trace` finds the plugin
+    report = run_tests(sandbox, targets, DEFAULT_COMMAND + f" -p {PLUGIN_MODULE}", timeout=timeout)
     try:
         data = json.loads(sandbox.read_file(OUTPUT_FILE))
     except (OSError, ValueError):
@@ -148,6 +145,3 @@ def _split_key(key: str) -> tuple[str, int]:
     f, _, ln = key.rpartition(":")
     return f, int(ln)
 
-
-def _quote(t: str) -> str:
-    return shlex.quote(t)

@@ -42,13 +42,13 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from opencomposer import pyparse
 from opencomposer.protocols import Policy, SandboxSpec
 from opencomposer.sandbox import make_sandbox
-from opencomposer import pyparse
 from opencomposer.tasks.envs import TOOLS, EnvError, build_env, strip_tools
 from opencomposer.tasks.layout import TEST_EXTRAS, ProjectLayout
 from opencomposer.tasks.pypi import SourceError
-from opencomposer.tasks.testrun import TestReport, parse_outcomes, run_tests
+from opencomposer.tasks.testrun import TestReport, run_tests
 
 # import name -> distribution name, where they differ (the rest install under their own name)
 MODULE_TO_DIST = {
@@ -185,12 +185,13 @@ def install_repo(layout: ProjectLayout, dist_name: str, dest: Path, backend: str
 
 def verify(layout: ProjectLayout, env: Path, backend: str, timeout: float,
            command: str | None = None) -> TestReport:
-    """Run the suite (or ``command``) in a fresh sandbox; the report's output keeps the errors."""
+    """Run the suite in a fresh sandbox; the report's output keeps the errors. ``command`` (the
+    installing agent's own, any shell command): only its exit status and output are read."""
     with make_sandbox(SandboxSpec(layout.root, env, layout.pythonpath), backend) as sb:
         if command is None:
             return run_tests(sb, layout.test_files, timeout=timeout)
         r = sb.exec(["sh", "-c", command], timeout=timeout, max_output=4_000_000)
-        return TestReport(parse_outcomes(r.output), r.exit_code, r.timed_out, r.output[-4000:], r.seconds)
+        return TestReport(exit_code=r.exit_code, timed_out=r.timed_out, output_tail=r.output[-4000:], seconds=r.seconds)
 
 
 def collection_errors(layout: ProjectLayout, env: Path, backend: str, files: list[str]) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.grading.runner import NotPytest, PytestRun
+from opencomposer.tasks.testrun import NotPytest, PytestRun
 from opencomposer.protocols import SandboxSpec
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks.testrun import DEFAULT_COMMAND
