@@ -28,15 +28,17 @@ def _cut(text: str, n: int) -> str:
 
 
 def render(report: dict, only: str, chars: int) -> str:
-    lines = [f"# RL audit: {report['kept']} kept transcripts, {report['passed']} passed, {report['flagged']} flagged",
+    lines = [(f"# RL audit: {report['kept']} kept transcripts, {report['passed']} passed, {report['flagged']} "
+              f"flagged, {report['sampled']} sampled"),
              "", "| passes by library | count |", "|---|---|"]
     lines += [f"| {lib} | {n} |" for lib, n in report["passed_by_library"].items()]
     lines += ["", "| monitor | rollouts flagged |", "|---|---|"]
     lines += [f"| {kind} | {n} |" for kind, n in report["by_flag"].items()] or ["| (none) | 0 |"]
     for e in report["entries"]:
-        if (only == "passed" and not e["passed"]) or (only == "flagged" and not e["flags"]):
+        if ((only == "passed" and not e["passed"]) or (only == "flagged" and not e["flags"])
+                or (only == "sample" and e["kept_as"] != "sample")):
             continue
-        verdict = "passed" if e["passed"] else "failed"
+        verdict = ("passed" if e["passed"] else "failed") + (", a sample of the step's" if e["kept_as"] == "sample" else "")
         if e["flags"]:
             verdict += ", flagged: " + ", ".join(sorted(e["flags"])) + " (reward voided)"
         lines += ["", f"## step {e['step']}: {e['task']} ({verdict})", "",
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help=("an RL run's out dir (holding transcripts/), or a learning run's "
                                             "out_dir holding rl_run/"))
-    ap.add_argument("--only", choices=("all", "passed", "flagged"), default="all")
+    ap.add_argument("--only", choices=("all", "passed", "flagged", "sample"), default="all")
     ap.add_argument("--chars", type=int, default=1200, help="cut each call's arguments and each evidence here")
     ap.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
     a = ap.parse_args(argv)

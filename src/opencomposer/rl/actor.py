@@ -162,7 +162,8 @@ class Actor:
                 self.harder.restore(state["harder"])
             self.metrics.truncate(start_step, state.get("row"))
         # the transcripts of the passed and flagged rollouts ([rollout] keep_transcripts), a folder a step
-        self.kept = KeptTranscripts(out, cfg.rollout.keep_transcripts)
+        self.kept = KeptTranscripts(out, cfg.rollout.keep_transcripts, cfg.rollout.keep_transcripts_sample,
+                                    cfg.run.seed)
         if state:
             self.kept.truncate(start_step)
         # [sync]: every version goes to a weight store for remote followers

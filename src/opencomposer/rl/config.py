@@ -143,6 +143,9 @@ class RolloutSection(SamplingSection):
         "notable", description="the rollouts whose transcripts the run keeps under <out>/transcripts/step-NNNN/, for "
                                "a person to audit what was rewarded: notable = each one the hidden tests passed or a "
                                "monitor flagged (a few a step); all = every one; none (rl/transcripts.py)")
+    keep_transcripts_sample: int = Field(
+        2, ge=0, description="keep_transcripts='notable': also this many of each step's other rollouts, a seeded "
+                             "draw (run seed, step), to read what the policy typically does")
 
     @property
     def servers(self) -> list[str]:

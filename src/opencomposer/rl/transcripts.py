@@ -6,7 +6,10 @@ passed and how many the monitors flagged; only the episodes themselves say *how*
 
 * ``"notable"`` (default): every episode the hidden tests passed (graded, before any voiding)
   and every episode a monitor flagged: the ones whose reward a forgery would have raised, and
-  the ones caught trying; a few a step, so a 100-step run keeps a few hundred;
+  the ones caught trying; a few a step, so a 100-step run keeps a few hundred; and
+  ``keep_transcripts_sample`` (default 2) of the step's other episodes, drawn by a seeded draw
+  (run seed, step): what the policy typically does, to read a drift (longer episodes, more
+  calls) that the rows only count;
 * ``"all"``: every episode (large: 128 an update at 16 x 8);
 * ``"none"``: none.
 
@@ -16,7 +19,7 @@ the per-token fields the update read (token ids, sampler log-probs, routes: the 
 Its ``meta`` holds what the episode was judged by: the grader's details (``reward``), the
 monitors' flags with their evidence (``monitor``), the shaped reward's terms
 (``shaped_reward``) and the changed files (``changes``); ``keep`` adds ``rl`` (step, group,
-index, passed, flagged).
+index, passed, flagged, ``kept_as``: passed, flagged or sample).
 
 A step's transcripts are written before its checkpoint; a resumed run (``truncate``) removes
 those of steps after the checkpoint, which it runs again, as ``MetricsLog.truncate`` does rows.
@@ -34,6 +37,7 @@ Test: ``pytest tests/unit/rl/test_transcripts.py``.
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 from collections import Counter
@@ -65,20 +69,31 @@ def notable(ro: Rollout) -> bool:
 class KeptTranscripts:
     """``<out>/transcripts``: the rollouts ``mode`` keeps, one folder a step."""
 
-    def __init__(self, out: Path, mode: Literal["none", "notable", "all"] = "notable"):
+    def __init__(self, out: Path, mode: Literal["none", "notable", "all"] = "notable", sample: int = 0,
+                 seed: int = 0):
         if mode not in KEEP:
             raise ValueError(f"[rollout] keep_transcripts = {mode!r}: expected one of {', '.join(KEEP)}")
-        self.root, self.mode = Path(out) / "transcripts", mode
+        if sample < 0:
+            raise ValueError(f"[rollout] keep_transcripts_sample = {sample}: expected 0 or more")
+        self.root, self.mode, self.sample, self.seed = Path(out) / "transcripts", mode, sample, seed
+
+    def chosen(self, step: int, rollouts: list[Rollout]) -> list[tuple[Rollout, str]]:
+        """The rollouts of ``step`` that ``mode`` keeps, each with why (passed, flagged, sample, all)."""
+        done = [ro for ro in rollouts if ro.result is not None]
+        if self.mode == "none":
+            return []
+        if self.mode == "all":
+            return [(ro, "all") for ro in done]
+        picked = [(ro, "flagged" if ro.result.flags else "passed") for ro in done if notable(ro)]
+        rest = [ro for ro in done if not notable(ro)]
+        draw = random.Random(f"{self.seed}:{step}").sample(range(len(rest)), min(self.sample, len(rest)))
+        return picked + [(rest[i], "sample") for i in sorted(draw)]
 
     def keep(self, step: int, rollouts: list[Rollout]) -> list[Path]:
         """Write the transcripts of ``step``'s rollouts that ``mode`` keeps; the paths written."""
-        if self.mode == "none":
-            return []
         folder = self.root / f"step-{step:04d}"
         written = []
-        for ro in rollouts:
-            if ro.result is None or (self.mode == "notable" and not notable(ro)):
-                continue
+        for ro, why in self.chosen(step, rollouts):
             traj = ro.result.trajectory
             details = ro.result.reward.details
             lean = replace(traj, steps=[replace(s, token_ids=[], logprobs=[], policy_versions=[], routes="")
@@ -87,7 +102,8 @@ class KeptTranscripts:
                                "step": step, "group": ro.group, "index": ro.index,
                                "passed": bool(details.get("graded_passed", ro.result.reward.passed)),
                                "reward": ro.reward, "train_reward": ro.train_reward,
-                               "flagged": sorted(ro.result.flags), "policy_versions": sorted(set(ro.policy_versions))}})
+                               "flagged": sorted(ro.result.flags), "kept_as": why,
+                               "policy_versions": sorted(set(ro.policy_versions))}})
             name = f"{_UNSAFE.sub('_', ro.task_id)}__g{ro.group}r{ro.index}.json"
             written.append(lean.save(folder / name))
         return written
@@ -110,9 +126,10 @@ def _library(task_id: str) -> str:
 
 
 def audit(out: Path) -> dict[str, Any]:
-    """What ``<out>/transcripts`` holds: counts (kept, passed, flagged, by monitor kind, passes by
-    library) and one entry a transcript (step, task, passed, reward, flags with their evidence,
-    edit calls, tokens, path), in step order. A transcript that cannot be read is an error naming it."""
+    """What ``<out>/transcripts`` holds: counts (kept, passed, flagged, sampled, by monitor kind, passes
+    by library) and one entry a transcript (step, task, passed, reward, kept_as, flags with their
+    evidence, edit calls, tokens, path), in step order. A transcript that cannot be read is an error
+    naming it."""
     root = Path(out) / "transcripts"
     entries, kinds, libraries = [], Counter(), Counter()
     for path in sorted(root.glob("step-*/*.json")) if root.is_dir() else []:
@@ -121,7 +138,7 @@ def audit(out: Path) -> dict[str, Any]:
         edits = [e for s in t.steps for e in s.tool_events if e.name not in ("read_file", "list_files", "search",
                                                                                "lint", "submit")]
         entries.append({"step": rl.get("step"), "task": t.task_id, "passed": bool(rl.get("passed")),
-                        "reward": rl.get("reward"), "flags": flags, "turns": t.turns,
+                        "reward": rl.get("reward"), "kept_as": rl.get("kept_as", ""), "flags": flags, "turns": t.turns,
                         "tool_calls": t.tool_calls, "completion_tokens": t.completion_tokens,
                         "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok} for e in edits],
                         "final_message": t.final_message, "path": str(path)})
@@ -129,5 +146,6 @@ def audit(out: Path) -> dict[str, Any]:
         if rl.get("passed"):
             libraries[_library(t.task_id)] += 1
     return {"kept": len(entries), "passed": sum(e["passed"] for e in entries),
-            "flagged": sum(bool(e["flags"]) for e in entries), "by_flag": dict(sorted(kinds.items())),
+            "flagged": sum(bool(e["flags"]) for e in entries),
+            "sampled": sum(e["kept_as"] == "sample" for e in entries), "by_flag": dict(sorted(kinds.items())),
             "passed_by_library": dict(libraries.most_common()), "entries": entries}

@@ -57,10 +57,11 @@ def test_passed_and_flagged_rollouts_are_kept_with_what_judged_them(rollouts, tm
     kept = {p.name: Trajectory.load(p) for p in written}
     ok, flagged = kept[f"{oracle.task_id}__g0r0.json"], kept[f"{oracle.task_id}__g0r1.json"]
     assert ok.meta["rl"] == {"step": 7, "group": 0, "index": 0, "passed": True, "reward": 1.0,
-                             "train_reward": oracle.train_reward, "flagged": [], "policy_versions": []}
+                             "train_reward": oracle.train_reward, "flagged": [], "kept_as": "passed",
+                             "policy_versions": []}
     assert ok.meta["reward"]["passed"] and ok.steps[0].token_ids == [] and ok.steps[0].logprobs == []
     assert rollouts[0].result.trajectory.steps[0].token_ids == [1, 2, 3]  # the update's copy untouched
-    assert flagged.meta["rl"]["flagged"] == sorted(tamper.result.flags)
+    assert flagged.meta["rl"]["flagged"] == sorted(tamper.result.flags) and flagged.meta["rl"]["kept_as"] == "flagged"
     assert flagged.meta["monitor"]["flags"] == tamper.result.flags  # with the evidence
     assert any("tests/test_numbers.py" in json.dumps(ev) for ev in tamper.result.flags.values())
     assert flagged.meta["shaped_reward"]["flags"] == tamper.result.flags
@@ -79,9 +80,31 @@ def test_all_none_and_a_resume_that_drops_the_steps_it_runs_again(rollouts, tmp_
     assert kept.truncate(1) == []
 
 
-def test_an_unknown_mode_names_the_setting():
+def test_a_seeded_sample_of_the_other_rollouts_is_kept_beside_the_notable_ones(rollouts, tmp_path: Path):
+    give_up = rollouts[2]
+    kept = KeptTranscripts(tmp_path, "notable", sample=1, seed=5)
+    written = kept.keep(4, rollouts)
+    assert len(written) == 3  # the pass, the flagged one, and the one other rollout
+    sampled = Trajectory.load(tmp_path / "transcripts" / "step-0004" / f"{give_up.task_id}__g0r2.json")
+    assert sampled.meta["rl"]["kept_as"] == "sample" and not sampled.meta["rl"]["passed"]
+    assert audit(tmp_path)["sampled"] == 1
+    # the draw is the run seed's and the step's: the same again, another step or seed may differ
+    others = [(g, i) for g in range(3) for i in range(8)]  # 24 other rollouts, 2 kept
+    many = [Rollout(f"t{g}", g, i, rollouts[2].result) for g, i in others]
+    pick = [(ro.group, ro.index) for ro, _ in KeptTranscripts(tmp_path, "notable", sample=2, seed=5).chosen(4, many)]
+    again = [(ro.group, ro.index) for ro, _ in KeptTranscripts(tmp_path, "notable", sample=2, seed=5).chosen(4, many)]
+    assert pick == again and len(pick) == 2
+    draws = {tuple((ro.group, ro.index) for ro, _ in KeptTranscripts(tmp_path, "notable", sample=2, seed=s).chosen(st, many))
+             for s in range(3) for st in range(3)}
+    assert len(draws) > 1
+    assert KeptTranscripts(tmp_path, "none", sample=2).chosen(4, many) == []
+
+
+def test_an_unknown_mode_or_a_negative_sample_names_the_setting():
     with pytest.raises(ValueError, match=r"\[rollout\] keep_transcripts = 'some'.*notable"):
         KeptTranscripts(Path("x"), "some")
+    with pytest.raises(ValueError, match=r"keep_transcripts_sample = -1: expected 0 or more"):
+        KeptTranscripts(Path("x"), "notable", sample=-1)
 
 
 def test_the_audit_reads_back_what_was_kept_and_the_script_prints_the_edits(rollouts, tmp_path: Path):
