@@ -1,5 +1,5 @@
-"""Behaviour penalties: broken tool calls, lint the diff added, a long final message, and
-questions asked instead of working.
+"""Behaviour penalties: broken tool calls, lint the diff added, a long final message,
+questions asked instead of working, and look-ups repeated for nothing.
 
     terms = behaviour_terms(traj, lint, changes, cfg)   # {"invalid_calls": 0.1, "lint": 0.0, ...}
 
@@ -12,12 +12,18 @@ questions asked instead of working.
 * A clarifying question (the final message or a turn without tool calls asking the
   user something) costs ``question``; asked without having changed any file, it costs
   ``question_without_work`` as well, so asking cannot be a way to avoid the work.
+* A look-up (``read_file``, ``list_dir``, ``search``, ``lint``) made again with the same
+  arguments while nothing could have changed its answer (no edit and no command since the
+  first) costs ``repeated_call``, up to ``repeated_max`` (off at 0, the default). Session 36's
+  long run drifted so: 80 of 96 validation episodes at update 25 opened with the same ``lint``
+  call 2-4 times, a habit no other term cost.
 
 Test: ``pytest tests/unit/rewards/test_shaping.py -k behaviour``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from opencomposer.harness.tools import EDIT_TOOLS
@@ -41,6 +47,27 @@ def did_work(traj: Trajectory, changes: Changes | None) -> bool:
     return any(e.ok and e.name in EDIT_TOOLS for s in traj.steps for e in s.tool_events)
 
 
+LOOKUPS = ("read_file", "list_dir", "search", "lint")  # calls whose answer only a change of the files can move
+
+
+def repeated_lookups(traj: Trajectory) -> int:
+    """Look-up calls made again with the same arguments since the last edit or command (a command
+    may change files too; an invalid call changes nothing)."""
+    seen: set[str] = set()
+    repeats = 0
+    for s in traj.steps:
+        for e in s.tool_events:
+            if e.invalid:
+                continue
+            if e.name in LOOKUPS:
+                key = e.name + json.dumps(e.arguments, sort_keys=True, default=str)
+                repeats += key in seen
+                seen.add(key)
+            elif e.name in EDIT_TOOLS or e.name == "run":
+                seen.clear()
+    return repeats
+
+
 def behaviour_terms(traj: Trajectory, lint: LintResult | None, changes: Changes | None,
                     cfg: BehaviourConfig) -> dict[str, float]:
     if not cfg.enabled:
@@ -52,4 +79,5 @@ def behaviour_terms(traj: Trajectory, lint: LintResult | None, changes: Changes 
         "lint": min(cfg.lint_max, cfg.lint * (lint.new_findings if lint else 0)),
         "final_message": cfg.final_message * min(1.0, over),
         "question": (cfg.question + (0.0 if did_work(traj, changes) else cfg.question_without_work)) if asked else 0.0,
+        "repeated_calls": min(cfg.repeated_max, cfg.repeated_call * repeated_lookups(traj)) if cfg.repeated_call else 0.0,
     }

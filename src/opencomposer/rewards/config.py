@@ -42,6 +42,9 @@ class BehaviourConfig(Strict):
     final_message: float = Field(0.05, ge=0, description="penalty at twice the length limit")
     question: float = Field(0.0, ge=0, description="cost of asking the user a question")
     question_without_work: float = Field(0.2, ge=0, description="asking instead of changing any file")
+    repeated_call: float = Field(0.0, ge=0, description="per look-up call (read, list, search, lint) repeated with the "
+                                                        "same arguments while nothing changed since the first; 0: off")
+    repeated_max: float = Field(0.2, ge=0)
 
 
 class MonitorConfig(Strict):

@@ -11,7 +11,7 @@ import pytest
 
 from opencomposer.harness.trajectory import Step, ToolEvent, Trajectory
 from opencomposer.protocols import Message, SandboxSpec
-from opencomposer.rewards.behaviour import behaviour_terms
+from opencomposer.rewards.behaviour import behaviour_terms, repeated_lookups
 from opencomposer.rewards.changes import Changes, workspace_changes
 from opencomposer.rewards.config import BehaviourConfig, LengthPenaltyConfig, MonitorConfig, RewardConfig
 from opencomposer.rewards.length import Usage, length_cost, length_penalty
@@ -90,6 +90,23 @@ def test_a_question_instead_of_work_costs_more_than_a_question_after_work():
     assert behaviour_terms(silent, None, None, cfg)["question"] == 0.0
     asks_midway = traj(("read_file", {"path": "a.py"}, "1: x", True, False), no_call_text="Which one do you want?")
     assert behaviour_terms(asks_midway, None, None, cfg)["question"] > 0
+
+
+def test_a_look_up_repeated_while_nothing_changed_costs_when_switched_on():
+    lint = ("lint", {"path": "a.py"}, "a.py: no problems found.", True, False)
+    edit = ("replace_lines", {"path": "a.py", "start_line": 1, "end_line": 1, "content": "y"}, "ok", True, False)
+    t = traj(lint, lint, lint, ("read_file", {"path": "a.py"}, "1: x", True, False), edit, lint,
+             ("read_file", {"path": "a.py"}, "1: y", True, False), ("run", {"command": "touch b"}, "", True, False),
+             lint, ("lint", {"path": "a.py", "start_line": 3}, "unknown argument", False, True),
+             ("lint", {"path": "b.py"}, "b.py: no problems found.", True, False))
+    assert repeated_lookups(t) == 2  # the 2nd and 3rd lint; after the edit and the command the answer may differ
+    assert behaviour_terms(t, None, None, BehaviourConfig(enabled=True))["repeated_calls"] == 0.0  # off by default
+    on = BehaviourConfig(enabled=True, repeated_call=0.03)
+    assert behaviour_terms(t, None, None, on)["repeated_calls"] == pytest.approx(0.06)
+    assert behaviour_terms(traj(*[lint] * 20), None, None, on)["repeated_calls"] == on.repeated_max
+    # the same arguments in another order are the same call
+    assert repeated_lookups(traj(("search", {"pattern": "x", "path": "."}, "", True, False),
+                                 ("search", {"path": ".", "pattern": "x"}, "", True, False))) == 1
 
 
 # ------------------------------------------------------------------ monitors
