@@ -50,22 +50,28 @@ def did_work(traj: Trajectory, changes: Changes | None) -> bool:
 LOOKUPS = ("read_file", "list_dir", "search", "lint")  # calls whose answer only a change of the files can move
 
 
-def repeated_lookups(traj: Trajectory) -> int:
-    """Look-up calls made again with the same arguments since the last edit or command (a command
-    may change files too; an invalid call changes nothing)."""
+def repeated_calls(traj: Trajectory) -> list[tuple[int, int]]:
+    """(turn, call) of each look-up made again with the same arguments since the last edit or
+    command (a command may change files too; an invalid call changes nothing)."""
     seen: set[str] = set()
-    repeats = 0
-    for s in traj.steps:
-        for e in s.tool_events:
+    repeats = []
+    for i, s in enumerate(traj.steps):
+        for k, e in enumerate(s.tool_events):
             if e.invalid:
                 continue
             if e.name in LOOKUPS:
                 key = e.name + json.dumps(e.arguments, sort_keys=True, default=str)
-                repeats += key in seen
+                if key in seen:
+                    repeats.append((i, k))
                 seen.add(key)
             elif e.name in EDIT_TOOLS or e.name == "run":
                 seen.clear()
     return repeats
+
+
+def repeated_lookups(traj: Trajectory) -> int:
+    """How many look-ups ``repeated_calls`` finds."""
+    return len(repeated_calls(traj))
 
 
 def behaviour_terms(traj: Trajectory, lint: LintResult | None, changes: Changes | None,

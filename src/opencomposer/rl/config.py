@@ -201,8 +201,9 @@ class RLLossSection(LossSection):
     std_normalize: bool = Field(False, description="divide advantages by the group std (only when non-zero)")
 
 
-Detector = Literal["invalid_call", "no_call", "long_message", "lint"]
+Detector = Literal["invalid_call", "no_call", "long_message", "lint", "repeated_call"]
 DETECTORS: tuple[str, ...] = Detector.__args__
+DEFAULT_DETECTORS = ["invalid_call", "no_call", "long_message", "lint"]  # repeated_call: asked for by name
 
 
 class FeedbackConfig(Strict):
@@ -210,7 +211,8 @@ class FeedbackConfig(Strict):
 
     enabled: bool = False
     coef: float = Field(0.1, ge=0, description="weight of the distillation KL in the RL loss")
-    detectors: list[Detector] = Field(list(DETECTORS), description="failure points that get a hint")
+    detectors: list[Detector] = Field(list(DEFAULT_DETECTORS), description="failure points that get a hint "
+                                      "(repeated_call: a look-up made again while nothing changed, off by default)")
     long_message_tokens: int = Field(200, ge=1)
     max_points_per_rollout: int = Field(2, ge=1, description="hints per rollout (the first ones)")
 

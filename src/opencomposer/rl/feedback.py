@@ -15,6 +15,9 @@ A *detector* finds turns that went wrong and writes a short hint for each:
 * ``no_call``: a turn without any tool call (nothing happens in this harness).
 * ``long_message``: a turn of more than ``long_message_tokens`` tokens without a tool call.
 * ``lint``: the diff added ruff findings; the hint names the codes, at the last edit.
+* ``repeated_call`` (asked for by name): a look-up (read, list, search, lint) made again with the
+  same arguments while no edit or command could have changed its answer
+  (``rewards.behaviour.repeated_calls``), at the first repeat of its turn.
 
 For each point, the *student* context is the prompt the policy saw at that turn; the
 *teacher* context is the same prompt with the hint appended to the last message before
@@ -48,6 +51,7 @@ from opencomposer.harness.tools import EDIT_TOOLS, TOOLS, offered
 from opencomposer.harness.trajectory import Trajectory
 from opencomposer.models.chat import encode_prompt, render_prompt
 from opencomposer.protocols import Message
+from opencomposer.rewards.behaviour import repeated_calls
 from opencomposer.rl.config import DETECTORS, FeedbackConfig
 from opencomposer.train.samples import NOT_GENERATED, Sample, turn_contexts
 
@@ -108,6 +112,7 @@ def detect(traj: Trajectory, cfg: FeedbackConfig) -> list[FeedbackPoint]:
     """The failure points of ``traj`` with their hints, in turn order, at most one per turn."""
     points: dict[int, FeedbackPoint] = {}
     on = set(cfg.detectors)
+    repeats = dict(reversed(repeated_calls(traj))) if "repeated_call" in on else {}  # turn -> its first repeat
     for i, step in enumerate(traj.steps):
         if not step.token_ids or step.summary:
             continue  # a turn the policy did not sample cannot be trained on
@@ -120,6 +125,10 @@ def detect(traj: Trajectory, cfg: FeedbackConfig) -> list[FeedbackPoint]:
             points[i] = FeedbackPoint(i, "no_call", "Hint: reply with a tool call; text alone does nothing.")
         elif "long_message" in on and not step.tool_events and len(step.token_ids) > cfg.long_message_tokens:
             points[i] = FeedbackPoint(i, "long_message", "Hint: be brief: a sentence or two, then a tool call.")
+        elif i in repeats:
+            points[i] = FeedbackPoint(i, "repeated_call", "Hint: you already made that call and nothing has changed "
+                                                          "since, so its answer is the same: use it and move on.",
+                                      call=repeats[i])
     lint = traj.meta.get("lint") or {}
     if "lint" in on and lint.get("new_findings"):
         edits = [(i, k) for i, s in enumerate(traj.steps) if s.token_ids

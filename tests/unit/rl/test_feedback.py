@@ -59,6 +59,18 @@ def test_detectors_find_each_failure_point(tiny_tok):
                   cfg.model_copy(update={"detectors": ["no_call"]})) == []
 
 
+def test_a_repeated_look_up_is_a_failure_point_when_asked_for(tiny_tok):
+    lint = ToolEvent("c0", "lint", {"path": "a.py"}, "a.py: no problems found.", True, False)
+    turn = one_turn(tiny_tok, call_text("lint"), "a.py: no problems found.", invalid=False)
+    turn.steps[0].tool_events = [lint, ToolEvent("c1", "search", {"pattern": "x"}, "", True, False),
+                                 ToolEvent("c2", "lint", {"path": "a.py"}, "a.py: no problems found.", True, False)]
+    assert detect(turn, FeedbackConfig(enabled=True)) == []  # not among the default detectors
+    [p] = detect(turn, FeedbackConfig(enabled=True, detectors=["repeated_call"]))
+    assert p.kind == "repeated_call" and p.step == 0 and p.call == 2 and "nothing has changed" in p.hint
+    turn.steps[0].tool_events.insert(1, ToolEvent("c3", "run", {"command": "touch a.py"}, "", True, False))
+    assert detect(turn, FeedbackConfig(enabled=True, detectors=["repeated_call"])) == []  # a command came between
+
+
 def test_student_and_teacher_differ_only_by_the_hint(tiny_tok):
     traj = one_turn(tiny_tok, call_text("open_file"), UNKNOWN, invalid=True)
     points = detect(traj, FeedbackConfig(enabled=True))
