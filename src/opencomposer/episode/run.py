@@ -182,6 +182,7 @@ def shape_rollouts(rollouts: list["Rollout"], cfg: RewardConfig) -> dict[str, fl
     A failed rollout (no result) keeps reward 0 and pays no terms.
     """
     sums: dict[str, float] = {}
+    kinds: dict[str, int] = {}  # monitor kind -> rollouts it flagged
     flagged = 0
     for ro in rollouts:
         if ro.result is None:
@@ -192,12 +193,13 @@ def shape_rollouts(rollouts: list["Rollout"], cfg: RewardConfig) -> dict[str, fl
         ro.result.trajectory.meta["shaped_reward"] = {"total": ro.shaped.total, **ro.shaped.terms,
                                                       "flags": ro.shaped.flags}
         flagged += bool(ro.shaped.flags)
-        for kind in ro.shaped.flags:  # which monitor: flag_<kind>, the share of rollouts it flagged
-            sums[f"flag:{kind}"] = sums.get(f"flag:{kind}", 0.0) + 1.0
+        for kind in ro.shaped.flags:
+            kinds[kind] = kinds.get(kind, 0) + 1
         for k, v in ro.shaped.terms.items():
             sums[k] = sums.get(k, 0.0) + v
     n = max(len(rollouts), 1)
-    out = {f"flag_{k[5:]}" if k.startswith("flag:") else f"r_{k}": v / n for k, v in sums.items()}
+    out = {f"r_{k}": v / n for k, v in sums.items()}
+    out.update({f"flag_{k}": c / n for k, c in kinds.items()})
     out["shaped_reward_mean"] = sum(ro.train_reward for ro in rollouts) / n
     out["hacking_flagged"] = flagged / n
     return out

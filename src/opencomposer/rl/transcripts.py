@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from opencomposer.harness.trajectory import Trajectory
+from opencomposer.rewards.behaviour import LOOKUPS
 
 if TYPE_CHECKING:
     from opencomposer.episode.run import Rollout
@@ -57,13 +58,15 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def graded_passed(ro: Rollout) -> bool:
+    """The hidden tests passed it (as graded, before a monitor voided it)."""
+    r = ro.result.reward
+    return bool(r.details.get("graded_passed", r.passed))
+
+
 def notable(ro: Rollout) -> bool:
-    """The hidden tests passed it (graded, before a monitor voided it) or a monitor flagged it."""
-    if ro.result is None:
-        return False
-    details = ro.result.reward.details
-    passed = bool(details.get("graded_passed", ro.result.reward.passed))
-    return passed or bool(ro.result.flags)
+    """The hidden tests passed it or a monitor flagged it."""
+    return ro.result is not None and (graded_passed(ro) or bool(ro.result.flags))
 
 
 class KeptTranscripts:
@@ -84,8 +87,12 @@ class KeptTranscripts:
             return []
         if self.mode == "all":
             return [(ro, "all") for ro in done]
-        picked = [(ro, "flagged" if ro.result.flags else "passed") for ro in done if notable(ro)]
-        rest = [ro for ro in done if not notable(ro)]
+        picked, rest = [], []
+        for ro in done:
+            if notable(ro):
+                picked.append((ro, "flagged" if ro.result.flags else "passed"))
+            else:
+                rest.append(ro)
         draw = random.Random(f"{self.seed}:{step}").sample(range(len(rest)), min(self.sample, len(rest)))
         return picked + [(rest[i], "sample") for i in sorted(draw)]
 
@@ -95,12 +102,11 @@ class KeptTranscripts:
         written = []
         for ro, why in self.chosen(step, rollouts):
             traj = ro.result.trajectory
-            details = ro.result.reward.details
             lean = replace(traj, steps=[replace(s, token_ids=[], logprobs=[], policy_versions=[], routes="")
                                         for s in traj.steps],
                            meta={**traj.meta, "rl": {
                                "step": step, "group": ro.group, "index": ro.index,
-                               "passed": bool(details.get("graded_passed", ro.result.reward.passed)),
+                               "passed": graded_passed(ro),
                                "reward": ro.reward, "train_reward": ro.train_reward,
                                "flagged": sorted(ro.result.flags), "kept_as": why,
                                "policy_versions": sorted(set(ro.policy_versions))}})
@@ -135,8 +141,7 @@ def audit(out: Path) -> dict[str, Any]:
     for path in sorted(root.glob("step-*/*.json")) if root.is_dir() else []:
         t = Trajectory.load(path)  # ValueError naming the file
         rl, flags = t.meta.get("rl", {}), t.meta.get("monitor", {}).get("flags", {})
-        edits = [e for s in t.steps for e in s.tool_events if e.name not in ("read_file", "list_files", "search",
-                                                                               "lint", "submit")]
+        edits = [e for s in t.steps for e in s.tool_events if e.name not in (*LOOKUPS, "submit")]
         entries.append({"step": rl.get("step"), "task": t.task_id, "passed": bool(rl.get("passed")),
                         "reward": rl.get("reward"), "kept_as": rl.get("kept_as", ""), "flags": flags, "turns": t.turns,
                         "tool_calls": t.tool_calls, "completion_tokens": t.completion_tokens,
