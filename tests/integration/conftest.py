@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import subprocess
-import tarfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,19 +18,6 @@ from opencomposer.sandbox.namespace import unavailable_reason
 
 NS_REASON = unavailable_reason()
 BACKENDS = ["local", pytest.param("namespace", marks=pytest.mark.skipif(bool(NS_REASON), reason=str(NS_REASON)))]
-
-
-def make_sdist(tmp: Path, name: str, files: dict[str, str]) -> Path:
-    """A real .tar.gz sdist of a tiny project (PKG-INFO + the given files)."""
-    root = tmp / f"{name}-0.1"
-    for rel, text in {"PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n", **files}.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    archive = tmp / f"{name}-0.1.tar.gz"
-    with tarfile.open(archive, "w:gz") as t:
-        t.add(root, arcname=root.name)
-    return archive
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BACKENDS, make_sdist, run_cli
+from conftest import BACKENDS, run_cli
+from testkit.dists import make_sdist
 from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.episode.run import run_task
 from opencomposer.grading.check import check_task

@@ -6,15 +6,15 @@ from block-level to feature-level tasks."""
 from __future__ import annotations
 
 import tarfile
-import textwrap
 from pathlib import Path
 
 import pytest
+from testkit.dists import make_sdist
 
 from opencomposer.config import validate
-from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.episode.run import run_task
 from opencomposer.grading.check import check_task, staged_check
+from opencomposer.policies.oracle import OraclePolicy
 from opencomposer.tasks.factory import FactoryConfig, TaskFactory
 from opencomposer.tasks.format import Task, find_tasks
 
@@ -104,23 +104,12 @@ def test_flaky():
 '''
 
 
-def _sdist(tmp: Path, name: str, files: dict[str, str]) -> Path:
-    root = tmp / "src" / f"{name}-0.1"
-    for rel, text in {"PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n", **files}.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    archive = tmp / f"{name}-0.1.tar.gz"
-    with tarfile.open(archive, "w:gz") as t:
-        t.add(root, arcname=root.name)
-    return archive
-
-
 @pytest.mark.slow  # two small venvs, three suite runs and a dozen validations: ~1-2 minutes
 def test_factory_makes_reports_and_gets_harder(tmp_path: Path) -> None:
-    good = _sdist(tmp_path, "minilib", {
+    good = make_sdist(tmp_path, "minilib", {
         "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
         "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
-    bad = _sdist(tmp_path, "brokenlib", {
+    bad = make_sdist(tmp_path, "brokenlib", {
         "brokenlib/__init__.py": "X = 1\n",
         # its only test fails against the code as shipped (X is 1): the library cannot be used
         "tests/test_b.py": "from brokenlib import X\n\n\ndef test_b():\n    assert X == 2\n"})
@@ -170,10 +159,10 @@ def test_factory_never_writes_a_task_the_leak_probe_flags(tmp_path: Path) -> Non
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("backup/core.py", CORE[CORE.index("def count"):])
-    lib = _sdist(tmp_path, "minilib", {
+    lib = make_sdist(tmp_path, "minilib", {
         "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
         "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
-    # add the archive to the sdist (text files only go through _sdist)
+    # add the archive to the sdist (text files only go through make_sdist)
     root = tmp_path / "src" / "minilib-0.1"
     (root / "minilib" / "data").mkdir()
     (root / "minilib" / "data" / "backup.zip").write_bytes(buf.getvalue())
@@ -212,7 +201,7 @@ def test_factory_never_writes_a_task_the_grader_voids(tmp_path: Path) -> None:
                   "def test_shout():\n    assert shout(\"a\") == \"A!\"\n")
     core_tests = TESTS.format(counter="unused")
     core_tests = core_tests[:core_tests.index("def test_clean")]  # test_core.py: words, count, longest
-    lib = _sdist(tmp_path, "minilib", {
+    lib = make_sdist(tmp_path, "minilib", {
         "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
         "tests/test_core.py": core_tests, "tests/test_util.py": tests_util, "tests/last_run.txt": "never\n"})
     cfg = validate({

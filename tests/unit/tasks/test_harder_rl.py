@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_factory import CORE, TESTS, UTIL, _sdist
+from test_factory import CORE, TESTS, UTIL
+from testkit.dists import make_sdist
 
 from opencomposer.config import ConfigError, validate
 from opencomposer.rl.config import TasksSection
@@ -23,7 +24,7 @@ def test_harder_every_needs_a_factory() -> None:
 
 @pytest.mark.slow  # one small venv, two factory batches
 def test_rising_pass_rate_brings_harder_tasks(tmp_path: Path) -> None:
-    sdist = _sdist(tmp_path, "minilib", {
+    sdist = make_sdist(tmp_path, "minilib", {
         "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
         "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
     fcfg = tmp_path / "factory.toml"

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_factory import CORE, TESTS, UTIL, _sdist
+from test_factory import CORE, TESTS, UTIL
+from testkit.dists import make_sdist
 
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.format import find_tasks
@@ -28,7 +29,7 @@ def _journal(out: Path) -> list[dict]:
 
 @pytest.mark.slow  # one small venv, three suite runs, then ~15 candidates over two sessions
 def test_killed_run_resumes_where_it_stopped(tmp_path: Path) -> None:
-    sdist = _sdist(tmp_path, "minilib", {
+    sdist = make_sdist(tmp_path, "minilib", {
         "minilib/__init__.py": "", "minilib/core.py": CORE, "minilib/util.py": UTIL,
         "tests/test_core.py": TESTS.format(counter=str(tmp_path / "flaky-count"))})
     cfg = tmp_path / "factory.toml"
