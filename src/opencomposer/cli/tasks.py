@@ -16,7 +16,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from opencomposer.cli.common import SANDBOX_HELP, emit, err, fail, known_errors, out, sandbox_backend
+from opencomposer.cli.common import (
+    SANDBOX_HELP,
+    emit,
+    err,
+    fail,
+    known_errors,
+    out,
+    sandbox_backend,
+)
 from opencomposer.cli.configs import load_for
 from opencomposer.config import ConfigError
 
@@ -332,7 +340,8 @@ def tasks_pack(
     exclude_library: Optional[list[str]] = typer.Option(None, help="leave this library's tasks out (repeatable)"),
 ) -> None:
     """Tasks and their environments in one file (or parts) for a machine with no network."""
-    from opencomposer.tasks.pack import pack_tasks, parse_size
+    from opencomposer.tasks.pack import pack_tasks
+    from opencomposer.tasks.packparts import parse_size
 
     try:
         size = parse_size(part_size) if part_size else None
@@ -353,14 +362,21 @@ def tasks_unpack(
     out_dir: Path = typer.Option(..., "-o", "--out", help="directory to restore the tasks into (new or empty)"),
     envs: bool = typer.Option(True, help="rebuild the environments from the carried wheels (index disabled)"),
     python: Optional[str] = typer.Option(None, help="interpreter for the environments (default: this one)"),
+    fetch_wheels: bool = typer.Option(False, "--fetch-wheels", help="a pack made with --no-wheels: fetch each "
+                                      "environment's pinned wheels from the index (or --find-links) first"),
+    find_links: Optional[list[Path]] = typer.Option(None, "--find-links", help="with --fetch-wheels: take "
+                                                    "wheels from this dir, never the index (repeatable)"),
 ) -> None:
     """Restore packed tasks, every file checked, and rebuild their environments offline."""
     import sys
 
     from opencomposer.tasks.pack import unpack_tasks
 
+    if find_links and not fetch_wheels:
+        fail(ConfigError("--find-links applies to --fetch-wheels only (a pack's own wheels are used as they are)"))
     try:
-        rep = unpack_tasks(pack, out_dir, envs, python or sys.executable)
+        rep = unpack_tasks(pack, out_dir, envs, python or sys.executable, fetch_wheels=fetch_wheels,
+                           find_links=find_links or None)
     except known_errors() as e:
         fail(e)
     err.print(f"unpacked {rep.tasks} tasks ({rep.files} files) into {rep.out}; envs rebuilt: {rep.envs or 'none'}")

@@ -47,26 +47,26 @@ import zstandard
 
 import opencomposer
 from opencomposer.config import ConfigError
-from opencomposer.paths import remove_stale_temps, staged_dir, temp_name
+from opencomposer.paths import remove_stale_temps, staged_dir
 from opencomposer.tasks import packenv
 from opencomposer.tasks.format import (
     ENVS,
     TASK_FORMAT_VERSION,
     Task,
-    TaskFormatError,
     check_task_id,
     task_dirs,
 )
+from opencomposer.tasks.packparts import (
+    CHUNK,
+    PACK_FORMAT_VERSION,
+    PackError,
+    PartsReader,
+    PartsWriter,
+    _sha,
+    find_parts,
+)
 
-PACK_FORMAT_VERSION = 1
-MAGIC = b"OCPACK\n"
-HEADER = 1024  # bytes before each part's payload: MAGIC, a JSON line, space padding
 MANIFEST = "manifest.json"
-CHUNK = 1 << 20
-
-
-class PackError(TaskFormatError):
-    """A pack that cannot be made or used; the message names the file or part and what was expected."""
 
 
 @dataclass
@@ -89,28 +89,6 @@ class UnpackReport:
     files: int = 0
     envs: list[str] = field(default_factory=list)  # rebuilt
     seconds: float = 0.0
-
-
-def parse_size(text: str) -> int:
-    """``60M`` -> bytes (K, M, G are powers of 1024; a plain number is bytes)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ConfigError(f"--part-size {text!r}: expected a size such as 60M, 1G or 500000")
-    n = int(m[1]) * 1024 ** " KMG".index((m[2] or " ").upper())
-    if n <= HEADER:
-        raise ConfigError(f"--part-size {text!r}: expected more than {HEADER} bytes (each part's header)")
-    return n
-
-
-def _sha(path: Path, skip: int = 0) -> tuple[str, int]:
-    """sha256 and size of ``path``'s bytes after the first ``skip``."""
-    h, n = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        f.seek(skip)
-        while b := f.read(CHUNK):
-            h.update(b)
-            n += len(b)
-    return h.hexdigest(), n
 
 
 def _inside(rel: str, top: str) -> bool:
@@ -283,162 +261,7 @@ def _info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-class PartsWriter(io.RawIOBase):
-    """The pack's bytes into ``out`` (or ``out.part-000``, ``-001``... of at most ``part_size`` bytes),
-    each part behind its header; written under temp names, renamed by ``finish``."""
-
-    def __init__(self, out: Path, part_size: int | None, pack_id: str):
-        self.out, self.part_size, self.pack_id = Path(out), part_size, pack_id
-        self.tmps: list[Path] = []
-        self.finals: list[Path] = []
-        self.f = None
-
-    def writable(self) -> bool:
-        return True
-
-    def _open(self) -> None:
-        final = self.out if self.part_size is None else part_path(self.out, len(self.finals))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_name(final)
-        self.tmps.append(tmp)
-        self.finals.append(final)
-        self.f, self.h, self.n = open(tmp, "wb"), hashlib.sha256(), 0
-        self.f.write(b"\0" * HEADER)
-
-    def _close(self, last: bool) -> None:
-        head = MAGIC + json.dumps({"pack": self.pack_id, "part": len(self.finals) - 1, "last": last,
-                                   "size": self.n, "sha256": self.h.hexdigest(),
-                                   "format_version": PACK_FORMAT_VERSION}).encode()
-        self.f.seek(0)
-        self.f.write(head.ljust(HEADER - 1) + b"\n")
-        self.f.close()
-        self.f = None
-
-    def write(self, b) -> int:
-        mv = memoryview(b).cast("B")
-        while len(mv):
-            if self.f is None:
-                self._open()
-            elif self.part_size is not None and self.n >= self.part_size - HEADER:
-                self._close(last=False)
-                self._open()
-            room = len(mv) if self.part_size is None else self.part_size - HEADER - self.n
-            chunk = mv[:room]
-            self.f.write(chunk)
-            self.h.update(chunk)
-            self.n += len(chunk)
-            mv = mv[room:]
-        return len(b)
-
-    def finish(self) -> list[Path]:
-        if self.f is None:
-            self._open()
-        self._close(last=True)
-        for tmp, final in zip(self.tmps, self.finals):
-            os.replace(tmp, final)
-        i = len(self.finals)  # parts of an earlier, longer pack at this name would read as missing ones
-        while self.part_size is not None and part_path(self.out, i).is_file():
-            part_path(self.out, i).unlink()
-            i += 1
-        return list(self.finals)
-
-    def abort(self) -> None:
-        if self.f is not None:
-            self.f.close()
-        for tmp in self.tmps:
-            tmp.unlink(missing_ok=True)
-
-
-def part_path(out: Path, i: int) -> Path:
-    return Path(out).with_name(f"{Path(out).name}.part-{i:03d}")
-
-
 # --------------------------------------------------------------------------- unpack
-
-
-def _header(path: Path) -> dict:
-    with open(path, "rb") as f:
-        raw = f.read(HEADER)
-    try:
-        if not raw.startswith(MAGIC) or len(raw) < HEADER:
-            raise ValueError
-        head = json.loads(raw[len(MAGIC):].decode())
-        head["size"], head["part"], head["sha256"], head["pack"]
-    except (ValueError, KeyError, TypeError):
-        raise PackError(f"{path}: not an opencomposer pack part (expected the {MAGIC!r} header of "
-                        "`opencomposer tasks pack`)") from None
-    if head.get("format_version") != PACK_FORMAT_VERSION:
-        raise PackError(f"{path}: pack format version {head.get('format_version')}; this opencomposer "
-                        f"({opencomposer.__version__}) reads version {PACK_FORMAT_VERSION}")
-    return head
-
-
-def find_parts(given: Path) -> list[Path]:
-    """The parts of the pack named by ``given`` (the file, its base name or any of its parts),
-    each checked: header, number, pack, payload size and sha256; in order."""
-    given = Path(given)
-    m = re.fullmatch(r"(.+)\.part-(\d{3,})", given.name)
-    if m is None and given.is_file():
-        head = _header(given)
-        if head["part"] != 0 or not head["last"]:
-            raise PackError(f"{given}: part {head['part']} of a split pack; expected the whole pack, its "
-                            f"base name or its .part-000")
-        _check_payload(given, head)
-        return [given]
-    base = given.with_name(m[1]) if m else given
-    if not part_path(base, 0).is_file():
-        raise PackError(f"{given}: no such pack (expected the file {base} or its parts {part_path(base, 0).name}, ...)")
-    parts: list[Path] = []
-    pack = None
-    while True:
-        p = part_path(base, len(parts))
-        if not p.is_file():
-            raise PackError(f"{p}: missing; part {len(parts) - 1:03d} of pack {pack} says more parts follow "
-                            f"(expected {p.name})")
-        head = _header(p)
-        pack = pack or head["pack"]
-        if head["pack"] != pack or head["part"] != len(parts):
-            raise PackError(f"{p}: holds part {head['part']} of pack {head['pack']}; expected part "
-                            f"{len(parts)} of pack {pack}")
-        _check_payload(p, head)
-        parts.append(p)
-        if head["last"]:
-            return parts
-
-
-def _check_payload(path: Path, head: dict) -> None:
-    sha, n = _sha(path, skip=HEADER)
-    if n != head["size"] or sha != head["sha256"]:
-        raise PackError(f"{path}: damaged: {n} bytes with sha256 {sha[:16]}..., expected "
-                        f"{head['size']} bytes with sha256 {head['sha256'][:16]}... (copy the part again)")
-
-
-class PartsReader(io.RawIOBase):
-    """The payloads of ``parts``, one after another."""
-
-    def __init__(self, parts: list[Path]):
-        self.parts, self.f = list(parts), None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        while True:
-            if self.f is None:
-                if not self.parts:
-                    return 0
-                self.f = open(self.parts.pop(0), "rb")
-                self.f.seek(HEADER)
-            n = self.f.readinto(buf)
-            if n:
-                return n
-            self.f.close()
-            self.f = None
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-        super().close()
 
 
 def _safe(rel, what: str) -> str:
@@ -538,10 +361,25 @@ def _extract(parts: list[Path], objects: Path) -> dict:
     return manifest
 
 
+def _python_version(python: str) -> str | None:
+    """``X.Y`` of the interpreter ``python`` (None: this one, pip's default target)."""
+    if python == sys.executable:
+        return None
+    version = packenv.interpreter_version(python)
+    if version is None:
+        raise ConfigError(f"{python}: not a working Python interpreter (expected one to build the environments with)")
+    return version
+
+
 def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.executable,
-                 timeout: float = 900.0) -> UnpackReport:
+                 timeout: float = 900.0, fetch_wheels: bool = False,
+                 find_links: list[Path] | None = None) -> UnpackReport:
     """Restore the pack at ``pack`` (file, base name or part) into ``dest`` (new or empty), and with
-    ``envs`` rebuild its environments from the carried wheels, offline."""
+    ``envs`` rebuild its environments from the carried wheels, offline. ``fetch_wheels``: an env
+    packed without its wheels (``--no-wheels``) gets the same pinned distributions from the index
+    (or ``find_links``) for ``python``, whatever Python it was made with, then is rebuilt the same
+    way: the compact pack of a task set kept in git becomes a working one wherever an index (or a
+    wheelhouse) is reachable."""
     t0 = time.time()
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
@@ -559,10 +397,21 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
             if not e.get("venv"):
                 raise PackError(f"{pack}: env {e['name']}: was not a Python venv when packed, so it cannot be "
                                 "rebuilt; unpack with --no-envs and link an env into _envs/ (tasks.envs.adopt_env)")
-            if len(e["wheels"]) < len(e["installed"]):
-                raise PackError(f"{pack}: env {e['name']}: packed without wheels (--no-wheels); unpack with "
-                                "--no-envs and link a matching env into _envs/ (tasks.envs.adopt_env)")
             wheels = tmp / ".wheels" / e["name"].replace("/", "_")
+            if len(e["wheels"]) < len(e["installed"]):
+                if not fetch_wheels:
+                    raise PackError(f"{pack}: env {e['name']}: packed without wheels (--no-wheels); unpack with "
+                                    "--fetch-wheels where an index is reachable, or with --no-envs and link a "
+                                    "matching env into _envs/ (tasks.envs.adopt_env)")
+                version = _python_version(python)
+                try:
+                    packenv.fetch_wheels(e["installed"], wheels, version, None, find_links, timeout)
+                except packenv.EnvError as err:
+                    raise packenv.EnvError(f"{pack}: env {e['name']}: fetching its pinned wheels: {err}") from None
+                # the same pins, fetched for the interpreter that will run them (a set made on the GPU
+                # machine's 3.12 rebuilt on a 3.11 laptop): a pin with no wheel for it failed above
+                e["target_python"] = version or "%d.%d" % sys.version_info[:2]
+                continue
             wheels.mkdir(parents=True)
             for w in e["wheels"]:
                 shutil.copyfile(objects / w["sha256"], wheels / w["file"])

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import tarfile
 import tomllib
-import zipfile
 from pathlib import Path
 
 import pytest
 import zstandard
+from testkit.dists import make_wheel
 from typer.testing import CliRunner
 
 from opencomposer.cli import app
@@ -25,15 +25,9 @@ from opencomposer.episode.oracle import run_oracle
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.envs import EnvError
 from opencomposer.tasks.format import ENVS, Task, TaskMeta, task_dirs, write_task_toml
-from opencomposer.tasks.pack import (
-    PackError,
-    PartsReader,
-    PartsWriter,
-    find_parts,
-    pack_tasks,
-    unpack_tasks,
-)
+from opencomposer.tasks.pack import pack_tasks, unpack_tasks
 from opencomposer.tasks.packenv import installed
+from opencomposer.tasks.packparts import PackError, PartsReader, PartsWriter, find_parts
 from opencomposer.tasks.sources.humaneval import import_humaneval
 
 TEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
@@ -132,21 +126,6 @@ def test_a_pack_without_wheels_will_not_pretend_to_rebuild_its_env(packed, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def make_wheel(dest: Path, name: str = "tinydep", version: str = "0.1") -> Path:
-    """A real pure-python wheel, written by hand (no build backend, no network)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    whl = dest / f"{name}-{version}-py3-none-any.whl"
-    info = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": "VALUE = 42\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    with zipfile.ZipFile(whl, "w") as z:
-        for rel, text in files.items():
-            z.writestr(rel, text)
-        z.writestr(f"{info}/RECORD", "".join(f"{rel},,\n" for rel in files) + f"{info}/RECORD,,\n")
-    return whl
-
-
 @pytest.fixture(scope="module")
 def tiny(packed, tmp_path_factory) -> tuple[Path, Path]:
     """A task whose env (``_envs/tiny``) holds one pure-python distribution, and the wheelhouse of it."""
@@ -179,6 +158,27 @@ def test_env_is_rebuilt_from_carried_wheels_with_the_index_disabled(tiny, tmp_pa
     task = Task.load(out / "HumanEval_2")  # its relative env path still holds
     assert task.env_dir == env.resolve()
     assert not (out / ".wheels").exists() and not (out / ".objects").exists()
+
+
+def test_a_pack_without_wheels_is_rebuilt_from_fetched_wheels(tiny, tmp_path, monkeypatch):
+    """The compact pack kept in git (--no-wheels) becomes a working task set where wheels can be had:
+    the same pinned distributions, fetched, then the same offline rebuild."""
+    src, wheels = tiny
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    pack_tasks(src, tmp_path / "t.ocpack", wheels=False)
+    with pytest.raises(EnvError, match=r"env tiny: fetching its pinned wheels.*tinydep==0.1"):
+        unpack_tasks(tmp_path / "t.ocpack", tmp_path / "bad", fetch_wheels=True, find_links=[tmp_path / "empty"])
+    assert not (tmp_path / "bad").exists()
+    out = tmp_path / "out"
+    got = unpack_tasks(tmp_path / "t.ocpack", out, fetch_wheels=True, find_links=[wheels])
+    assert got.envs == ["tiny"]
+    assert installed(out / ENVS / "tiny") == ["tinydep==0.1"]
+    assert Task.load(out / "HumanEval_2").env_dir == (out / ENVS / "tiny").resolve()
+    assert not (out / ".wheels").exists()
+    # made for another Python (a set from the GPU machine's 3.12): the same pins, fetched for this one
+    pack_tasks(src, tmp_path / "other.ocpack", wheels=False, python_version="3.99")
+    unpack_tasks(tmp_path / "other.ocpack", tmp_path / "other", fetch_wheels=True, find_links=[wheels])
+    assert installed(tmp_path / "other" / ENVS / "tiny") == ["tinydep==0.1"]
 
 
 def test_env_is_rebuilt_even_when_pythonpath_already_shows_its_packages(tiny, tmp_path, monkeypatch):
