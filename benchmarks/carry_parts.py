@@ -10,11 +10,11 @@ calls that each bring back at most 8 files of 16 MiB (64 MiB) and carry at most 
 
 ``ship`` tars the directory once (``--bf16``: every floating tensor of its ``*.safetensors`` cast
 to bfloat16 first, which halves an fp32 model; the loader casts back to the trainer's float32)
-into 15 MiB parts as ``opencomposer tasks pack`` cuts its packs (``tasks.pack.PartsWriter``: each
+into 15 MiB parts as ``opencomposer tasks pack`` cuts its packs (``tasks.packparts.PartsWriter``: each
 part behind a header with its number and sha256), with a manifest (the directory's path under the
 run, the parts), and copies the group's parts (4 a call) and the manifest to ``$OUT``.
 ``gather`` puts the returned files into folders of at most 56 MiB to carry; ``restore`` checks
-that every part is there and each part's checksum holds (``tasks.pack.find_parts``), then unpacks the directory to its place under
+that every part is there and each part's checksum holds (``tasks.packparts.find_parts``), then unpacks the directory to its place under
 the run (atomically; a directory already there is left alone). Every command prints one JSON line.
 
 Used by ``benchmarks/learn_device.sh`` (``ship``, ``stash``). Test:
@@ -30,13 +30,19 @@ import sys
 import tarfile
 from pathlib import Path
 
-from opencomposer.tasks.pack import HEADER, PackError, PartsReader, PartsWriter, find_parts
+from opencomposer.tasks.packparts import (
+    HEADER,
+    PackError,
+    PartsReader,
+    PartsWriter,
+    find_parts,
+)
 
 PART_BYTES = 15 << 20  # under the 16 MiB a returned file may have (each part: header + payload)
 PER_CALL = 4  # parts a call returns: 60 MiB of the 64
 CARRY_BYTES = 56 << 20  # a carried folder, leaving room for the tree beside it
 MANIFEST = "manifest.json"
-PAYLOAD = "payload.tar"  # its parts: payload.tar.part-000, ... (``tasks.pack.PartsWriter``: each checked by its header)
+PAYLOAD = "payload.tar"  # its parts: payload.tar.part-000, ... (``tasks.packparts.PartsWriter``: each checked by its header)
 
 
 class PartsError(Exception):

