@@ -380,4 +380,8 @@ def tasks_unpack(
     except known_errors() as e:
         fail(e)
     err.print(f"unpacked {rep.tasks} tasks ({rep.files} files) into {rep.out}; envs rebuilt: {rep.envs or 'none'}")
-    emit({"tasks": rep.tasks, "files": rep.files, "envs": rep.envs, "out": rep.out, "seconds": rep.seconds})
+    for name, how in rep.retargeted.items():
+        err.print(f"warning: env {name}: {how}: its tasks were validated on the other Python and some may fail "
+                  f"here; check them first (opencomposer tasks check {rep.out})")
+    emit({"tasks": rep.tasks, "files": rep.files, "envs": rep.envs, "out": rep.out, "seconds": rep.seconds,
+          "retargeted": rep.retargeted})

@@ -89,6 +89,9 @@ class UnpackReport:
     files: int = 0
     envs: list[str] = field(default_factory=list)  # rebuilt
     seconds: float = 0.0
+    # env -> "made X.Y, rebuilt for A.B": its tasks were validated on another Python (session 39: 5 of 60 sampled
+    # tasks made on 3.12 failed their gold on 3.11, their tests using 3.12-only features); check them before use
+    retargeted: dict[str, str] = field(default_factory=dict)
 
 
 def _inside(rel: str, top: str) -> bool:
@@ -393,6 +396,7 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
         keep = (lambda rel: True) if envs else (lambda rel: not _inside(rel, ENVS))
         files = [f for f in m["files"] if keep(f["path"])]
         todo = m["envs"] if envs else []
+        retargeted: dict[str, str] = {}
         for e in todo:
             if not e.get("venv"):
                 raise PackError(f"{pack}: env {e['name']}: was not a Python venv when packed, so it cannot be "
@@ -411,6 +415,9 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
                 # the same pins, fetched for the interpreter that will run them (a set made on the GPU
                 # machine's 3.12 rebuilt on a 3.11 laptop): a pin with no wheel for it failed above
                 e["target_python"] = version or "%d.%d" % sys.version_info[:2]
+                made = ".".join(str(e.get("python", "")).split(".")[:2])
+                if made and made != e["target_python"]:
+                    retargeted[e["name"]] = f"made with Python {made}, rebuilt for {e['target_python']}"
                 continue
             wheels.mkdir(parents=True)
             for w in e["wheels"]:
@@ -440,4 +447,4 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
         shutil.rmtree(objects)
         shutil.rmtree(tmp / ".wheels", ignore_errors=True)
     return UnpackReport(out=str(dest), tasks=len(m["tasks"]), files=len(files), envs=[e["name"] for e in todo],
-                        seconds=round(time.time() - t0, 2))
+                        seconds=round(time.time() - t0, 2), retargeted=retargeted)

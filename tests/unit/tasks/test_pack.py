@@ -26,6 +26,7 @@ from opencomposer.grading.check import check_task
 from opencomposer.tasks.envs import EnvError
 from opencomposer.tasks.format import ENVS, Task, TaskMeta, task_dirs, write_task_toml
 from opencomposer.tasks.pack import pack_tasks, unpack_tasks
+from opencomposer.tasks import packenv
 from opencomposer.tasks.packenv import installed
 from opencomposer.tasks.packparts import PackError, PartsReader, PartsWriter, find_parts
 from opencomposer.tasks.sources.humaneval import import_humaneval
@@ -176,9 +177,14 @@ def test_a_pack_without_wheels_is_rebuilt_from_fetched_wheels(tiny, tmp_path, mo
     assert Task.load(out / "HumanEval_2").env_dir == (out / ENVS / "tiny").resolve()
     assert not (out / ".wheels").exists()
     # made for another Python (a set from the GPU machine's 3.12): the same pins, fetched for this one
-    pack_tasks(src, tmp_path / "other.ocpack", wheels=False, python_version="3.99")
-    unpack_tasks(tmp_path / "other.ocpack", tmp_path / "other", fetch_wheels=True, find_links=[wheels])
+    assert got.retargeted == {}  # made with this Python
+    with monkeypatch.context() as m:  # an env made with another Python, as the GPU machine's 3.12 ones
+        m.setattr(packenv, "env_python", lambda env: "3.99")
+        pack_tasks(src, tmp_path / "other.ocpack", wheels=False, python_version="3.99")
+    other = unpack_tasks(tmp_path / "other.ocpack", tmp_path / "other", fetch_wheels=True, find_links=[wheels])
     assert installed(tmp_path / "other" / ENVS / "tiny") == ["tinydep==0.1"]
+    here = "%d.%d" % sys.version_info[:2]  # named, since its tasks were validated on 3.99, not here
+    assert other.retargeted == {"tiny": f"made with Python 3.99, rebuilt for {here}"}
 
 
 def test_env_is_rebuilt_even_when_pythonpath_already_shows_its_packages(tiny, tmp_path, monkeypatch):
