@@ -62,7 +62,7 @@ from opencomposer.tasks.packparts import (
     PackError,
     PartsReader,
     PartsWriter,
-    _sha,
+    file_sha,
     find_parts,
 )
 
@@ -119,7 +119,7 @@ def _walk(root: Path, name: str, files: list, dirs: list, links: list, sources: 
                                     "that stay inside their task")
                 links.append({"path": rel, "target": target})
             elif os.path.isfile(p):
-                sha, size = _sha(p)
+                sha, size = file_sha(p)
                 files.append({"path": rel, "sha256": sha, "size": size, "mode": st.st_mode & 0o777})
                 sources.setdefault(sha, (p, size))
             else:
@@ -182,12 +182,12 @@ def pack_tasks(src: Path, out: Path, part_size: int | None = None, wheels: bool 
                             f"{ENVS}/{name} (the environment of {len(users)} task(s) of {', '.join(libs)}): {err}; "
                             f"pack without it: {' '.join('--exclude-library ' + x for x in libs)}") from None
                     for whl, was_built in sorted(built.items()):
-                        sha, size = _sha(wdir / whl)
+                        sha, size = file_sha(wdir / whl)
                         rec["wheels"].append({"file": whl, "sha256": sha, "size": size, "built": was_built})
                         sources.setdefault(sha, (wdir / whl, size))
                 for meta in sorted(env_dir.iterdir()):  # env.json, prep.json: what made it, beside the venv
                     if meta.is_file() and not meta.is_symlink() and meta.name != "pyvenv.cfg":
-                        sha, size = _sha(meta)
+                        sha, size = file_sha(meta)
                         files.append({"path": f"{ENVS}/{name}/{meta.name}", "sha256": sha, "size": size,
                                       "mode": meta.stat().st_mode & 0o777})
                         sources.setdefault(sha, (meta, size))
@@ -397,6 +397,7 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
         files = [f for f in m["files"] if keep(f["path"])]
         todo = m["envs"] if envs else []
         retargeted: dict[str, str] = {}
+        version = None  # X.Y of ``python``, asked once, when an env's wheels must be fetched for it
         for e in todo:
             if not e.get("venv"):
                 raise PackError(f"{pack}: env {e['name']}: was not a Python venv when packed, so it cannot be "
@@ -407,7 +408,7 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
                     raise PackError(f"{pack}: env {e['name']}: packed without wheels (--no-wheels); unpack with "
                                     "--fetch-wheels where an index is reachable, or with --no-envs and link a "
                                     "matching env into _envs/ (tasks.envs.adopt_env)")
-                version = _python_version(python)
+                version = version or _python_version(python)
                 try:
                     packenv.fetch_wheels(e["installed"], wheels, version, None, find_links, timeout)
                 except packenv.EnvError as err:

@@ -47,7 +47,7 @@ def parse_size(text: str) -> int:
     return n
 
 
-def _sha(path: Path, skip: int = 0) -> tuple[str, int]:
+def file_sha(path: Path, skip: int = 0) -> tuple[str, int]:
     """sha256 and size of ``path``'s bytes after the first ``skip``."""
     h, n = hashlib.sha256(), 0
     with open(path, "rb") as f:
@@ -179,7 +179,7 @@ def find_parts(given: Path) -> list[Path]:
 
 
 def _check_payload(path: Path, head: dict) -> None:
-    sha, n = _sha(path, skip=HEADER)
+    sha, n = file_sha(path, skip=HEADER)
     if n != head["size"] or sha != head["sha256"]:
         raise PackError(f"{path}: damaged: {n} bytes with sha256 {sha[:16]}..., expected "
                         f"{head['size']} bytes with sha256 {head['sha256'][:16]}... (copy the part again)")
