@@ -13,7 +13,8 @@ to bfloat16 first, which halves an fp32 model; the loader casts back to the trai
 into 15 MiB parts as ``opencomposer tasks pack`` cuts its packs (``tasks.packparts.PartsWriter``: each
 part behind a header with its number and sha256), with a manifest (the directory's path under the
 run, the parts), and copies the group's parts (4 a call) and the manifest to ``$OUT``.
-``gather`` puts the returned files into folders of at most 56 MiB to carry; ``restore`` checks
+``gather`` puts the returned files into folders that each fit one call beside the tree that travels with it
+(``--max-mib``, default ``benchmarks/carry_room.sh``'s answer; a part is never split, so at least one part a folder); ``restore`` checks
 that every part is there and each part's checksum holds (``tasks.packparts.find_parts``), then unpacks the directory to its place under
 the run (atomically; a directory already there is left alone). Every command prints one JSON line.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -40,7 +42,7 @@ from opencomposer.tasks.packparts import (
 
 PART_BYTES = 15 << 20  # under the 16 MiB a returned file may have (each part: header + payload)
 PER_CALL = 4  # parts a call returns: 60 MiB of the 64
-CARRY_BYTES = 56 << 20  # a carried folder, leaving room for the tree beside it
+CARRY_BYTES = 56 << 20  # a carried folder at most, with the smallest tree beside it (gather --max-mib: the room now)
 MANIFEST = "manifest.json"
 PAYLOAD = "payload.tar"  # its parts: payload.tar.part-000, ... (``tasks.packparts.PartsWriter``: each checked by its header)
 
@@ -111,17 +113,30 @@ def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, 
             "files": [prefix + n for n in [*names, MANIFEST]], "bytes": info["bytes"]}
 
 
-def gather(files: list[Path], into: str) -> dict:
-    """Returned files -> folders ``<into>1``, ``<into>2``, ... of at most ``CARRY_BYTES`` each."""
+def carry_room_bytes() -> int:
+    """What one device call can carry beside the working tree now (``benchmarks/carry_room.sh``), in bytes."""
+    script = Path(__file__).with_name("carry_room.sh")
+    r = subprocess.run([str(script)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise PartsError(f"{script}: {r.stderr.strip() or f'exit {r.returncode}'}")
+    return int(r.stdout.strip()) << 20
+
+
+def gather(files: list[Path], into: str, max_bytes: int = CARRY_BYTES) -> dict:
+    """Returned files -> folders ``<into>1``, ``<into>2``, ... of at most ``max_bytes`` each (a folder holds
+    one file at least: a part larger than ``max_bytes`` is refused, naming both sizes)."""
     files = sorted(set(files), key=lambda p: p.name)
     if not any(f.name.endswith(MANIFEST) for f in files):
         raise PartsError(f"no {MANIFEST} among the {len(files)} files given")
+    if too_big := [f for f in files if f.stat().st_size > max_bytes]:
+        raise PartsError(f"{too_big[0]}: {too_big[0].stat().st_size} bytes, more than a call can carry beside the "
+                         f"tree ({max_bytes} bytes): make room (benchmarks/carry_room.sh) and gather again")
     for old in Path(into).parent.glob(Path(into).name + "*"):
         shutil.rmtree(old)
-    dirs, size, k = [], CARRY_BYTES + 1, 0
+    dirs, size, k = [], max_bytes + 1, 0
     for f in files:
         n = f.stat().st_size
-        if size + n > CARRY_BYTES:
+        if size + n > max_bytes:
             k += 1
             dirs.append(Path(f"{into}{k}"))
             dirs[-1].mkdir(parents=True)
@@ -179,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gather")
     g.add_argument("files", type=Path, nargs="+")
     g.add_argument("--into", required=True)
+    g.add_argument("--max-mib", type=int, default=None,
+                   help="each folder at most this many MiB (default: what a call carries beside the tree now, "
+                        "benchmarks/carry_room.sh)")
     r = sub.add_parser("restore")
     r.add_argument("incoming", type=Path)
     r.add_argument("run", type=Path)
@@ -187,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "ship":
             res = ship(a.src, a.work, a.out, a.group, a.run or a.src.parent, a.bf16, a.in_place)
         elif a.cmd == "gather":
-            res = gather(a.files, a.into)
+            res = gather(a.files, a.into, (a.max_mib << 20) if a.max_mib else carry_room_bytes())
         else:
             res = restore(a.incoming, a.run)
     except PartsError as e:

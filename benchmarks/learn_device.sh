@@ -36,7 +36,8 @@
 #   A directory that must outlive the session (an SFT model, LoRA RL checkpoints) comes back 60 MiB a call:
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
-#   session; `stash` copies them in and set-up restores the directory before the run reads it)
+#   session, each as large as one call carries beside the tree: benchmarks/carry_room.sh; `stash` copies them in and
+#   set-up restores the directory before the run reads it)
 #   Issue 30's long run (configs/learn/gpu-lines-more.toml: 100 RL steps; two seeds on nvidia-h200-x2) over sessions:
 #     `stash` every pack and .gput, then `run` with SET= and
 #     SET1='run.seed=1;learn.sft_model="runs/learn-gpu/lines-more-lint/sft_model";run.out_dir="runs/learn-gpu/lines-more-lint-s1"'
@@ -44,6 +45,12 @@
 #     (once: G = 0, 1, ...), then lines-more-lint/rl_run 0 and lines-more-lint-s1/rl_run 0 (LoRA checkpoints, every
 #     session), and keep each arm's results.tgz as .gpur/<out_dir>.tgz; the next session carries the gathered .gpuz*
 #     and .gpur with its `stash`: SFT is not made again and each arm's RL resumes from its last checkpoint.
+#   SFT before the RL pool is complete (session 40): SET='eval.stages=["base", "sft"];learn.rl_extra_dirs=[]' makes
+#     and evaluates the SFT model (and the base) and stops before RL; RL's extra pool joins the run's splits.json later
+#     (learn_run.make_splits: until RL's first update it may change; after, it may only grow, and the checkpoints
+#     written with the earlier pool resume: rl.learner.Learner(grown_from=...)). So the RL-only factory set can grow
+#     on the CPU (`tasks make --config configs/tasks/lines-extra.toml`, then `prepare` again with out/packs/lines-extra*
+#     removed) while the run goes on, and single-epoch RL reaches its 100 steps.
 #   Evaluations that came back (results.tgz) are not run again: put them in .gpur/<out_dir under runs/learn-gpu>.tgz
 #   (e.g. .gpur/replace-lines.tgz holding sft/validation/results.json) and carry .gpur with a `stash`.
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings

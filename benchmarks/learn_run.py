@@ -164,6 +164,25 @@ def rl_only_files(s: Split, share: float, seed: int) -> tuple[list[Path], list[P
     return sorted(again.train), sorted(again.heldout)
 
 
+GROWN_FROM = "rl_extra_grown_from"  # splits.json: RL's extra pool before it last grew (the pool of older checkpoints)
+
+
+def earlier_rl_pool(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path) -> list[Path] | None:
+    """The RL pool before ``rl_extra`` last grew (``splits.json``'s ``rl_extra_grown_from``), whose
+    checkpoints resume in the grown pool; None when it never grew."""
+    before = json.loads((out / "splits.json").read_text()).get(GROWN_FROM)
+    if before is None:
+        return None
+    return ((splits["train"] if cfg.learn.rl_sft_tasks else []) + splits.get("rl_only", [])
+            + [Path(n) for n in before])
+
+
+def rl_begun(out: Path) -> bool:
+    """Whether the run's RL stage has made an update (a checkpoint or a metrics row under ``<out>/rl_run``)."""
+    rl = out / "rl_run"
+    return any((rl / "checkpoints").glob("*")) or (rl / "metrics.jsonl").exists()
+
+
 def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str, list[Path]]:
     lc = cfg.learn
     trained = pool(lc.train_dirs)
@@ -193,8 +212,24 @@ def make_splits(cfg: LearnConfig, out: Path, data: Path | None, log) -> dict[str
     path = out / "splits.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if old != ids:
-            diff = [n for n in (*SPLITS, "rl_only", "rl_extra") if old.get(n) != ids.get(n)]
+        diff = [n for n in (*SPLITS, "rl_only", "rl_extra") if old.get(n) != ids.get(n)]
+        before, now = old.get("rl_extra", []), ids.get("rl_extra", [])
+        gone = sorted(set(before) - set(now))
+        if diff == ["rl_extra"] and not rl_begun(out):
+            # RL's extra libraries are read by RL alone: until its first update they may change (a pool
+            # made while SFT ran); SFT's, validation's and the held-out splits never change
+            log(f"{path}: RL's extra pool {len(before)} -> {len(now)} tasks (RL has not begun)")
+            atomic_write_text(path, json.dumps(ids, indent=1))
+        elif diff == ["rl_extra"] and not gone:
+            # after RL began, only new tasks may join (single epoch: none of them trained on yet); the RL
+            # checkpoints written with the earlier pool resume (earlier_rl_pool, rl.learner.Learner.resume)
+            log(f"{path}: RL's extra pool grew {len(before)} -> {len(now)} tasks (RL at work: the earlier "
+                "pool's checkpoints resume)")
+            atomic_write_text(path, json.dumps({**ids, GROWN_FROM: before}, indent=1))
+        elif diff == ["rl_extra"]:
+            raise SystemExit(f"{path}: RL has begun and its extra pool may only grow, but {len(gone)} of its "
+                             f"tasks are missing now ({gone[:3]}): restore them ([learn] rl_extra_dirs)")
+        elif diff:
             raise SystemExit(f"{path}: the splits differ from this run's ({diff}); a run never changes its splits "
                              f"(another --config's [run] out_dir, or delete {path} to start over)")
     else:
@@ -378,7 +413,8 @@ def heldout_milestones(cfg: LearnConfig, splits: dict[str, list[Path]], sft_mode
             continue
         rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=cfg.run.steps)
         rcfg.sft.enabled = False
-        run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model))
+        run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
+                    grown_from=earlier_rl_pool(cfg, splits, out))
         try:
             load_weights(rl_out / "checkpoints" / step_dir_name(m), run.learner.trainer)
             run.refresh_weights()
@@ -510,10 +546,13 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
         rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=end)
         rcfg.sft.enabled = False
         run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
+                    grown_from=earlier_rl_pool(cfg, splits, out),
                     on_step=lambda r: log(f"  RL step {r['step']}: pass@1 {r['pass@1']:.2f} shaped "
                                           f"{r['shaped_reward_mean']:+.3f} invalid {r['invalid_calls']:.2f} "
                                           f"tokens {r['mean_completion_tokens']:.0f} ({r['time_rollout']:.0f}s "
                                           f"rollout, {r['time_train']:.0f}s train)"))
+        if run.learner.resume_note:
+            log(f"RL: {run.learner.resume_note}")
         try:
             run.reference()  # what RLRun.run does, one step at a time so the deadline is checked between steps
             run.actor.start(end - run.start_step)

@@ -33,7 +33,6 @@ def model_dir(tmp_path) -> Path:
 
 def test_a_model_goes_over_in_parts_and_comes_back_in_bf16(model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(cp, "PART_BYTES", 1_500_000)  # tiny-random in bf16 is ~8 MB: 6 parts, two calls
-    monkeypatch.setattr(cp, "CARRY_BYTES", 4_000_000)
     run, work = tmp_path / "run", tmp_path / "work"
     shutil.copytree(model_dir, tmp_path / "fp32")
     returned, left, group = [], 1, 0
@@ -44,8 +43,17 @@ def test_a_model_goes_over_in_parts_and_comes_back_in_bf16(model_dir, tmp_path, 
         returned += sorted(out.iterdir())
         left, group = res["left"], group + 1
     assert group >= 2
-    g = cp.gather(returned, str(tmp_path / "carry" / ".gpuz-sft"))
+    with pytest.raises(cp.PartsError, match="more than a call can carry beside the tree"):
+        cp.gather(returned, str(tmp_path / "carry" / ".gpuz-sft"), max_bytes=1_000_000)  # a part is 1.5 MB
+    # the command: folders sized by --max-mib, or by what a call carries beside this tree now (carry_room.sh)
+    assert cp.main(["gather", *map(str, returned), "--into", str(tmp_path / "cli" / ".gpuz-a"), "--max-mib", "1"]) == 2
+    assert cp.main(["gather", *map(str, returned), "--into", str(tmp_path / "cli" / ".gpuz-b")]) == 0
+    room = cp.carry_room_bytes()
+    assert room >= 4 << 20 and all(sum(f.stat().st_size for f in d.iterdir()) <= room
+                                   for d in (tmp_path / "cli").glob(".gpuz-b*"))
+    g = cp.gather(returned, str(tmp_path / "carry" / ".gpuz-sft"), max_bytes=4_000_000)
     assert len(g["dirs"]) >= 2
+    assert all(sum(f.stat().st_size for f in Path(d).iterdir()) <= 4_000_000 for d in g["dirs"])
     incoming = tmp_path / "incoming"  # the next machine: every carried folder copied into one place
     incoming.mkdir()
     for d in g["dirs"]:

@@ -283,6 +283,63 @@ def test_an_rl_only_pool_of_other_libraries(tmp_path, toolz_tasks):
         lr.make_splits(c, out, None, said.append)
 
 
+def test_rl_s_extra_pool_may_change_until_rl_begins_and_after_only_grow(tmp_path, toolz_tasks):
+    """A run whose SFT ran before its RL-only pool was complete: the pool may change (logged, splits.json
+    rewritten) until RL's first update; after it, it may only grow (splits.json keeps the pool it grew from,
+    whose RL checkpoints resume: earlier_rl_pool); any other split never changes."""
+    import shutil
+    import tomllib
+
+    from opencomposer.tasks.format import TaskMeta, write_task_toml
+    out = tmp_path / "run"
+    out.mkdir()
+    base = load_config(write_config(tmp_path, toolz_tasks, out), lr.LearnConfig)
+    said: list[str] = []
+    assert "rl_extra" not in lr.make_splits(base, out, None, said.append)  # SFT's session: no extra pool yet
+    extra = tmp_path / "extra"
+    (extra).mkdir()
+    (extra / "_envs").symlink_to(toolz_tasks / "_envs")
+    first = sorted(p.parent for p in toolz_tasks.glob("*/task.toml"))[0]
+    for i in (1, 2):
+        shutil.copytree(first, extra / f"minilib_{i}", symlinks=True)
+        data = tomllib.loads((extra / f"minilib_{i}" / "task.toml").read_text())
+        data["id"], data["source"]["spec"] = f"minilib_{i}", "minilib==1.0"
+        write_task_toml(extra / f"minilib_{i}" / "task.toml", TaskMeta.model_validate(data))
+    grown = base.model_copy(deep=True)
+    grown.learn.rl_extra_dirs = [str(extra)]
+    splits = lr.make_splits(grown, out, None, said.append)
+    assert [p.name for p in splits["rl_extra"]] == ["minilib_1", "minilib_2"]
+    assert json.loads((out / "splits.json").read_text())["rl_extra"] == ["minilib_1", "minilib_2"]
+    assert "RL's extra pool 0 -> 2 tasks" in said[-2]
+    shutil.rmtree(extra / "minilib_2")  # the pool changes again before RL: still allowed
+    assert [p.name for p in lr.make_splits(grown, out, None, said.append)["rl_extra"]] == ["minilib_1"]
+    assert lr.earlier_rl_pool(grown, splits, out) is None  # never grew while RL was at work
+    (out / "rl_run").mkdir()
+    (out / "rl_run" / "metrics.jsonl").write_text('{"step": 1}\n')  # RL's first update was made
+    with pytest.raises(SystemExit, match=r"RL has begun and its extra pool may only grow, but 1 of its tasks are "
+                                         r"missing now \(\['minilib_1'\]\)"):
+        lr.make_splits(base, out, None, said.append)
+    assert json.loads((out / "splits.json").read_text())["rl_extra"] == ["minilib_1"]  # unchanged
+    shutil.copytree(first, extra / "minilib_2", symlinks=True)  # new tasks join the pool while RL is at work
+    data = tomllib.loads((extra / "minilib_2" / "task.toml").read_text())
+    data["id"], data["source"]["spec"] = "minilib_2", "minilib==1.0"
+    write_task_toml(extra / "minilib_2" / "task.toml", TaskMeta.model_validate(data))
+    splits = lr.make_splits(grown, out, None, said.append)
+    assert "RL's extra pool grew 1 -> 2 tasks" in said[-2]
+    saved = json.loads((out / "splits.json").read_text())
+    assert saved["rl_extra"] == ["minilib_1", "minilib_2"] and saved[lr.GROWN_FROM] == ["minilib_1"]
+    before = lr.earlier_rl_pool(grown, splits, out)  # the pool RL's checkpoints so far were written with
+    now = [p.name for p in lr.rl_pool(grown, splits, said.append)]
+    assert [p.name for p in before] == [n for n in now if n != "minilib_2"] and now[-1] == "minilib_2"
+    lr.make_splits(grown, out, None, said.append)  # the same pool again: splits.json, and what it grew from, kept
+    assert json.loads((out / "splits.json").read_text()) == saved
+    other = grown.model_copy(deep=True)
+    other.learn.validation_share = 0.2
+    (out / "rl_run" / "metrics.jsonl").unlink()
+    with pytest.raises(SystemExit, match="the splits differ from this run's"):
+        lr.make_splits(other, out, None, said.append)  # SFT's and evaluation's splits never change
+
+
 def test_an_earlier_sft_model_is_checked_against_the_held_out_libraries(tmp_path, toolz_tasks):
     """[learn] sft_model: another run's SFT model, evaluated and trained on by RL instead of a new SFT;
     refused when it is not a model directory, when what it trained on is unknown, or when that run

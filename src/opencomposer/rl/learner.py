@@ -22,7 +22,10 @@ Every checkpoint records the run's ``identity`` (``run_identity``: the model's n
 fingerprint of the weights it starts from, the training pool's task ids, the seed, the loss and
 LoRA settings), and ``resume`` refuses a checkpoint whose identity differs from the config's
 (``checkpoint.check_identity``: a ``ConfigError`` naming the setting and both values); one from
-before identities were recorded resumes with a warning (``resume_warning``).
+before identities were recorded resumes with a warning (``resume_warning``). A pool that only grew
+(``grown_from``: the pool the checkpoint was written with, every task of it still in the pool; new
+tasks of single-epoch RL, none trained on) resumes, said in ``resume_note``; the next checkpoint
+records the grown pool.
 
 Test: ``pytest tests/unit/rl/test_learner.py tests/integration/test_rl_run.py``.
 """
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opencomposer.config import ConfigError
 from opencomposer.models.registry import load_model
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.staleness import staleness
@@ -94,12 +98,23 @@ class Learner:
     for the identity its checkpoints record (None: not recorded, not checked)."""
 
     def __init__(self, cfg: RLRunConfig, out: Path, start_model: str, dist: distributed.Dist, device: str,
-                 task_ids: Iterable[str] | None = None):
+                 task_ids: Iterable[str] | None = None, grown_from: Iterable[str] | None = None):
         self.cfg, self.out, self.start_model, self.device = cfg, out, start_model, device
+        task_ids = None if task_ids is None else list(task_ids)
+        if grown_from is not None:
+            grown_from = list(grown_from)
+            if task_ids is None or (gone := sorted(set(grown_from) - set(task_ids))):
+                raise ValueError("grown_from: a pool only grows; tasks of the earlier pool missing now: "
+                                 f"{gone[:3] if task_ids is not None else 'the pool is not recorded'}")
         model, tok = load_model(start_model, device=device)
         # the weights as loaded, before any update or adapter: what every machine must start from
         self.identity = run_identity(cfg, weights_fingerprint(model), task_ids)
+        # a checkpoint written before the pool grew, from these tasks, resumes too (see resume)
+        self.grown_identity = None if grown_from is None else {
+            **self.identity, "tasks.train_pool": names_fingerprint(grown_from)}
+        self.grown = (len(grown_from), len(task_ids)) if grown_from is not None else None
         self.resume_warning: str | None = None  # resume(): a checkpoint without an identity
+        self.resume_note: str | None = None  # resume(): a checkpoint of the pool before it grew
         self.trainer = Trainer(model, tok, cfg.train.model_copy(update={"temperature": cfg.rollout.temperature}),
                                dist=dist)
         self.ckpt_dir = out / "checkpoints"
@@ -115,7 +130,17 @@ class Learner:
         ``(0, {})`` otherwise. The state is the actor's (``Actor.state``)."""
         if not (self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir())):
             return 0, {}
-        self.resume_warning = check_identity(self.ckpt_dir, self.identity)  # before any weights move
+        try:
+            self.resume_warning = check_identity(self.ckpt_dir, self.identity)  # before any weights move
+        except ConfigError as e:
+            if self.grown_identity is None:
+                raise
+            try:  # written before the pool grew: everything else must agree
+                check_identity(self.ckpt_dir, self.grown_identity)
+            except ConfigError:
+                raise e from None
+            self.resume_note = (f"the training pool grew from {self.grown[0]} to {self.grown[1]} tasks since the "
+                                "checkpoint (every earlier task still in it); resuming, new checkpoints record it")
         if self.resume_warning:
             warnings.warn(self.resume_warning, stacklevel=2)
         state = load_checkpoint(self.ckpt_dir, self.trainer)

@@ -91,6 +91,9 @@ class RLRun:
     # the weights training starts from: [model] name, or the export of the pipeline's [pretrain]
     # stage; make_policy(base_model=True) still measures [model] name, the model before any stage
     start_model: str | None = None
+    # the pool the run's checkpoints were written with, when it has grown since (every task of it still in
+    # train_tasks): the checkpoint resumes (Learner.resume_note); None: the pool must be the checkpoint's
+    grown_from: list[Path] | None = None
     learner: Learner = field(init=False)
     actor: Actor = field(init=False)
 
@@ -101,7 +104,8 @@ class RLRun:
         refuse_unsharded_engine(self.cfg, self.dist)
         self.start_model = self.start_model or self.cfg.model.name
         self.learner = Learner(self.cfg, self.out, self.start_model, self.dist, device,
-                               task_ids=[Path(p).name for p in self.train_tasks])  # the sampler's ids
+                               task_ids=[Path(p).name for p in self.train_tasks],  # the sampler's ids
+                               grown_from=None if self.grown_from is None else [Path(p).name for p in self.grown_from])
         self.start_step, state = self.learner.resume() if self.resume else (0, {})
         weights = self.learner.weights()  # sharded: a collective, so outside main_only
         self.actor = distributed.main_only(self.dist, lambda: Actor(

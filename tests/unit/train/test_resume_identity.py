@@ -37,8 +37,9 @@ def config(lora: bool, seed: int = 0, model: str = "tiny-random", kl: float = 0.
                        rollout={"temperature": 1.0}, run={"steps": steps, "save_every": 1, "seed": seed})
 
 
-def learner(out: Path, lora: bool = True, tasks: list[str] = TASKS, start: str = "tiny-random", **kw) -> Learner:
-    return Learner(config(lora, **kw), out, start, distributed.SINGLE, "cpu", task_ids=tasks)
+def learner(out: Path, lora: bool = True, tasks: list[str] = TASKS, start: str = "tiny-random",
+            grown_from: list[str] | None = None, **kw) -> Learner:
+    return Learner(config(lora, **kw), out, start, distributed.SINGLE, "cpu", task_ids=tasks, grown_from=grown_from)
 
 
 def batches(n: int = 3) -> list[TrainBatch]:
@@ -122,6 +123,32 @@ def test_resuming_another_runs_checkpoint_is_refused_naming_the_setting(tmp_path
     msg = str(e.value)
     assert f"{setting} = {theirs}" in msg and f"{setting} = {ours}" in msg, msg
     assert other.version == 0 and ln.version == 1  # nothing was loaded
+
+
+def test_a_pool_that_only_grew_resumes_and_its_next_checkpoint_records_it(tmp_path: Path):
+    """Single-epoch RL whose pool gained tasks mid-run (grown_from: the pool the checkpoint was written
+    with): resumed, said in resume_note, with the state saved; a pool that lost a task, a grown_from that is
+    not the checkpoint's pool, or another setting changed with it is refused as before."""
+    stopped_run(tmp_path)
+    grown = [*TASKS, "task-d", "task-e"]
+    with pytest.raises(ConfigError, match="tasks.train_pool"):
+        learner(tmp_path, tasks=grown).resume()  # not said to have grown: refused
+    with pytest.raises(ConfigError, match="tasks.train_pool"):
+        learner(tmp_path, tasks=grown, grown_from=["task-a", "task-b"]).resume()  # not the checkpoint's pool
+    with pytest.raises(ConfigError, match="run.seed"):
+        learner(tmp_path, tasks=grown, grown_from=TASKS, seed=1).resume()
+    with pytest.raises(ValueError, match=r"a pool only grows; .*\['task-c'\]"):
+        learner(tmp_path, tasks=["task-a", "task-b", "task-d"], grown_from=TASKS)
+    ln = learner(tmp_path, tasks=grown, grown_from=TASKS)
+    step, state = ln.resume()
+    assert (step, state["row"], ln.version) == (1, {"step": 1}, 1)
+    assert ln.resume_note and "grew from 3 to 5 tasks" in ln.resume_note
+    ln.update(batches(2)[1])
+    saved(ln, 2)  # written with the grown pool: resumes without grown_from now, and no longer with the old pool
+    again = learner(tmp_path, tasks=grown)
+    assert again.resume()[0] == 2 and again.resume_note is None
+    with pytest.raises(ConfigError, match="tasks.train_pool"):
+        learner(tmp_path).resume()
 
 
 def test_the_same_model_name_with_other_weights_is_refused(tmp_path: Path):
