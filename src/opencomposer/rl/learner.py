@@ -112,7 +112,9 @@ class Learner:
         # a checkpoint written before the pool grew, from these tasks, resumes too (see resume)
         self.grown_identity = None if grown_from is None else {
             **self.identity, "tasks.train_pool": names_fingerprint(grown_from)}
-        self.grown = (len(grown_from), len(task_ids)) if grown_from is not None else None
+        self._grown_note = None if grown_from is None else (
+            f"the training pool grew from {len(grown_from)} to {len(task_ids)} tasks since the checkpoint (every "
+            "earlier task still in it); resuming, new checkpoints record it")
         self.resume_warning: str | None = None  # resume(): a checkpoint without an identity
         self.resume_note: str | None = None  # resume(): a checkpoint of the pool before it grew
         self.trainer = Trainer(model, tok, cfg.train.model_copy(update={"temperature": cfg.rollout.temperature}),
@@ -139,8 +141,7 @@ class Learner:
                 check_identity(self.ckpt_dir, self.grown_identity)
             except ConfigError:
                 raise e from None
-            self.resume_note = (f"the training pool grew from {self.grown[0]} to {self.grown[1]} tasks since the "
-                                "checkpoint (every earlier task still in it); resuming, new checkpoints record it")
+            self.resume_note = self._grown_note
         if self.resume_warning:
             warnings.warn(self.resume_warning, stacklevel=2)
         state = load_checkpoint(self.ckpt_dir, self.trainer)
