@@ -8,7 +8,8 @@ calls that each bring back at most 8 files of 16 MiB (64 MiB) and carry at most 
     # on the next machine, after the .gpuz* folders were carried to INCOMING:
     python benchmarks/carry_parts.py restore INCOMING RUN
 
-``ship`` tars the directory once (``--bf16``: every floating tensor of its ``*.safetensors`` cast
+``ship`` tars the directory once per state (again when it changed since: a fingerprint of its files' sizes and
+times; a later group of a changed directory is refused) (``--bf16``: every floating tensor of its ``*.safetensors`` cast
 to bfloat16 first, which halves an fp32 model; the loader casts back to the trainer's float32)
 into 15 MiB parts as ``opencomposer tasks pack`` cuts its packs (``tasks.packparts.PartsWriter``: each
 part behind a header with its number and sha256), with a manifest (the directory's path under the
@@ -25,6 +26,7 @@ Used by ``benchmarks/learn_device.sh`` (``ship``, ``stash``). Test:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import subprocess
@@ -62,13 +64,30 @@ def _bf16_copy(src: Path, dest: Path) -> None:
         save_file(sd, f, metadata={"format": "pt"})
 
 
-def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False) -> dict:
-    """The parts and manifest of ``src`` in ``work`` (made once; atomically)."""
+def fingerprint(src: Path) -> str:
+    """What ``src`` holds now, cheaply: each file's path, size and modification time, hashed."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(src)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, group: int = 0) -> dict:
+    """The parts and manifest of ``src`` in ``work`` (atomically), made again when ``src`` changed since
+    (an RL run's checkpoints written after an earlier ship: session 41 shipped a stale step that way). A
+    later group of a directory that changed after its group 0 is refused: the parts would be of two states."""
     manifest = work / MANIFEST
     if manifest.is_file():
-        return json.loads(manifest.read_text())
+        info = json.loads(manifest.read_text())
+        if not src.is_dir() or info.get("source") == fingerprint(src):
+            return info
+        if group > 0:
+            raise PartsError(f"{src} changed since its group 0 was shipped (new checkpoints?): the parts already "
+                             f"returned are of the earlier state; ship again from --group 0")
     if not src.is_dir():
         raise PartsError(f"{src}: no such directory to ship")
+    source = fingerprint(src)
     tmp = work.with_name(work.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -77,12 +96,12 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False) 
         root = tmp / "bf16" / src.name
         _bf16_copy(src, root)
     dest = str(src.relative_to(run)) if run is not None else src.name
-    writer = PartsWriter(tmp / PAYLOAD, PART_BYTES, pack_id=f"carry:{dest}")
+    writer = PartsWriter(tmp / PAYLOAD, PART_BYTES, pack_id=f"carry:{dest}:{source}")  # parts of two states never mix
     with tarfile.open(fileobj=writer, mode="w|") as t:
         t.add(root, arcname=".")
     parts = [f.name for f in writer.finish()]
     info = {"dest": dest, "parts": parts, "bytes": sum((tmp / n).stat().st_size - HEADER for n in parts),
-            "bf16": bf16, "slug": dest.replace("/", "__")}
+            "bf16": bf16, "slug": dest.replace("/", "__"), "source": source}
     shutil.rmtree(tmp / "bf16", ignore_errors=True)
     (tmp / MANIFEST).write_text(json.dumps(info, indent=1))
     shutil.rmtree(work, ignore_errors=True)
@@ -92,7 +111,7 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False) 
 
 def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, bf16: bool = False,
          in_place: bool = False) -> dict:
-    info = prepare(src, work, run, bf16)
+    info = prepare(src, work, run, bf16, group)
     if in_place and info["bf16"] and not (src / ".shipped").exists():
         # src becomes what was shipped, so this machine goes on from exactly what a later one restores
         _unpack(work / PAYLOAD, src.with_name(src.name + ".shipped"))
@@ -101,6 +120,10 @@ def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, 
         src.rename(old)
         src.with_name(src.name + ".shipped").rename(src)
         shutil.rmtree(old)
+        info["source"] = fingerprint(src)  # what was shipped is what src now is: the next group goes on
+        tmp = work / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        tmp.replace(work / MANIFEST)
     groups = -(-len(info["parts"]) // PER_CALL)
     if not 0 <= group < groups:
         raise PartsError(f"--group {group}: {src} has {len(info['parts'])} parts, groups 0..{groups - 1}")
@@ -116,7 +139,7 @@ def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, 
 def carry_room_bytes() -> int:
     """What one device call can carry beside the working tree now (``benchmarks/carry_room.sh``), in bytes."""
     script = Path(__file__).with_name("carry_room.sh")
-    r = subprocess.run([str(script)], capture_output=True, text=True)
+    r = subprocess.run([str(script)], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise PartsError(f"{script}: {r.stderr.strip() or f'exit {r.returncode}'}")
     return int(r.stdout.strip()) << 20
@@ -184,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ship")
     s.add_argument("src", type=Path)
-    s.add_argument("work", type=Path, help="where the parts are made once")
+    s.add_argument("work", type=Path, help="where the parts are made (again when src changed)")
     s.add_argument("out", type=Path)
     s.add_argument("--group", type=int, default=0)
     s.add_argument("--run", type=Path, default=None, help="the run directory src lies under (default: src's parent)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -92,3 +93,39 @@ def test_a_missing_or_damaged_part_is_refused(model_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "far" / "arm" / "sft_model").exists()  # nothing half-made is left to be read
     with pytest.raises(cp.PartsError, match=r"--group 9: .* groups 0..0"):
         cp.ship(model_dir, tmp_path / "work", out, 9, tmp_path / "run")
+
+
+def test_a_directory_that_changed_is_shipped_again_and_its_states_never_mix(tmp_path, monkeypatch):
+    # session 41: an RL run shipped at step 23, resumed for a step, then shipped again returned step 23's parts
+    monkeypatch.setattr(cp, "PART_BYTES", 300_000)
+    run, work = tmp_path / "run", tmp_path / "work"
+    ck = run / "arm" / "rl_run" / "checkpoints"
+    (ck / "step-0023").mkdir(parents=True)
+    (ck / "step-0023" / "adapter.bin").write_bytes(os.urandom(1_500_000))
+    (ck / "latest").write_text("step-0023")
+    src = run / "arm" / "rl_run"
+    first = cp.ship(src, work, tmp_path / "out-a", 0, run)
+    assert first["groups"] >= 2 and first["left"] >= 1
+    shutil.move(ck / "step-0023", ck / "step-0024")  # the run went on a step after that ship
+    (ck / "latest").write_text("step-0024")
+    with pytest.raises(cp.PartsError, match=r"changed since its group 0 was shipped.*--group 0"):
+        cp.ship(src, work, tmp_path / "out-a", 1, run)
+    returned = []
+    for g in range(first["groups"]):  # shipped again from group 0: the parts are of the new state
+        out = tmp_path / f"out-b{g}"
+        cp.ship(src, work, out, g, run)
+        returned += sorted(out.iterdir())
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    for f in returned:
+        shutil.copy2(f, incoming / f.name)
+    assert cp.restore(incoming, tmp_path / "far")["restored"] == ["arm/rl_run"]
+    back = tmp_path / "far" / "arm" / "rl_run" / "checkpoints"
+    assert (back / "latest").read_text() == "step-0024" and not (back / "step-0023").exists()
+    # a part of the earlier state among the new ones is refused by name, nothing half-made left behind
+    stale = tmp_path / "out-a" / "arm__rl_run.payload.tar.part-000"
+    shutil.copy2(stale, incoming / stale.name)
+    with pytest.raises(cp.PartsError, match=r"part-001: holds part 1 of pack carry:arm/rl_run:\w+; expected part 1 "
+                                            r"of pack carry:arm/rl_run:\w+"):
+        cp.restore(incoming, tmp_path / "far2")
+    assert not (tmp_path / "far2" / "arm" / "rl_run").exists()

@@ -74,11 +74,13 @@ RUNNER_ENV = re.compile(r"\b(PYTEST_\w+|PYTHON(STARTUP|HOME|USERBASE|INSPECT|EXE
                         r"|(^|[\s;&|(])(export\s+)?PATH=(?![\"']?\$\{?PATH\b)")
 PROCESSES = re.compile(r"\b(kill|pkill|killall|strace|ltrace|gdb|gcore|nsenter|ptrace|prctl)\b|/proc/(\d+|self|\*)/"
                        r"(mem|environ|fd|maps|cmdline|root|cwd|exe)\b|/proc/1\b")
-# added lines of code under test that reach into the interpreter or the test runner
+# added lines of code under test that reach into the interpreter or the test runner (the builtins exec and compile,
+# not a method of that name: re.compile(...) is everyday code; session 41's run flagged two such lines as tampering)
 REACH = re.compile(r"^\s*(import|from)\s+(_?pytest|pluggy|_pytest\.\w+)\b|\bsys\._getframe\b|\binspect\.(stack|currentframe"
                    r"|getouterframes|getinnerframes|trace)\b|\.f_(back|locals|globals|builtins)\b|\bgc\.get_(objects|referrers"
                    r"|referents)\b|\bsys\.modules\b|\bsys\.(orig_argv|argv)\b|__(closure|globals|subclasses|code)__|\bcell_contents\b"
-                   r"|\btb_frame\b|\b(gi|cr|ag)_frame\b|\bos\.(kill|killpg)\b|\bexec\s*\(|\bcompile\s*\("
+                   r"|\btb_frame\b|\b(gi|cr|ag)_frame\b|\bos\.(kill|killpg)\b|(?<![\w.])(exec|compile)\s*\("
+                   r"|\b(builtins|__builtins__)\.(exec|eval|compile)\b"
                    r"|\bsetattr\(\s*(sys|os|gc|inspect|builtins|__builtins__)\s*,"
                    r"|\bsetattr\([^)]*[\"'](write|_getframe|modules|stdout|stderr|_exit|kill|exit|excepthook)[\"']"
                    r"|\bos\._exit\b|\batexit\b|\bctypes\b|/proc/|\bbuiltins\.\w+\s*=|__builtins__\s*\["
