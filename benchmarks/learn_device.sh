@@ -69,6 +69,7 @@
 set -euo pipefail
 START=$(date +%s)
 L=/tmp/learn
+CFG_GIVEN=${CFG:-}  # `watch` and `stop` take the config `start` was given (kept in $L/cfg)
 CFG=${CFG:-configs/learn/gpu.toml}
 # every task pack: NAME:FOLDER:SOURCE -- out/packs/NAME.ocpack, unpacked to runs/learn-gpu/tasks/FOLDER, made from
 # out/SOURCE (extra: out/factory2k without the train pack's libraries)
@@ -451,18 +452,27 @@ watch_arms() {  # follow the arms' logs until each has ended or this call's BUDG
   exit $code
 }
 set +e  # from here every arm's failure is reported, not the script's end
+started_cfg() {  # watch / stop: the arms' config is the one `start` was given (session 41: a `watch` without CFG looked
+  # for the default config's out_dir and brought no results back)
+  [ -f $L/cfg ] || return 0
+  [ -z "${CFG_GIVEN:-}" ] || [ "$CFG_GIVEN" = "$(cat $L/cfg)" ] || {
+    echo "CFG=$CFG_GIVEN, but the arms on this machine started with CFG=$(cat $L/cfg): leave CFG out or give that one"
+    exit 2; }
+  CFG=$(cat $L/cfg)
+}
 case "${1:-}" in
   start)
     for i in 0 1; do [ -f $L/sets-arm$i ] && [ ! -f $L/rc-arm$i ] && { echo "arm$i is still running: watch or stop it"; exit 2; }; done
     rm -f $L/stop $L/sets-arm0 $L/sets-arm1
+    printf '%s' "$CFG" > $L/cfg
     daemon_arm 0 "${SET:-}" $L/device.log
     if [ -n "${SET1:-}" ]; then
       [ "$(out_dir_of "${SET:-}")" != "$(out_dir_of "$SET1")" ] || { echo "SET and SET1 name the same out_dir: give each arm its own run.out_dir"; exit 2; }
       sleep ${ARM1_DELAY_S:-30}; daemon_arm 1 "$SET1" $L/device1.log  # arm 0 imports the HumanEval tasks both read first
     fi
     watch_arms ;;
-  watch) watch_arms ;;
-  stop) touch $L/stop; echo "stop file written: each arm stops before its next unit of work"; watch_arms ;;
+  watch) started_cfg; watch_arms ;;
+  stop) started_cfg; touch $L/stop; echo "stop file written: each arm stops before its next unit of work"; watch_arms ;;
 esac
 set +e
 if [ -z "${SET1:-}" ]; then

@@ -17,7 +17,7 @@ FAKE_RUN = '''
 import argparse, json, sys, time, types
 from pathlib import Path
 def config_with(cfg, sets):
-    out = "runs/x"
+    out = "runs/" + Path(cfg).stem  # the config's own out_dir unless a setting names one
     for s in sets:
         if s.startswith("run.out_dir="):
             out = s.split("=", 1)[1].strip('"')
@@ -51,7 +51,8 @@ def part(tmp: Path) -> Path:
     a = s.index("out_dir_of() {")
     b = s.index("esac", s.index('case "${1:-}" in')) + len("esac")
     p = tmp / "part.sh"
-    p.write_text(f"set -euo pipefail\nL={tmp}/L; START=$(date +%s); CFG=x.toml\nmkdir -p $L\n" + s[a:b] + "\n")
+    p.write_text(f"set -euo pipefail\nL={tmp}/L; START=$(date +%s); CFG_GIVEN=${{CFG:-}}; CFG=${{CFG:-default.toml}}\n"
+                 f"mkdir -p $L\n" + s[a:b] + "\n")
     return p
 
 
@@ -66,15 +67,16 @@ def test_arms_outlive_the_call_and_stop_between_units(tmp_path):
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "learn_run.py").write_text(FAKE_RUN)
     part(tmp_path)
-    arms = {"SET": 'run.out_dir="runs/a0"', "SET1": 'run.seed=1;run.out_dir="runs/a1"'}
+    # arm 0 writes where x.toml says (runs/x); `watch` and `stop` are called without CFG, as in session 41
+    arms = {"CFG": "x.toml", "SET": "", "SET1": 'run.seed=1;run.out_dir="runs/a1"'}
     try:
         r = call(tmp_path, "start", "o1", 46, **arms)  # follows them, a look a second, until 40 s of its budget are left
         assert r.returncode == 3, r.stderr
         assert "[arm0] started in a session of its own" in r.stdout and "arm0 still running" in r.stdout
         assert "[arm1]   RL step 1: pass@1 0.00" in r.stdout
-        steps = len((tmp_path / "runs/a0/rl_run/metrics.jsonl").read_text().splitlines())
+        steps = len((tmp_path / "runs/x/rl_run/metrics.jsonl").read_text().splitlines())
         time.sleep(1.5)  # the call has returned; the arms go on
-        assert len((tmp_path / "runs/a0/rl_run/metrics.jsonl").read_text().splitlines()) > steps
+        assert len((tmp_path / "runs/x/rl_run/metrics.jsonl").read_text().splitlines()) > steps
         again = call(tmp_path, "start", "o2", 42, **arms)
         assert again.returncode == 2 and "arm0 is still running" in again.stdout
         printed = [line for line in r.stdout.splitlines() if line.startswith("[arm0]   RL step")]
@@ -82,11 +84,15 @@ def test_arms_outlive_the_call_and_stop_between_units(tmp_path):
         seen = [line for line in w.stdout.splitlines() if line.startswith("[arm0]   RL step")]
         last = int(printed[-1].split("step ")[1].split(":")[0])
         assert w.returncode == 3 and seen[0].startswith(f"[arm0]   RL step {last + 1}:")  # the lines after start's
+        bad = call(tmp_path, "watch", "o5", 41, CFG="other.toml")
+        assert bad.returncode == 2 and "started with CFG=x.toml" in bad.stdout
         s = call(tmp_path, "stop", "o4", 60)
         assert s.returncode == 3 and "arm0 exit 3" in s.stdout and "arm1 exit 3" in s.stdout, s.stdout
         assert '"stopped_before"' in s.stdout
         with tarfile.open(tmp_path / "o4" / "arm1" / "results.tgz") as t:
             assert {"./rl_run/metrics.jsonl", "./rl/heldout_libraries/chunks/0000.json"} <= set(t.getnames())
         assert (tmp_path / "o4" / "arm0" / "device.log").is_file()
+        with tarfile.open(tmp_path / "o4" / "arm0" / "results.tgz") as t:  # found under the config start was given
+            assert "./rl_run/metrics.jsonl" in t.getnames()
     finally:
         (tmp_path / "L" / "stop").touch()
