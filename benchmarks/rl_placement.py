@@ -5,34 +5,20 @@ its text holds the gold's line. Passed and other (sampled or flagged) rollouts a
     python benchmarks/rl_placement.py RUN_DIR/transcripts [TASK_ROOT ...]
         (task roots default to out/lines-extra, out/lines-more, out/lines: where the tasks' gold patches are)
 
-Prints one JSON line. Session 41: issue 30's long run, updates 1-24 (``benchmarks/RESULTS.md``).
+Prints one JSON line. Session 41: issue 30's long run, updates 1-24 (``benchmarks/RESULTS.md``). Runs from then on
+record the same for every rollout, from the carried code rather than the tool calls (``rewards/placement.py``).
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import re
 import sys
 from pathlib import Path
 
+from opencomposer.rewards.placement import gold_additions
+
 ROOTS = ("out/lines-extra", "out/lines-more", "out/lines")
-
-
-def added_lines(patch: str) -> list[tuple[str, int, str]]:
-    """(file, line number in the new file, text) of each line the patch adds."""
-    path, n, out = None, 0, []
-    for line in patch.splitlines():
-        if line.startswith("+++ b/"):
-            path = line[6:]
-        elif m := re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", line):
-            n = int(m[1])
-        elif path and not line.startswith(("---", "diff")):
-            if line.startswith("+"):
-                out.append((path, n, line[1:]))
-            if not line.startswith("-"):
-                n += 1
-    return out
 
 
 def placement(transcripts: Path, roots: list[Path]) -> dict[str, int]:
@@ -44,11 +30,11 @@ def placement(transcripts: Path, roots: list[Path]) -> dict[str, int]:
         if gold is None:
             stats["no gold patch found"] += 1
             continue
-        added = added_lines(gold.read_text())
-        if len(added) != 1:
+        added = gold_additions(gold.read_text())
+        if len(added) != 1 or len(next(iter(added.values()))) != 1:
             stats["gold adds more than one line"] += 1
             continue
-        path, line, text = added[0]
+        path, [(line, text)] = next(iter(added.items()))
         k = "pass" if d.get("meta", {}).get("rl", {}).get("passed") else "other"
         stats[f"{k} episodes"] += 1
         edits = [e for s in d["steps"] for e in s["tool_events"] if e["name"] == "replace_lines" and e.get("ok")]

@@ -34,7 +34,6 @@ def _episode(d: Path, name: str, passed: bool, start: int, new: str) -> None:
 
 
 def test_edits_are_placed_against_the_gold_line(tmp_path):
-    assert rp.added_lines(GOLD) == [("toolz/_signatures.py", 765, "    sigs = signatures[func]")]
     (tmp_path / "tasks" / "t1" / "solution").mkdir(parents=True)
     (tmp_path / "tasks" / "t1" / "solution" / "gold.patch").write_text(GOLD)
     tr = tmp_path / "transcripts"

@@ -60,6 +60,7 @@ from opencomposer.rewards.config import RewardConfig
 from opencomposer.rewards.length import Usage
 from opencomposer.rewards.lint import lint_delta
 from opencomposer.rewards.monitors import monitor, void
+from opencomposer.rewards.placement import placement
 from opencomposer.rewards.shaping import ShapedReward, shape
 from opencomposer.sandbox import make_sandbox
 from opencomposer.tasks.format import Task
@@ -113,12 +114,14 @@ def run_task(task: Task, policy: Policy, backend: str = "auto", cfg: AgentConfig
     agent = cfg or AgentConfig()
     reward = grade(task, carry, open_sandbox, timeout=agent.grade_timeout, fail_fast=agent.grade_fail_fast)
     t3 = time.time()
-    report = monitor(traj, changes, carry=carry, base=task.workspace, grader=reward.details,
-                     allowed=task.gold_patch)
+    gold = task.gold_patch
+    report = monitor(traj, changes, carry=carry, base=task.workspace, grader=reward.details, allowed=gold)
     traj.meta["monitor"] = {"flagged": report.flagged, "flags": report.flags}
     if report.flagged:
         reward = void(reward, report)
     traj.meta["reward"] = {"reward": reward.reward, "passed": reward.passed, **reward.details}
+    if gold:  # where the change sits against the gold's (a diagnostic: RL's rows average it)
+        traj.meta["placement"] = placement(gold, carry.files, task.workspace)
     if transcript is not None:
         traj.save(transcript)
     secs = {"sandbox": round(t1 - t0, 3), "episode": round(t2 - t1, 3), "reward": round(t3 - t2, 3),

@@ -41,7 +41,8 @@ from opencomposer.rl.advantages import group_advantages
 if TYPE_CHECKING:  # annotations only: eval/ imports pass_at_k without loading the episode code
     from opencomposer.episode.run import Rollout
 
-__all__ = ["MetricsLog", "ROLLING", "TRAIN_TAGS", "pass_at_k", "rollout_stats", "summarize_groups", "train_curves"]
+__all__ = ["MetricsLog", "ROLLING", "TRAIN_TAGS", "pass_at_k", "placement_stats", "rollout_stats", "summarize_groups",
+           "train_curves"]
 
 ROLLING = 10  # updates in the rolling mean of the train reward
 # TensorBoard tag -> train_curves key
@@ -125,7 +126,23 @@ def rollout_stats(rollouts: list[Rollout], k: int) -> dict[str, float]:
         "summaries": sum(t.summaries for t in trajs) / n,  # self-summaries per rollout
         "submitted": sum(t.exit_reason == "submitted" for t in trajs) / n,
         "failed_rollouts": sum(r.result is None for r in rollouts),
+        **placement_stats(trajs),
     }
+
+
+def placement_stats(trajs: list) -> dict[str, float]:
+    """Where the rollouts' changes sit against the gold patch (``rewards/placement.py``), as shares of
+    the rollouts it was measured on: the gold's file changed, a change at the gold's line, within 2
+    lines of it, the gold's text written. Empty when no rollout has it (e.g. a gold over several files)."""
+    ps = [t.meta["placement"] for t in trajs if t.meta.get("placement")]
+    if not ps:
+        return {}
+    n = len(ps)
+    dist = [p.get("edit_line_distance") for p in ps]
+    return {"edit_gold_file": sum(p.get("edit_gold_file", 0.0) for p in ps) / n,
+            "edit_at_gold_line": sum(d == 0 for d in dist if d is not None) / n,
+            "edit_near_gold_line": sum(d <= 2 for d in dist if d is not None) / n,
+            "edit_gold_text": sum(p.get("edit_gold_text", 0.0) for p in ps) / n}
 
 
 def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
