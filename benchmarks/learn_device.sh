@@ -91,6 +91,9 @@ if [ "${1:-}" = prepare ]; then
   P=(--part-size "$(benchmarks/carry_room.sh)M" --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
      --platform manylinux_2_28_x86_64 --level 12)
   mkdir -p out/packs
+  # EXCLUDE_LIBS="jsonpickle ...": libraries left out of every pack (session 41: jsonpickle's test env needs atheris,
+  # which has no wheel for the device's Python 3.12 and does not build)
+  for l in ${EXCLUDE_LIBS:-}; do P+=(--exclude-library "$l"); done
   # each task set made here, packed once: gpu.toml's (out/factory2k -> train, out/heldout-libs -> heldout, the
   # factory's other libraries -> extra) and gpu-lines.toml's (out/lines, out/lines-heldout); a set not made is skipped
   for entry in $PACKS; do
