@@ -12,11 +12,12 @@
 #   HERE, once:  benchmarks/learn_device.sh prepare
 #     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
 #     .gpug0/ .gpug1/ ...  the embedded GGUF in parts that fit a call beside the tree (benchmarks/carry_room.sh)
-#     .gpup1/ .gpup2/ ...   one 24 MB part each of the task packs made here (out/factory2k -> train.ocpack,
-#                           out/heldout-libs -> heldout.ocpack, out/factory2k's other libraries ->
-#                           extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout, out/lines-more ->
-#                           lines.ocpack, lines-heldout.ocpack, lines-more.ocpack; wheels for Python 3.12
-#                           included); it prints which part is which
+#     .gpup1/ .gpup2/ ...   one part each (as large as a call carries beside the tree) of the task packs made here
+#                           (out/factory2k -> train.ocpack, out/heldout-libs -> heldout.ocpack, out/factory2k's other
+#                           libraries -> extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout,
+#                           out/lines-more, out/lines-extra -> lines.ocpack, ...; wheels for Python 3.12 included;
+#                           EXCLUDE_LIBS="jsonpickle": libraries whose wheels cannot be had for 3.12 left out); it
+#                           prints which part is which
 #     .gput/                with TRACE_SETS='run|;replace-lines|--set agent.edit_tools=["replace_lines","write_file"]':
 #                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session);
 #                           for gpu-lines.toml: CFG=configs/learn/gpu-lines.toml TRACE_SETS='lines|' ... prepare
