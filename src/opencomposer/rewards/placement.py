@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 _HUNK = re.compile(r"@@ -\d+(?:,\d+)? \+(\d+)")
+_MAX_DIFF_CELLS = 1_000_000  # lines x lines of the changed middle that get a line diff (milliseconds); more: one range
 
 
 def gold_additions(patch: str) -> dict[str, list[tuple[int, str]]]:
@@ -57,13 +58,7 @@ def placement(gold_patch: str, files: Mapping[str, bytes], base: Path | None) ->
         return {"edit_gold_file": 0.0, "edit_gold_text": 0.0}
     old = (base / path).read_text(errors="replace").splitlines() if base and (base / path).is_file() else []
     new = files[path].decode(errors="replace").splitlines()
-    changed: list[tuple[int, int]] = []  # 1-based new-file ranges the episode added or changed (a deletion: its place)
-    written: set[str] = set()
-    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        if tag == "equal":
-            continue
-        changed.append((j1 + 1, max(j2, j1 + 1)))
-        written.update(s.strip() for s in new[j1:j2])
+    changed, written = _changed_ranges(old, new)
     if not changed:  # carried but as it was
         return {"edit_gold_file": 0.0, "edit_gold_text": 0.0}
     first = added[0][0]
@@ -71,3 +66,26 @@ def placement(gold_patch: str, files: Mapping[str, bytes], base: Path | None) ->
             "edit_gold_text": float(any(t.strip() and t.strip() in written for _, t in added)),
             "edit_line_distance": float(min(0 if a <= first <= b else min(abs(first - a), abs(first - b))
                                             for a, b in changed))}
+
+
+def _changed_ranges(old: list[str], new: list[str]) -> tuple[list[tuple[int, int]], set[str]]:
+    """The 1-based new-file ranges ``new`` adds or changes against ``old`` (a deletion: its place), and the
+    stripped lines it writes there. The common head and tail are cut first; a middle too large for a line
+    diff in bounded time (a file rewritten, or repeated lines: difflib is quadratic there) counts as one range."""
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    mid_old, mid_new = old[head:len(old) - tail], new[head:len(new) - tail]
+    if not mid_old and not mid_new:
+        return [], set()
+    if len(mid_old) * len(mid_new) > _MAX_DIFF_CELLS:
+        return [(head + 1, max(head + len(mid_new), head + 1))], {x.strip() for x in mid_new}
+    changed, written = [], set()
+    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, mid_old, mid_new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            changed.append((head + j1 + 1, head + max(j2, j1 + 1)))
+            written.update(x.strip() for x in mid_new[j1:j2])
+    return changed, written

@@ -64,3 +64,15 @@ def test_every_graded_episode_records_it(tmp_path, cfg):
     ep = run_task(task, OraclePolicy(task), "local", cfg)  # (its grade needs the task's env: not the point here)
     assert ep.trajectory.exit_reason == "submitted" and ep.trajectory.meta["changes"]["files"]
     assert ep.trajectory.meta["placement"] == {"edit_gold_file": 1.0, "edit_gold_text": 1.0, "edit_line_distance": 0.0}
+
+
+def test_a_rewritten_file_counts_as_one_changed_range(tmp_path):
+    # the middle of 20,000 repeated lines against the base is too large for a line diff (quadratic in
+    # difflib): it is one range from the first to the last changed line
+    base = _base(tmp_path)
+    rewritten = "def f(xs):\n" + "    a = 1\n    b = 2\n" * 10_000
+    assert placement(GOLD, {"lib/core.py": rewritten.encode()}, base) == {
+        "edit_gold_file": 1.0, "edit_gold_text": 0.0, "edit_line_distance": 0.0}
+    deleted = BASE.replace("    n = len(xs)\n", "")  # a deletion only: its place is the line after it
+    assert placement(GOLD, {"lib/core.py": deleted.encode()}, base) == {
+        "edit_gold_file": 1.0, "edit_gold_text": 0.0, "edit_line_distance": 1.0}
