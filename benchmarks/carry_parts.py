@@ -78,16 +78,16 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, 
     (an RL run's checkpoints written after an earlier ship: session 41 shipped a stale step that way). A
     later group of a directory that changed after its group 0 is refused: the parts would be of two states."""
     manifest = work / MANIFEST
+    source = fingerprint(src) if src.is_dir() else None
     if manifest.is_file():
         info = json.loads(manifest.read_text())
-        if not src.is_dir() or info.get("source") == fingerprint(src):
+        if source is None or info.get("source") == source:
             return info
         if group > 0:
             raise PartsError(f"{src} changed since its group 0 was shipped (new checkpoints?): the parts already "
                              f"returned are of the earlier state; ship again from --group 0")
-    if not src.is_dir():
+    if source is None:
         raise PartsError(f"{src}: no such directory to ship")
-    source = fingerprint(src)
     tmp = work.with_name(work.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

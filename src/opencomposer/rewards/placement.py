@@ -25,6 +25,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from opencomposer.tasks.deletion.patch import common_ends
+
 _HUNK = re.compile(r"@@ -\d+(?:,\d+)? \+(\d+)")
 _MAX_DIFF_CELLS = 1_000_000  # lines x lines of the changed middle that get a line diff (milliseconds); more: one range
 
@@ -72,12 +74,7 @@ def _changed_ranges(old: list[str], new: list[str]) -> tuple[list[tuple[int, int
     """The 1-based new-file ranges ``new`` adds or changes against ``old`` (a deletion: its place), and the
     stripped lines it writes there. The common head and tail are cut first; a middle too large for a line
     diff in bounded time (a file rewritten, or repeated lines: difflib is quadratic there) counts as one range."""
-    head = 0
-    while head < min(len(old), len(new)) and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
+    head, tail = common_ends(old, new)
     mid_old, mid_new = old[head:len(old) - tail], new[head:len(new) - tail]
     if not mid_old and not mid_new:
         return [], set()

@@ -13,18 +13,24 @@ import re
 NO_NEWLINE = "\n\\ No newline at end of file\n"  # how diff marks a last line without one
 
 
-def make_patch(before: str, after: str, path: str) -> str:
-    """Git-style unified diff (3 lines of context) that turns ``after`` back into ``before``."""
-    a, b = _nl_lines(after), _nl_lines(before)
-    if a == b:
-        return ""
-    # Match only the changed middle: whole-file matching is quadratic in repeated lines.
+def common_ends(a: list[str], b: list[str]) -> tuple[int, int]:
+    """How many lines ``a`` and ``b`` share at the head, and then at the tail (not overlapping the head)."""
     p = 0
     while p < min(len(a), len(b)) and a[p] == b[p]:
         p += 1
     s = 0
     while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
         s += 1
+    return p, s
+
+
+def make_patch(before: str, after: str, path: str) -> str:
+    """Git-style unified diff (3 lines of context) that turns ``after`` back into ``before``."""
+    a, b = _nl_lines(after), _nl_lines(before)
+    if a == b:
+        return ""
+    # Match only the changed middle: whole-file matching is quadratic in repeated lines.
+    p, s = common_ends(a, b)
     mid = difflib.SequenceMatcher(None, a[p : len(a) - s], b[p : len(b) - s], autojunk=False)
     ops = [("equal", 0, p, 0, p)] if p else []
     ops += [(t, i1 + p, i2 + p, j1 + p, j2 + p) for t, i1, i2, j1, j2 in mid.get_opcodes()]
