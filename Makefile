@@ -20,11 +20,15 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# the suite spreads over TEST_WORKERS pytest-xdist processes of one compute thread each (a serial run
+# leaves the second of two cores mostly idle); TEST_WORKERS=auto takes every core, 0 runs it in one process
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q tests -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests -m "not slow"
 
 demo: $(STAMP)
 	bash scripts/demo.sh

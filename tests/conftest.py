@@ -15,6 +15,7 @@ Test: ``pytest -q tests/unit/test_tiers.py``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,35 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# ``make test`` spreads tests over pytest-xdist workers (``--dist loadgroup``). Tests that share a
+# machine-wide resource run on one worker, in order: the reward-forging suite (its strategies bind fixed
+# host ports such as 8765 and scan the host's processes) and the Ray tests (local Ray clusters).
+XDIST_GROUPS = {"adversarial": "adversarial", "test_ray_rl.py": "ray", "test_ray_sandboxes.py": "ray"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker keeps its own cache root (models, sdists, unpacked sources, sandbox
+    records) beneath the one the run was given, so two workers never unpack or replace the same
+    source tree while the other reads it; and computes on one thread."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        from opencomposer.paths import cache_dir
+        os.environ["OPENCOMPOSER_CACHE"] = str(cache_dir("xdist", worker))
+        # one compute thread a worker (and its subprocesses): two workers' torch thread pools on two
+        # cores would spin against each other
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cuda = None
     for item in items:
         tier = tier_of(Path(str(item.fspath)))
         item.add_marker(getattr(pytest.mark, tier))
+        group = XDIST_GROUPS.get(tier) or XDIST_GROUPS.get(Path(str(item.fspath)).name)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
         if tier == "gpu":
             cuda = _cuda() if cuda is None else cuda
             if not cuda:

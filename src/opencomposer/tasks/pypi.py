@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencomposer.paths import cache_dir, remove_stale_temps, temp_dir
+from opencomposer.paths import cache_dir, remove_stale_temps, temp_dir, temp_name
 
 
 class SourceError(ValueError):
@@ -92,7 +92,8 @@ def fetch_sdist(spec: str) -> SdistRef:
     dest = cache_dir("sdists") / info["filename"]
     if not dest.exists():
         file_url = urllib.parse.urljoin(url, info["url"])
-        tmp = dest.with_suffix(dest.suffix + ".part")
+        remove_stale_temps(dest.parent)  # partial downloads of writers that died
+        tmp = temp_name(dest)  # this process's own: two fetching the same sdist never share a partial file
         try:
             with urllib.request.urlopen(file_url, timeout=300) as r, open(tmp, "wb") as f:
                 shutil.copyfileobj(r, f)
