@@ -45,8 +45,10 @@ def known_errors() -> tuple[type[BaseException], ...]:
 def fail(e: BaseException) -> None:
     from rich.markup import escape
 
-    # escaped: messages name config tables such as [sync] or [pretrain], which rich would eat as markup
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
+    # escaped: messages name config tables such as [sync] or [pretrain], which rich would eat as markup;
+    # soft-wrapped: rich would otherwise break a long path inside a word ("agent.t oml"), and a path
+    # in an error must stay whole to be copied
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True, soft_wrap=True)
     emit({"error": str(e).splitlines()[0] if str(e) else type(e).__name__})
     raise typer.Exit(2)
 

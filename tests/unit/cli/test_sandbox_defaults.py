@@ -108,3 +108,13 @@ def test_here_auto_runs_namespace_and_the_config_key_is_obeyed(task, tmp_path):
     r, _ = invoke("agent", "--task", str(task), "--policy", "oracle", "--no-verbose", "--config", str(local),
                   "--sandbox", "namespace", "--transcript", str(tmp_path / "t.json"))
     assert r.exit_code == 0 and last_json(r)["sandbox"] == "namespace"  # the flag over the file
+
+
+def test_an_error_keeps_a_long_path_whole(tmp_path):
+    """rich once broke a long config path inside a word ("agent.t oml") at the terminal's width:
+    the error line must carry the path as written, to be copied."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    cfg = write(deep / "agent.toml", '[sandbox]\nbackend = "firecracker"\n')
+    r = CliRunner().invoke(app, ["agent", "--task", str(SMOKE), "--config", str(cfg)])
+    assert r.exit_code == 2 and f"{cfg}: key 'sandbox.backend'" in r.stderr, r.stderr
