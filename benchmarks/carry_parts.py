@@ -14,7 +14,11 @@ to bfloat16 first, which halves an fp32 model; the loader casts back to the trai
 into 15 MiB parts as ``opencomposer tasks pack`` cuts its packs (``tasks.packparts.PartsWriter``: each
 part behind a header with its number and sha256), with a manifest (the directory's path under the
 run, the parts), and copies the group's parts (4 a call) and the manifest to ``$OUT``.
-``gather`` puts the returned files into folders that each fit one call beside the tree that travels with it
+``--against MODEL`` (a name ``load_model`` reads, e.g. ``smollm2-135m``) carries each ``*.safetensors`` as its exact
+XOR delta from that model (``opencomposer.sync.model_delta``: SFT's bf16 SmolLM2 269 MB -> 100 MB), rebuilt by
+``restore`` (which loads the model, refuses one whose fingerprint differs, and checks every tensor's sha256);
+``--part-mib`` sizes the parts (15: what a returned file may have; here, for parts carried in, up to what a call
+carries beside the tree). ``gather`` puts the returned files into folders that each fit one call beside the tree that travels with it
 (``--max-mib``, default ``benchmarks/carry_room.sh``'s answer; a part is never split, so at least one part a folder); ``restore`` checks
 that every part is there and each part's checksum holds (``tasks.packparts.find_parts``), then unpacks the directory to its place under
 the run (atomically; a directory already there is left alone). Every command prints one JSON line.
@@ -46,6 +50,7 @@ PART_BYTES = 15 << 20  # under the 16 MiB a returned file may have (each part: h
 PER_CALL = 4  # parts a call returns: 60 MiB of the 64
 CARRY_BYTES = 56 << 20  # a carried folder at most, with the smallest tree beside it (gather --max-mib: the room now)
 MANIFEST = "manifest.json"
+DELTA = ".delta"  # model.safetensors.delta: model.safetensors as its difference from ``--against``'s model
 PAYLOAD = "payload.tar"  # its parts: payload.tar.part-000, ... (``tasks.packparts.PartsWriter``: each checked by its header)
 
 
@@ -73,19 +78,50 @@ def fingerprint(src: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, group: int = 0) -> dict:
+def _delta_copy(root: Path, dest: Path, against: str) -> None:
+    """``root`` copied to ``dest`` with each ``*.safetensors`` replaced by its delta from ``against``."""
+    from opencomposer.sync.model_delta import write_delta
+
+    if dest != root:
+        shutil.copytree(root, dest)
+    ref = _reference(against)
+    for f in sorted(dest.glob("*.safetensors")):
+        write_delta(f, ref, f.with_name(f.name + DELTA), against=against)
+        f.unlink()
+
+
+_refs: dict[str, dict] = {}
+
+
+def _reference(name: str) -> dict:
+    """The state dict of the model ``name`` (loaded once per process, on the CPU, in float32)."""
+    if name not in _refs:
+        import torch
+
+        from opencomposer.models.registry import load_model
+
+        _refs[name] = load_model(name, dtype=torch.float32)[0].state_dict()
+    return _refs[name]
+
+
+def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, group: int = 0,
+            against: str | None = None, part_bytes: int | None = None) -> dict:
     """The parts and manifest of ``src`` in ``work`` (atomically), made again when ``src`` changed since
     (an RL run's checkpoints written after an earlier ship: session 41 shipped a stale step that way). A
     later group of a directory that changed after its group 0 is refused: the parts would be of two states."""
     manifest = work / MANIFEST
     source = fingerprint(src) if src.is_dir() else None
+    part_bytes = part_bytes or PART_BYTES
+    settings = {"bf16": bf16, "against": against, "part_bytes": part_bytes}
     if manifest.is_file():
         info = json.loads(manifest.read_text())
-        if source is None or info.get("source") == source:
+        same = all(info.get(k) == v for k, v in settings.items())
+        if same and (source is None or info.get("source") == source):
             return info
         if group > 0:
-            raise PartsError(f"{src} changed since its group 0 was shipped (new checkpoints?): the parts already "
-                             f"returned are of the earlier state; ship again from --group 0")
+            raise PartsError(f"{src} changed since its group 0 was shipped (new checkpoints? other --bf16, --against "
+                             f"or --part-mib?): the parts already returned are of the earlier state; ship again "
+                             f"from --group 0")
     if source is None:
         raise PartsError(f"{src}: no such directory to ship")
     tmp = work.with_name(work.name + ".tmp")
@@ -95,14 +131,19 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, 
     if bf16:
         root = tmp / "bf16" / src.name
         _bf16_copy(src, root)
+    if against:
+        delta = tmp / "delta" / src.name
+        _delta_copy(root, delta, against)
+        root = delta
     dest = str(src.relative_to(run)) if run is not None else src.name
-    writer = PartsWriter(tmp / PAYLOAD, PART_BYTES, pack_id=f"carry:{dest}:{source}")  # parts of two states never mix
+    writer = PartsWriter(tmp / PAYLOAD, part_bytes, pack_id=f"carry:{dest}:{source}")  # parts of two states never mix
     with tarfile.open(fileobj=writer, mode="w|") as t:
         t.add(root, arcname=".")
     parts = [f.name for f in writer.finish()]
     info = {"dest": dest, "parts": parts, "bytes": sum((tmp / n).stat().st_size - HEADER for n in parts),
-            "bf16": bf16, "slug": dest.replace("/", "__"), "source": source}
+            "slug": dest.replace("/", "__"), "source": source, **settings}
     shutil.rmtree(tmp / "bf16", ignore_errors=True)
+    shutil.rmtree(tmp / "delta", ignore_errors=True)
     (tmp / MANIFEST).write_text(json.dumps(info, indent=1))
     shutil.rmtree(work, ignore_errors=True)
     tmp.rename(work)
@@ -110,8 +151,8 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, 
 
 
 def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, bf16: bool = False,
-         in_place: bool = False) -> dict:
-    info = prepare(src, work, run, bf16, group)
+         in_place: bool = False, against: str | None = None, part_bytes: int | None = None) -> dict:
+    info = prepare(src, work, run, bf16, group, against, part_bytes)
     if in_place and info["bf16"] and not (src / ".shipped").exists():
         # src becomes what was shipped, so this machine goes on from exactly what a later one restores
         _unpack(work / PAYLOAD, src.with_name(src.name + ".shipped"))
@@ -156,16 +197,19 @@ def gather(files: list[Path], into: str, max_bytes: int = CARRY_BYTES) -> dict:
                          f"tree ({max_bytes} bytes): make room (benchmarks/carry_room.sh) and gather again")
     for old in Path(into).parent.glob(Path(into).name + "*"):
         shutil.rmtree(old)
-    dirs, size, k = [], max_bytes + 1, 0
-    for f in files:
+    bins: list[tuple[int, list[Path]]] = []  # first fit, largest first: the fewest folders (calls) in practice
+    for f in sorted(files, key=lambda p: (-p.stat().st_size, p.name)):
         n = f.stat().st_size
-        if size + n > max_bytes:
-            k += 1
-            dirs.append(Path(f"{into}{k}"))
-            dirs[-1].mkdir(parents=True)
-            size = 0
-        shutil.copy2(f, dirs[-1] / f.name)
-        size += n
+        k = next((i for i, (used, _) in enumerate(bins) if used + n <= max_bytes), len(bins))
+        if k == len(bins):
+            bins.append((0, []))
+        bins[k] = (bins[k][0] + n, [*bins[k][1], f])
+    dirs = []
+    for k, (_, members) in enumerate(bins, 1):
+        dirs.append(Path(f"{into}{k}"))
+        dirs[-1].mkdir(parents=True)
+        for f in members:
+            shutil.copy2(f, dirs[-1] / f.name)
     return {"gathered": len(files), "dirs": [str(d) for d in dirs]}
 
 
@@ -180,6 +224,18 @@ def _unpack(payload: Path, dest: Path) -> None:
     tmp.mkdir(parents=True)
     with tarfile.open(fileobj=PartsReader(parts), mode="r|") as t:
         t.extractall(tmp, filter="data")
+    deltas = sorted(tmp.rglob("*" + DELTA))
+    if deltas:
+        from opencomposer.sync.model_delta import DeltaError, apply_delta, read_header
+
+        for d in deltas:
+            try:
+                against = read_header(d)[0]["against"]
+                apply_delta(d, _reference(against), d.with_name(d.name[: -len(DELTA)]))
+            except DeltaError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise PartsError(str(e)) from None
+            d.unlink()
     tmp.rename(dest)
 
 
@@ -212,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--group", type=int, default=0)
     s.add_argument("--run", type=Path, default=None, help="the run directory src lies under (default: src's parent)")
     s.add_argument("--bf16", action="store_true")
+    s.add_argument("--against", default=None, metavar="MODEL",
+                   help="carry each *.safetensors as its exact delta from this model (restore loads it again)")
+    s.add_argument("--part-mib", type=int, default=None,
+                   help="size of each part (15: a returned file's limit; parts made here may be up to a call's room)")
     s.add_argument("--in-place", action="store_true",
                    help="with --bf16: src becomes the bf16 copy, so this machine goes on from what is restored later")
     g = sub.add_parser("gather")
@@ -226,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "ship":
-            res = ship(a.src, a.work, a.out, a.group, a.run or a.src.parent, a.bf16, a.in_place)
+            res = ship(a.src, a.work, a.out, a.group, a.run or a.src.parent, a.bf16, a.in_place, a.against,
+                       (a.part_mib << 20) if a.part_mib else None)
         elif a.cmd == "gather":
             res = gather(a.files, a.into, (a.max_mib << 20) if a.max_mib else carry_room_bytes())
         else:

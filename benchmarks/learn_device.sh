@@ -12,7 +12,9 @@
 #   HERE, once:  benchmarks/learn_device.sh prepare
 #     .gpuw/  wheels of what the GPU image lacks + HumanEval.jsonl.gz   (benchmarks/ablation_device.sh prepare)
 #     .gpug0/ .gpug1/ ...  the embedded GGUF in parts that fit a call beside the tree (benchmarks/carry_room.sh)
-#     .gpup1/ .gpup2/ ...   one part each (as large as a call carries beside the tree) of the task packs made here
+#     .gpuh1/ .gpuh2/ ...   the wheels of every pack below, once (`tasks split-wheels`: 340 MB of packs -> 183 MB)
+#     .gpup1/ .gpup2/ ...   one part each (as large as a call carries beside the tree) of the task packs made here,
+#                           without their wheels; a set kept in git alike (data/tasks/) is not carried at all
 #                           (out/factory2k -> train.ocpack, out/heldout-libs -> heldout.ocpack, out/factory2k's other
 #                           libraries -> extra.ocpack for [learn] rl_extra_dirs; out/lines, out/lines-heldout,
 #                           out/lines-more, out/lines-extra -> lines.ocpack, ...; wheels for Python 3.12 included;
@@ -36,6 +38,8 @@
 #                                    ASYNC_TASKS=humaneval: HumanEval's even half imported there, no pack carried)
 #   A directory that must outlive the session (an SFT model, LoRA RL checkpoints) comes back 60 MiB a call:
 #     benchmarks/learn_device.sh ship replace-lines/sft_model G --bf16 --in-place   (G = 0, 1, ... until "left": 0)
+#   (an SFT model then carried in as its XOR from the embedded model, 269 -> 100 MB, made here from the restored
+#   directory: carry_parts.py ship DIR WORK OUT --group G --run RUN --bf16 --against smollm2-135m --part-mib 19)
 #   here: python benchmarks/carry_parts.py gather <returned files> --into .gpuz-sft  (folders to carry next
 #   session, each as large as one call carries beside the tree: benchmarks/carry_room.sh; `stash` copies them in and
 #   set-up restores the directory before the run reads it)
@@ -114,14 +118,39 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
     done
     .venv/bin/opencomposer tasks pack out/factory2k -o out/packs/extra.ocpack "${X[@]}" "${P[@]}"
   fi
-  rm -rf .gpup*
+  # the wheels of every set carried once (session 43: 340 MB of packs held 190 MB of distinct wheels): each pack
+  # split into a wheel-less pack and one wheelhouse (`tasks split-wheels`), the wheelhouse carried in parts .gpuh1/,
+  # .gpuh2/, ...; a set kept in git with the same tasks and environments (data/tasks/, benchmarks/keep_tasks.sh)
+  # travels with the tree and is not carried again. There, set-up rebuilds each set from its wheel-less pack and
+  # the wheelhouse (`tasks unpack --fetch-wheels --find-links`, offline).
+  ROOM=$(benchmarks/carry_room.sh)
+  rm -rf .gpup* .gpuh* out/packs-nowheels out/wheelhouse /tmp/wheelhouse.tar.part-*
+  mkdir -p out/packs-nowheels
+  for f in out/packs/*.ocpack.part-000; do
+    n=$(basename "$f" .ocpack.part-000)
+    .venv/bin/opencomposer tasks split-wheels out/packs/$n.ocpack -o out/packs-nowheels/$n.ocpack \
+      --wheelhouse out/wheelhouse --part-size ${ROOM}M --level 12 | tail -1
+    if [ -f data/tasks/$n.ocpack ] && .venv/bin/python -c "import sys; from opencomposer.tasks.pack import read_manifest as m
+a, b = m(sys.argv[1]), m(sys.argv[2]); key = lambda x: (x['tasks'], x['files'], [e['installed'] for e in x['envs']])
+sys.exit(0 if key(a) == key(b) else 1)" out/packs-nowheels/$n.ocpack data/tasks/$n.ocpack; then
+      echo "$n: the same set as data/tasks/$n.ocpack (travels with the tree)"; rm out/packs-nowheels/$n.ocpack.part-*
+    fi
+  done
   i=0
-  for f in out/packs/*.ocpack.part-*; do
+  for f in out/packs-nowheels/*.ocpack.part-*; do
+    [ -e "$f" ] || continue
     i=$((i + 1)); d=.gpup$i
     grep -q "^/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude
     mkdir -p $d && cp "$f" $d/
     echo "$d: $(basename "$f")"
   done
+  tar -cf - -C out/wheelhouse . | split -b "${ROOM}m" -d - /tmp/wheelhouse.tar.part-
+  sum=$(cat /tmp/wheelhouse.tar.part-* | sha256sum | cut -c1-64)  # of the parts in order (there: one folder)
+  i=0
+  for f in /tmp/wheelhouse.tar.part-*; do i=$((i + 1)); mkdir -p .gpuh$i && mv "$f" .gpuh$i/; done
+  echo $sum > .gpuh1/sha256
+  grep -q "^/.gpuh\*/" .git/info/exclude || echo "/.gpuh*/" >> .git/info/exclude
+  echo "wheelhouse: $(ls out/wheelhouse | wc -l) wheels in $i parts (.gpuh1 ... .gpuh$i)"
   # the SFT oracle traces of each arm (TRACE_SETS: "out_dir|--set ...;" pairs), made here on the CPU
   # with the packs' tasks, unpacked where the GPU run reads them: that run reads the traces back instead
   # of spending minutes making them
@@ -145,14 +174,15 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
     done
     tar -czf .gput/traces.tgz -C runs/learn-gpu "${dirs[@]}"
   fi
-  du -sh .gpuw .gpug* .gpup* .gput 2>/dev/null
+  du -sh .gpuw .gpug* .gpup* .gpuh* .gput 2>/dev/null
   exit 0
 fi
 
 # ---- on the device: keep what this call carried
 mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
-for d in .gpuw* .gpug* .gpup* .gput .gpur .gpuz* .gpuf[0-9]*; do
+for d in .gpuw* .gpug* .gpup* .gpuh* .gput .gpur .gpuz* .gpuf[0-9]*; do
   if [ -d "$d" ]; then case $d in
+    .gpuh*) mkdir -p $L/hparts && cp -n $d/* $L/hparts/ ;;  # the wheelhouse of every set, in parts (`prepare`)
     .gpuw*) cp -n $d/* $L/wheels/ ;;  # .gpuw2, ...: wheels added later
     .gpup*) cp -n $d/* $L/packs/ ;;
     .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
@@ -249,14 +279,29 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
   exit $?
 fi
 T=$RUN/tasks
+if [ -f $L/hparts/sha256 ] && [ ! -d $L/wheelhouse ]; then  # the wheelhouse, once its parts are all here
+  if [ "$(cat $L/hparts/wheelhouse.tar.part-* | sha256sum | cut -c1-64)" = "$(cat $L/hparts/sha256)" ]; then
+    mkdir -p $L/wheelhouse.tmp && cat $L/hparts/wheelhouse.tar.part-* | tar -x -C $L/wheelhouse.tmp \
+      && mv $L/wheelhouse.tmp $L/wheelhouse
+  else
+    echo "wheelhouse: its parts are not all here yet ($(ls $L/hparts | grep -c part-) carried): stash the rest of .gpuh*"
+  fi
+fi
 for entry in $PACKS; do  # every pack at once (each rebuilds its libraries' environments: minutes one after another)
   IFS=: read -r pack dest src <<< "$entry"; dest=$T/$dest
   from=($L/packs/$pack.ocpack)
+  # the wheels carried once (`prepare`): a carried wheel-less pack, else the set kept in git, with the wheelhouse
+  if [ -d $L/wheelhouse ] && [ -e $L/packs/$pack.ocpack.part-000 ]; then
+    from=($L/packs/$pack.ocpack --fetch-wheels --find-links $L/wheelhouse)
+  elif [ -d $L/wheelhouse ] && [ -n "$src" ] && [ -f data/tasks/$src.ocpack ]; then
+    from=(data/tasks/$src.ocpack --fetch-wheels --find-links $L/wheelhouse)
+  fi
   # no pack carried, but the set is kept in git (data/tasks/, packed without wheels) and the wheels its factory used
   # here were carried (`factory-prepare` parts): rebuild its environments from those
-  if [ ! -e $L/packs/$pack.ocpack.part-000 ] && [ -n "$src" ] && [ -f data/tasks/$src.ocpack ] && factory_dir $src; then
+  if [ ! -d $L/wheelhouse ] && [ ! -e $L/packs/$pack.ocpack.part-000 ] && [ -n "$src" ] && [ -f data/tasks/$src.ocpack ] \
+       && factory_dir $src; then
     from=(data/tasks/$src.ocpack --fetch-wheels --find-links $L/factory/$src/wheels)
-  elif [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ]; then
+  elif [ ! -f $dest/.unpacked ] && [ ! -e $L/packs/$pack.ocpack.part-000 ] && [ "${from[0]}" = $L/packs/$pack.ocpack ]; then
     echo "no $pack pack carried: $dest left out (a run whose config needs it stops naming the folder)"; continue
   fi
   if [ ! -f $dest/.unpacked ]; then

@@ -129,3 +129,37 @@ def test_a_directory_that_changed_is_shipped_again_and_its_states_never_mix(tmp_
                                             r"of pack carry:arm/rl_run:\w+"):
         cp.restore(incoming, tmp_path / "far2")
     assert not (tmp_path / "far2" / "arm" / "rl_run").exists()
+
+
+def test_a_tuned_model_goes_over_as_its_delta_from_the_base_and_comes_back_exactly(model_dir, tmp_path):
+    # session 43: the SFT SmolLM2 crosses as its XOR from the embedded model (269 MB -> 100 MB, 18 calls -> 6)
+    model, tok = load_model(str(model_dir))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():  # what fine-tuning does: every weight moves a little
+            p.add_(1e-3 * torch.randn(p.shape, generator=g))
+    tuned = tmp_path / "run" / "arm" / "tuned"
+    model.save_pretrained(tuned)
+    tok.save_pretrained(tuned)
+    run = tmp_path / "run"
+    plain = cp.ship(tuned, tmp_path / "w-plain", tmp_path / "o-plain", 0, run, bf16=True, part_bytes=40 << 20)
+    res = cp.ship(tuned, tmp_path / "w-delta", tmp_path / "o-delta", 0, run, bf16=True, against="tiny-random",
+                  part_bytes=40 << 20)
+    assert res["bytes"] < 0.8 * plain["bytes"]
+    assert json.loads((tmp_path / "o-delta" / f"arm__tuned.{cp.MANIFEST}").read_text())["against"] == "tiny-random"
+    far = tmp_path / "far"
+    assert cp.restore(tmp_path / "o-delta", far)["restored"] == ["arm/tuned"]
+    assert not list((far / "arm" / "tuned").glob("*" + cp.DELTA))
+    back, _ = load_model(str(far / "arm" / "tuned"))
+    a = model.state_dict()
+    for k, v in back.state_dict().items():
+        assert torch.equal(v, a[k].to(torch.bfloat16).float()), k
+    # parts made against another model are refused by name, nothing half-made left behind
+    cp._refs["tiny-random"] = {k: v + 1 for k, v in cp._reference("tiny-random").items()}
+    try:
+        with pytest.raises(cp.PartsError, match=r"made against 'tiny-random' \(fingerprint \w+\), the reference "
+                                                r"given is another"):
+            cp.restore(tmp_path / "o-delta", tmp_path / "far2")
+    finally:
+        cp._refs.clear()
+    assert not (tmp_path / "far2" / "arm" / "tuned").exists()

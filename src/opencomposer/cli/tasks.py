@@ -356,6 +356,31 @@ def tasks_pack(
           "seconds": rep.seconds})
 
 
+@tasks_app.command("split-wheels")
+def tasks_split_wheels(
+    pack: Path = typer.Argument(..., metavar="FILE", help="a pack made with its wheels: its file, base name or first part"),
+    out_path: Path = typer.Option(..., "-o", "--out", help="the pack again, without its wheels"),
+    wheelhouse: Path = typer.Option(..., "--wheelhouse", help="where its wheels go (shared by several packs)"),
+    part_size: Optional[str] = typer.Option(None, help="split into parts of at most this size, e.g. 60M"),
+    level: int = typer.Option(10, min=1, max=22, help="zstandard compression level"),
+) -> None:
+    """A pack without its wheels, its wheels into a wheelhouse: several packs then carry shared wheels once
+    (unpack with --fetch-wheels --find-links WHEELHOUSE)."""
+    from opencomposer.tasks.pack import split_wheels
+    from opencomposer.tasks.packparts import parse_size
+
+    try:
+        size = parse_size(part_size) if part_size else None
+        rep = split_wheels(pack, out_path, wheelhouse, size, level)
+    except known_errors() as e:
+        fail(e)
+    err.print(f"{rep.tasks} tasks: {rep.wheels} wheels to {wheelhouse} ({rep.added} new there); the pack "
+              f"{rep.bytes_in / 2**20:.1f} -> {rep.bytes_out / 2**20:.1f} MiB in {len(rep.parts)} part(s), "
+              f"{rep.seconds:.1f}s")
+    emit({"tasks": rep.tasks, "wheels": rep.wheels, "added": rep.added, "bytes_in": rep.bytes_in,
+          "bytes_out": rep.bytes_out, "parts": rep.parts, "wheelhouse": str(wheelhouse), "seconds": rep.seconds})
+
+
 @tasks_app.command("unpack")
 def tasks_unpack(
     pack: Path = typer.Argument(..., metavar="FILE", help="the pack: its file, base name or first part"),

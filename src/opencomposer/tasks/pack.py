@@ -25,6 +25,11 @@ the end, after the envs are rebuilt offline (``packenv.rebuild_env``): a failure
 leaves no half-made task. DIR must be new or empty. Errors are ``PackError`` (a
 ``TaskFormatError``), ``EnvError`` or ``ConfigError``, each naming the file, part or dir.
 
+``split_wheels`` (``opencomposer tasks split-wheels PACK -o OUT --wheelhouse DIR``) writes a pack again
+without its wheels and puts them in a wheelhouse several packs share: task sets whose libraries
+need the same wheels then carry them once (``unpack --fetch-wheels --find-links DIR`` rebuilds the
+same environments offline).
+
 Test: ``pytest tests/unit/tasks/test_pack.py``.
 """
 
@@ -47,7 +52,7 @@ import zstandard
 
 import opencomposer
 from opencomposer.config import ConfigError
-from opencomposer.paths import remove_stale_temps, staged_dir
+from opencomposer.paths import remove_stale_temps, staged_dir, temp_name
 from opencomposer.tasks import packenv
 from opencomposer.tasks.format import (
     ENVS,
@@ -197,29 +202,7 @@ def pack_tasks(src: Path, out: Path, part_size: int | None = None, wheels: bool 
                     "packed_with_python": sys.version.split()[0],
                     "tasks": [t.root.name for t in tasks], "files": files, "dirs": dirs, "links": links,
                     "envs": envs}
-        body = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        first: dict[str, tuple[str, str]] = {}  # sha -> its smallest (path inside the task, path)
-        for f in files:
-            key = (f["path"].split("/", 1)[-1], f["path"])
-            first[f["sha256"]] = min(first.get(f["sha256"], key), key)
-        order = sorted(sources, key=lambda sha: first.get(sha, ("~", sha)))
-        writer = PartsWriter(out, part_size, hashlib.sha256(body).hexdigest()[:32])
-        try:
-            zw = zstandard.ZstdCompressor(level=level, write_checksum=True).stream_writer(writer, closefd=False)
-            with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                tar.addfile(_info(MANIFEST, len(body)), io.BytesIO(body))
-                for sha in order:
-                    path, size = sources[sha]
-                    with open(path, "rb") as f:
-                        src_f = _Hashing(f)
-                        tar.addfile(_info(f"objects/{sha}", size), src_f)
-                    if src_f.h.hexdigest() != sha or src_f.n != size:
-                        raise PackError(f"{path}: changed while it was being packed; pack again")
-            zw.close()
-            parts = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
+        parts = _write(out, manifest, sources, part_size, level)
     wheel_bytes = sum(w["size"] for e in envs for w in e["wheels"])
     return PackReport(parts=[str(p) for p in parts], tasks=len(tasks), files=len(files), objects=len(sources),
                       bytes_in=sum(f["size"] for f in files) + wheel_bytes,
@@ -228,6 +211,86 @@ def pack_tasks(src: Path, out: Path, part_size: int | None = None, wheels: bool 
                       envs={e["name"]: {"python": e["target_python"], "installed": len(e["installed"]),
                                         "wheels": len(e["wheels"])} for e in envs},
                       seconds=round(time.time() - t0, 2))
+
+
+def _write(out: Path, manifest: dict, sources: dict[str, tuple[Path, int]], part_size: int | None,
+           level: int) -> list[Path]:
+    """The pack: ``manifest`` first, then each object of ``sources`` (sha256 -> (file, size)) once, in the
+    order of its smallest path inside a task (the variants of one file side by side compress as a delta)."""
+    body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    first: dict[str, tuple[str, str]] = {}  # sha -> its smallest (path inside the task, path)
+    for f in manifest["files"]:
+        key = (f["path"].split("/", 1)[-1], f["path"])
+        first[f["sha256"]] = min(first.get(f["sha256"], key), key)
+    order = sorted(sources, key=lambda sha: first.get(sha, ("~", sha)))
+    writer = PartsWriter(out, part_size, hashlib.sha256(body).hexdigest()[:32])
+    try:
+        zw = zstandard.ZstdCompressor(level=level, write_checksum=True).stream_writer(writer, closefd=False)
+        with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(_info(MANIFEST, len(body)), io.BytesIO(body))
+            for sha in order:
+                path, size = sources[sha]
+                with open(path, "rb") as f:
+                    src_f = _Hashing(f)
+                    tar.addfile(_info(f"objects/{sha}", size), src_f)
+                if src_f.h.hexdigest() != sha or src_f.n != size:
+                    raise PackError(f"{path}: changed while it was being packed; pack again")
+        zw.close()
+        return writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+@dataclass
+class SplitReport:
+    parts: list[str]
+    tasks: int
+    wheels: int  # wheels the pack carried
+    added: int  # of them, new to the wheelhouse (the others were there, identical)
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+
+
+def split_wheels(pack: Path, out: Path, wheelhouse: Path, part_size: int | None = None,
+                 level: int = 10) -> SplitReport:
+    """``pack`` written again to ``out`` without its wheels (as ``--no-wheels`` makes it), and the wheels into
+    ``wheelhouse``: packs of libraries that share wheels then carry them once, and ``unpack_tasks(out,
+    fetch_wheels=True, find_links=[wheelhouse])`` rebuilds the same environments offline. A wheel already in
+    the wheelhouse under its name must be the same file (else refused, naming both checksums)."""
+    t0 = time.time()
+    parts = find_parts(Path(pack))
+    bytes_in = sum(p.stat().st_size for p in parts)
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(wheelhouse)
+    with tempfile.TemporaryDirectory(prefix="ocpack-split-", dir=out.parent if out.parent.is_dir() else None) as tmp:
+        objects = Path(tmp) / "objects"
+        m = _extract(parts, objects)
+        wheels = [w for e in m["envs"] for w in e["wheels"]]
+        added = 0
+        for w in wheels:
+            name = _safe(w["file"], "wheel")
+            if "/" in name or not name.endswith(".whl"):
+                raise PackError(f"{pack}: wheel {w['file']!r}: expected a plain *.whl file name")
+            dest = wheelhouse / name
+            if dest.exists():
+                have = file_sha(dest)[0]
+                if have != w["sha256"]:
+                    raise PackError(f"{wheelhouse}/{name}: sha256 {have}, but {pack} carries {name} with sha256 "
+                                    f"{w['sha256']}: two different builds of one wheel; use another wheelhouse")
+                continue
+            tmp_w = temp_name(dest)
+            shutil.copyfile(objects / w["sha256"], tmp_w)
+            os.replace(tmp_w, dest)
+            added += 1
+        for e in m["envs"]:
+            e["wheels"] = []
+        sources = {f["sha256"]: (objects / f["sha256"], f["size"]) for f in m["files"]}
+        written = _write(out, m, sources, part_size, level)
+    return SplitReport(parts=[str(p) for p in written], tasks=len(m["tasks"]), wheels=len(wheels), added=added,
+                       bytes_in=bytes_in, bytes_out=sum(p.stat().st_size for p in written),
+                       seconds=round(time.time() - t0, 2))
 
 
 class _Hashing:
@@ -362,6 +425,24 @@ def _extract(parts: list[Path], objects: Path) -> dict:
         size, users = want[sha]
         raise PackError(f"{users[0]}: missing from the pack (expected {size} bytes with sha256 {sha})")
     return manifest
+
+
+def read_manifest(pack: Path) -> dict:
+    """The manifest of the pack at ``pack`` (file, base name or first part), read without the objects after it
+    (each part's header checked; the objects are checked when unpacked)."""
+    parts = find_parts(Path(pack))
+    with zstandard.ZstdDecompressor().stream_reader(PartsReader(parts), read_across_frames=True) as raw:
+        try:
+            tar = tarfile.open(fileobj=raw, mode="r|")
+            first = tar.next()
+            if first is None or first.name != MANIFEST or not first.isfile():
+                raise PackError(f"{parts[0]}: the first member is {first.name if first else 'missing'}; "
+                                f"expected {MANIFEST}")
+            m = json.loads(tar.extractfile(first).read())
+        except (tarfile.TarError, zstandard.ZstdError, EOFError, ValueError) as e:
+            raise PackError(f"{parts[0]}: the pack's stream is damaged: {e}") from None
+    check_manifest(m, parts[0])
+    return m
 
 
 def _python_version(python: str) -> str | None:

@@ -25,7 +25,7 @@ from opencomposer.episode.oracle import run_oracle
 from opencomposer.grading.check import check_task
 from opencomposer.tasks.envs import EnvError
 from opencomposer.tasks.format import ENVS, Task, TaskMeta, task_dirs, write_task_toml
-from opencomposer.tasks.pack import pack_tasks, unpack_tasks
+from opencomposer.tasks.pack import pack_tasks, split_wheels, unpack_tasks
 from opencomposer.tasks import packenv
 from opencomposer.tasks.packenv import installed
 from opencomposer.tasks.packparts import PackError, PartsReader, PartsWriter, find_parts
@@ -185,6 +185,37 @@ def test_a_pack_without_wheels_is_rebuilt_from_fetched_wheels(tiny, tmp_path, mo
     assert installed(tmp_path / "other" / ENVS / "tiny") == ["tinydep==0.1"]
     here = "%d.%d" % sys.version_info[:2]  # named, since its tasks were validated on 3.99, not here
     assert other.retargeted == {"tiny": f"made with Python 3.99, rebuilt for {here}"}
+
+
+def test_packs_split_into_wheel_less_packs_and_one_wheelhouse_rebuild_the_same_envs(tiny, tmp_path, monkeypatch):
+    """Task sets whose libraries share wheels carry them once (session 43: four sets' 340 MB of packs held
+    190 MB of distinct wheels): each pack written again without its wheels, the wheels into one wheelhouse."""
+    src, wheels = tiny
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    pack_tasks(src, tmp_path / "a.ocpack", find_links=[wheels])
+    pack_tasks(src, tmp_path / "b.ocpack", find_links=[wheels], part_size=4000)  # another set, in parts
+    house = tmp_path / "house"
+    r = CliRunner().invoke(app, ["tasks", "split-wheels", str(tmp_path / "a.ocpack"), "-o", str(tmp_path / "a2.ocpack"),
+                                 "--wheelhouse", str(house)])
+    assert r.exit_code == 0, r.output
+    first = json.loads(r.stdout.strip().splitlines()[-1])
+    assert first["wheels"] == 1 and first["added"] == 1 and first["bytes_out"] < first["bytes_in"]
+    b = split_wheels(tmp_path / "b.ocpack", tmp_path / "b2.ocpack", house)
+    assert (b.wheels, b.added) == (1, 0)  # the same wheel, already there: carried once
+    assert [w.name for w in house.iterdir()] == ["tinydep-0.1-py3-none-any.whl"]
+    with pytest.raises(PackError, match="packed without wheels"):
+        unpack_tasks(tmp_path / "a2.ocpack", tmp_path / "x")
+    for name in ("a2", "b2"):
+        out = tmp_path / f"out-{name}"
+        got = unpack_tasks(tmp_path / f"{name}.ocpack", out, fetch_wheels=True, find_links=[house])
+        assert got.envs == ["tiny"] and installed(out / ENVS / "tiny") == ["tinydep==0.1"]
+        assert tree(out) == tree(src)
+    # another build of a wheel already in the wheelhouse under its name is refused, naming both checksums
+    (house / "tinydep-0.1-py3-none-any.whl").write_bytes(b"another build")
+    with pytest.raises(PackError, match=r"house/tinydep-0.1-py3-none-any.whl: sha256 \w+, but .*a.ocpack carries "
+                                        r"tinydep-0.1-py3-none-any.whl with sha256 \w+"):
+        split_wheels(tmp_path / "a.ocpack", tmp_path / "a3.ocpack", house)
+    assert not list(tmp_path.glob("a3.ocpack*"))
 
 
 def test_env_is_rebuilt_even_when_pythonpath_already_shows_its_packages(tiny, tmp_path, monkeypatch):
