@@ -7,4 +7,6 @@ flight, between two engine steps.
 * ``layout.py``      keys of versions, timelines and ranks; which versions are complete
 * ``publisher.py``   ``WeightPublisher.publish(state_dict, version)`` (trainer side)
 * ``subscriber.py``  ``WeightSubscriber.poll(engine)``, ``WeightFollower`` (inference side)
+* ``model_delta.py`` a safetensors file as its exact difference from a reference model (what
+  crosses a narrow link when both ends can make the reference)
 """
