@@ -121,15 +121,16 @@ def sandbox_pool(rollout: RolloutSection):
                                            health_check=sp.health_check))
 
 
-def _split(rollouts: list[Rollout]) -> GroupSplit:
-    """``split_groups`` of rollouts: zero variance by the shaped reward the update uses,
-    all-pass / all-fail by the task reward."""
+def _split(rollouts: list[Rollout], on: str = "shaped") -> GroupSplit:
+    """``split_groups`` of rollouts: zero variance by the shaped reward the update uses (``on`` 'shaped')
+    or by the task reward (``on`` 'task': ``[rollout] zero_variance_on``), all-pass / all-fail by the
+    task reward."""
     train: dict[str, list[float]] = {}
     task: dict[str, list[float]] = {}
     for ro in rollouts:
         train.setdefault(ro.task_id, []).append(ro.train_reward)
         task.setdefault(ro.task_id, []).append(ro.reward)
-    return split_groups(train, task)
+    return split_groups(task if on == "task" else train, task)
 
 
 def _pooled(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
@@ -278,7 +279,7 @@ class Actor:
         gen0, eng0, per0 = dict(self.policy.stats), self._engine_counts(), self._per_engine()
         task_ids, rollouts = self._roll(paths)
         shaped = [(len(rollouts), shape_rollouts(rollouts, self.cfg.reward))]
-        split = _split(rollouts)
+        split = _split(rollouts, r.zero_variance_on)
         rounds = extra = 0
         cap = r.max_resample_groups
         while (r.zero_variance == "resample" and len(split.informative) < r.tasks_per_step
@@ -290,7 +291,7 @@ class Actor:
             rounds, extra = rounds + 1, extra + len(more)
             ids, ros = self._roll(more)
             shaped.append((len(ros), shape_rollouts(ros, self.cfg.reward)))
-            split.extend(_split(ros))
+            split.extend(_split(ros, r.zero_variance_on))
             paths, task_ids, rollouts = paths + more, task_ids + ids, rollouts + ros
         left_out = set(split.zero_variance) if r.zero_variance != "keep" else set()
         t1 = time.perf_counter()

@@ -135,6 +135,12 @@ class RolloutSection(SamplingSection):
                             "left out, and more tasks drawn until the step holds tasks_per_step informative groups "
                             "(max_resample_rounds, max_resample_groups, or the pool's end). Their tasks count as "
                             "used either way (single epoch)")
+    zero_variance_on: Literal["shaped", "task"] = Field(
+        "shaped", description="what 'all K rewards equal' is judged on for zero_variance skip/resample. shaped: the "
+                              "rewards the advantages use (a group whose rollouts all fail the tests but differ in "
+                              "shaping terms is trained on). task: the hidden tests' rewards (such a group is left "
+                              "out: the update holds only groups with a pass and a fail, each still trained on its "
+                              "shaped advantages; session 41's run: 1-3 of 16 groups a step)")
     max_resample_rounds: int = Field(4, ge=0, description="zero_variance='resample': most further collections a step")
     max_resample_groups: int | None = Field(
         None, ge=1, description="zero_variance='resample': most extra groups (tasks) a step draws; absent: "
@@ -156,6 +162,14 @@ class RolloutSection(SamplingSection):
     def engine_count(self) -> int:
         """How many rollout engines sample: rollout.engines, or (servers) the count of rollout.base_urls."""
         return len(self.base_urls) if self.base_urls else self.engines
+
+    @model_validator(mode="after")
+    def _zero_variance_on(self) -> RolloutSection:
+        if self.zero_variance_on == "task" and self.zero_variance == "keep":
+            raise ValueError("rollout.zero_variance_on='task' decides which groups skip or resample leave out, but "
+                             "rollout.zero_variance is 'keep' (every group trained on): set rollout.zero_variance to "
+                             "'skip' or 'resample', or leave zero_variance_on out")
+        return self
 
     @model_validator(mode="after")
     def _several_engines(self) -> RolloutSection:

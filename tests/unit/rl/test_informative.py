@@ -107,6 +107,38 @@ def test_skip_drops_exactly_the_zero_variance_groups(monkeypatch):
     assert batch.outcomes == {n: outcomes.get(n, [0.0, 0.0]) for n in drawn}
 
 
+def test_zero_variance_on_the_task_reward_leaves_out_groups_that_differ_only_in_shaping(monkeypatch):
+    """Session 41's run: 15 of 16 groups a step failed every test but differed in shaping terms (+-0.02-0.05), so
+    all were trained on; judged on the task reward, only the groups with a pass and a fail are."""
+    shaping = {"t00": [0.0, -0.05], "t01": [0.0, -0.02]}  # t00 all fail, shaped apart; t01 a pass and a fail
+
+    @dataclass
+    class Shaped(FakeRollout):
+        offset: float = 0.0
+
+        @property
+        def train_reward(self) -> float:
+            return self.reward + self.offset
+
+    def actor(**rollout):
+        a = fake_actor(monkeypatch, {}, pool=2, tasks_per_step=2, zero_variance="skip", **rollout)
+        outcomes = {"t00": [0.0, 0.0], "t01": MIXED}
+
+        def roll(paths):
+            return [p.name for p in paths], [Shaped(p.name, r, offset=o) for p in paths
+                                             for r, o in zip(outcomes[p.name], shaping[p.name])]
+        a._roll = roll
+        return a
+
+    by_shaped = actor().collect_batch()
+    assert {ro.task_id for ro in by_shaped.rollouts} == {"t00", "t01"} and by_shaped.groups["groups_trained"] == 2
+    by_task = actor(zero_variance_on="task").collect_batch()
+    assert {ro.task_id for ro in by_task.rollouts} == {"t01"} and by_task.groups["groups_trained"] == 1
+    assert by_task.groups["groups_all_fail"] == 1 and len(by_task.drawn) == 4
+    with pytest.raises(ValueError, match=r"zero_variance_on='task' .* rollout.zero_variance is 'keep'"):
+        RolloutSection(zero_variance_on="task")
+
+
 def test_skip_of_every_group_leaves_an_empty_update(monkeypatch):
     a = fake_actor(monkeypatch, {}, pool=4, zero_variance="skip")
     batch = a.collect_batch()
