@@ -478,24 +478,30 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
         files = [f for f in m["files"] if keep(f["path"])]
         todo = m["envs"] if envs else []
         retargeted: dict[str, str] = {}
+        wheel_dirs: dict[str, Path] = {}  # env -> where its wheels are installed from
         version = None  # X.Y of ``python``, asked once, when an env's wheels must be fetched for it
         for e in todo:
             if not e.get("venv"):
                 raise PackError(f"{pack}: env {e['name']}: was not a Python venv when packed, so it cannot be "
                                 "rebuilt; unpack with --no-envs and link an env into _envs/ (tasks.envs.adopt_env)")
-            wheels = tmp / ".wheels" / e["name"].replace("/", "_")
+            wheels = wheel_dirs[e["name"]] = tmp / ".wheels" / e["name"].replace("/", "_")
             if len(e["wheels"]) < len(e["installed"]):
                 if not fetch_wheels:
                     raise PackError(f"{pack}: env {e['name']}: packed without wheels (--no-wheels); unpack with "
                                     "--fetch-wheels where an index is reachable, or with --no-envs and link a "
                                     "matching env into _envs/ (tasks.envs.adopt_env)")
                 version = version or _python_version(python)
-                try:
-                    packenv.fetch_wheels(e["installed"], wheels, version, None, find_links, timeout)
-                except packenv.EnvError as err:
-                    raise packenv.EnvError(f"{pack}: env {e['name']}: fetching its pinned wheels: {err}") from None
+                house = packenv.wheelhouse_with(e["installed"], find_links)
+                if house is not None:  # a wheel of every pin already on disk there: pip picks it at install
+                    wheel_dirs[e["name"]] = house
+                else:
+                    try:
+                        packenv.fetch_wheels(e["installed"], wheels, version, None, find_links, timeout)
+                    except packenv.EnvError as err:
+                        raise packenv.EnvError(f"{pack}: env {e['name']}: fetching its pinned wheels: {err}") from None
                 # the same pins, fetched for the interpreter that will run them (a set made on the GPU
-                # machine's 3.12 rebuilt on a 3.11 laptop): a pin with no wheel for it failed above
+                # machine's 3.12 rebuilt on a 3.11 laptop): a pin with no wheel for it failed above (or, from a
+                # wheelhouse, fails at install, naming the env)
                 e["target_python"] = version or "%d.%d" % sys.version_info[:2]
                 made = ".".join(str(e.get("python", "")).split(".")[:2])
                 if made and made != e["target_python"]:
@@ -522,8 +528,8 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
             real = os.path.realpath(tmp / ln["path"])
             if not (real == top or real.startswith(top + os.sep)):
                 raise PackError(f"{pack}: symlink {ln['path']!r} -> {ln['target']!r} resolves outside its task")
-        packenv.rebuild_envs([(tmp / ENVS / e["name"], tmp / ".wheels" / e["name"].replace("/", "_"), e)
-                              for e in todo], python, timeout, staged=(tmp, dest))
+        packenv.rebuild_envs([(tmp / ENVS / e["name"], wheel_dirs[e["name"]], e) for e in todo], python, timeout,
+                             staged=(tmp, dest))
         for d in sorted((d for d in m["dirs"] if keep(d["path"])), key=lambda d: -d["path"].count("/")):
             os.chmod(tmp / d["path"], d["mode"] & 0o777)
         shutil.rmtree(objects)

@@ -99,6 +99,16 @@ def _have(dest: Path) -> dict[tuple[str, str], Path]:
     return {pin: p for p in sorted(dest.glob("*.whl")) if (pin := _wheel_pin(p))}
 
 
+def wheelhouse_with(reqs: list[str], find_links: list[Path] | None) -> Path | None:
+    """The one ``find_links`` dir (of exactly one) holding a wheel file of every pinned ``name==version`` of
+    ``reqs``, else None. Installing straight from it skips ``fetch_wheels``' pip call per env (68 envs: 135 s
+    here); pip still picks among its files the wheel that fits the interpreter, and says so when none does."""
+    if not find_links or len(find_links) != 1 or not Path(find_links[0]).is_dir():
+        return None
+    have = {pin for p in Path(find_links[0]).glob("*.whl") if (pin := _wheel_pin(p))}
+    return Path(find_links[0]) if all(_pin(r) in have for r in reqs) else None
+
+
 def fetch_wheels(reqs: list[str], dest: Path, python_version: str | None = None,
                  platform: list[str] | None = None, find_links: list[Path] | None = None,
                  timeout: float = 900.0) -> dict[str, bool]:

@@ -205,6 +205,10 @@ def test_packs_split_into_wheel_less_packs_and_one_wheelhouse_rebuild_the_same_e
     assert [w.name for w in house.iterdir()] == ["tinydep-0.1-py3-none-any.whl"]
     with pytest.raises(PackError, match="packed without wheels"):
         unpack_tasks(tmp_path / "a2.ocpack", tmp_path / "x")
+    def no_download(*a, **k):
+        raise AssertionError("every pin's wheel is in the wheelhouse: nothing to download")
+
+    monkeypatch.setattr(packenv, "fetch_wheels", no_download)  # installed straight from the wheelhouse
     for name in ("a2", "b2"):
         out = tmp_path / f"out-{name}"
         got = unpack_tasks(tmp_path / f"{name}.ocpack", out, fetch_wheels=True, find_links=[house])
