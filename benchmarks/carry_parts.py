@@ -5,6 +5,8 @@ calls that each bring back at most 8 files of 16 MiB (64 MiB) and carry at most 
     python benchmarks/carry_parts.py ship RUN/replace-lines/sft_model WORK $OUT --group G [--bf16 [--in-place]]
     # here, with every call's returned files:
     python benchmarks/carry_parts.py gather FILE... --into .gpuz-sft        # -> .gpuz-sft1/, .gpuz-sft2/, ...
+    # which folders go together in one call (each call then runs `learn_device.sh stash`):
+    python benchmarks/carry_parts.py plan .gpuw .gpug* .gpuh* .gpup* .gpuz-sftd* .gpuz-rl* .gpur
     # on the next machine, after the .gpuz* folders were carried to INCOMING:
     python benchmarks/carry_parts.py restore INCOMING RUN
 
@@ -177,6 +179,20 @@ def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, 
             "files": [prefix + n for n in [*names, MANIFEST]], "bytes": info["bytes"]}
 
 
+def call_room_bytes(spare: int = 1 << 20) -> int:
+    """What one device call can carry beside the tree that travels with it now, exactly, less ``spare``
+    (``carry_room.sh`` rounds the tree up and keeps 2 MiB more, for parts made before the tree grows)."""
+    root = Path(__file__).resolve().parents[1]
+    files = []
+    for extra in ([], ["--others", "--exclude-standard"]):
+        r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *extra], capture_output=True, check=False)
+        if r.returncode != 0:
+            raise PartsError(f"git ls-files in {root}: {r.stderr.decode().strip()}")
+        files += [root / n for n in r.stdout.decode().split("\0") if n]
+    tree = sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
+    return (64 << 20) - tree - spare
+
+
 def carry_room_bytes() -> int:
     """What one device call can carry beside the working tree now (``benchmarks/carry_room.sh``), in bytes."""
     script = Path(__file__).with_name("carry_room.sh")
@@ -211,6 +227,26 @@ def gather(files: list[Path], into: str, max_bytes: int = CARRY_BYTES) -> dict:
         for f in members:
             shutil.copy2(f, dirs[-1] / f.name)
     return {"gathered": len(files), "dirs": [str(d) for d in dirs]}
+
+
+def plan(folders: list[Path], max_bytes: int) -> dict:
+    """The carried folders grouped into device calls of at most ``max_bytes`` each (first fit, largest first):
+    what to pass as ``carry`` call after call (each call then runs ``learn_device.sh stash``)."""
+    sizes = {}
+    for d in folders:
+        if not d.is_dir():
+            raise PartsError(f"{d}: no such folder to carry")
+        sizes[d] = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    if too_big := [d for d, n in sizes.items() if n > max_bytes]:
+        raise PartsError(f"{too_big[0]}: {sizes[too_big[0]]} bytes, more than a call carries beside the tree "
+                         f"({max_bytes} bytes): gather it again into smaller folders")
+    calls: list[tuple[int, list[str]]] = []
+    for d in sorted(folders, key=lambda d: (-sizes[d], str(d))):
+        k = next((i for i, (used, _) in enumerate(calls) if used + sizes[d] <= max_bytes), len(calls))
+        if k == len(calls):
+            calls.append((0, []))
+        calls[k] = (calls[k][0] + sizes[d], [*calls[k][1], str(d)])
+    return {"calls": [names for _, names in calls], "count": len(calls), "bytes": sum(sizes.values())}
 
 
 def _unpack(payload: Path, dest: Path) -> None:
@@ -280,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--max-mib", type=int, default=None,
                    help="each folder at most this many MiB (default: what a call carries beside the tree now, "
                         "benchmarks/carry_room.sh)")
+    pl = sub.add_parser("plan", help="group carried folders into device calls (what `carry` each call takes)")
+    pl.add_argument("folders", type=Path, nargs="+")
+    pl.add_argument("--max-mib", type=int, default=None,
+                    help="default: 64 MiB less the tree that travels now, less 1 MiB")
     r = sub.add_parser("restore")
     r.add_argument("incoming", type=Path)
     r.add_argument("run", type=Path)
@@ -288,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "ship":
             res = ship(a.src, a.work, a.out, a.group, a.run or a.src.parent, a.bf16, a.in_place, a.against,
                        (a.part_mib << 20) if a.part_mib else None)
+        elif a.cmd == "plan":
+            res = plan(a.folders, (a.max_mib << 20) if a.max_mib else call_room_bytes())
         elif a.cmd == "gather":
             res = gather(a.files, a.into, (a.max_mib << 20) if a.max_mib else carry_room_bytes())
         else:

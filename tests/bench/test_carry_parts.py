@@ -163,3 +163,19 @@ def test_a_tuned_model_goes_over_as_its_delta_from_the_base_and_comes_back_exact
     finally:
         cp._refs.clear()
     assert not (tmp_path / "far2" / "arm" / "tuned").exists()
+
+
+def test_a_plan_groups_carried_folders_into_the_fewest_calls_it_finds(tmp_path):
+    sizes = {"a": 9, "b": 6, "c": 5, "d": 4, "e": 1}  # KiB
+    for name, kib in sizes.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part").write_bytes(b"x" * (kib << 10))
+    res = cp.plan([tmp_path / n for n in sizes], 10 << 10)
+    calls = [[Path(p).name for p in c] for c in res["calls"]]
+    assert calls == [["a", "e"], ["b", "d"], ["c"]] and res["count"] == 3
+    assert cp.main(["plan", str(tmp_path / "a"), "--max-mib", "1"]) == 0
+    with pytest.raises(cp.PartsError, match=r"/a: 9216 bytes, more than a call carries"):
+        cp.plan([tmp_path / "a"], 8 << 10)
+    with pytest.raises(cp.PartsError, match="no such folder"):
+        cp.plan([tmp_path / "zz"], 8 << 10)
+    assert 0 < cp.call_room_bytes() < 64 << 20  # 64 MiB less the tree that travels now
