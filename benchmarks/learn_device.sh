@@ -196,6 +196,7 @@ for d in .gpuw* .gpug* .gpup* .gpuh* .gput .gpur .gpuz* .gpuf[0-9]*; do
   esac; fi
 done
 ls $L/wheels | wc -l | sed 's/^/wheels: /'; ls $L/gguf $L/packs
+echo "wheelhouse parts: $(ls $L/hparts 2>/dev/null | grep -c part-); shipped parts: $(ls $L/incoming | grep -c part-)"
 [ "${1:-}" = stash ] && exit 0
 factory_dir() {  # factory_dir NAME: $L/factory/NAME (sdists, wheels, libraries.json) from the carried parts; 1 if none
   [ -f $L/factory/$1/libraries.json ] && return 0
