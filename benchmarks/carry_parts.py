@@ -80,14 +80,12 @@ def fingerprint(src: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _delta_copy(root: Path, dest: Path, against: str) -> None:
-    """``root`` copied to ``dest`` with each ``*.safetensors`` replaced by its delta from ``against``."""
+def _to_deltas(root: Path, against: str) -> None:
+    """Each ``*.safetensors`` of ``root`` (a copy this module made) replaced by its delta from ``against``."""
     from opencomposer.sync.model_delta import write_delta
 
-    if dest != root:
-        shutil.copytree(root, dest)
     ref = _reference(against)
-    for f in sorted(dest.glob("*.safetensors")):
+    for f in sorted(root.glob("*.safetensors")):
         write_delta(f, ref, f.with_name(f.name + DELTA), against=against)
         f.unlink()
 
@@ -134,9 +132,10 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, 
         root = tmp / "bf16" / src.name
         _bf16_copy(src, root)
     if against:
-        delta = tmp / "delta" / src.name
-        _delta_copy(root, delta, against)
-        root = delta
+        if root == src:  # never edit src: a copy (the bf16 one is already ours)
+            root = tmp / "delta" / src.name
+            shutil.copytree(src, root)
+        _to_deltas(root, against)
     dest = str(src.relative_to(run)) if run is not None else src.name
     writer = PartsWriter(tmp / PAYLOAD, part_bytes, pack_id=f"carry:{dest}:{source}")  # parts of two states never mix
     with tarfile.open(fileobj=writer, mode="w|") as t:
@@ -182,24 +181,20 @@ def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, 
 def call_room_bytes(spare: int = 1 << 20) -> int:
     """What one device call can carry beside the tree that travels with it now, exactly, less ``spare``
     (``carry_room.sh`` rounds the tree up and keeps 2 MiB more, for parts made before the tree grows)."""
-    root = Path(__file__).resolve().parents[1]
-    files = []
-    for extra in ([], ["--others", "--exclude-standard"]):
-        r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *extra], capture_output=True, check=False)
-        if r.returncode != 0:
-            raise PartsError(f"git ls-files in {root}: {r.stderr.decode().strip()}")
-        files += [root / n for n in r.stdout.decode().split("\0") if n]
-    tree = sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
-    return (64 << 20) - tree - spare
+    return _carry_room("--bytes") - spare
+
+
+def _carry_room(*args: str) -> int:
+    script = Path(__file__).with_name("carry_room.sh")
+    r = subprocess.run([str(script), *args], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise PartsError(f"{script}: {r.stderr.strip() or f'exit {r.returncode}'}")
+    return int(r.stdout.strip())
 
 
 def carry_room_bytes() -> int:
     """What one device call can carry beside the working tree now (``benchmarks/carry_room.sh``), in bytes."""
-    script = Path(__file__).with_name("carry_room.sh")
-    r = subprocess.run([str(script)], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        raise PartsError(f"{script}: {r.stderr.strip() or f'exit {r.returncode}'}")
-    return int(r.stdout.strip()) << 20
+    return _carry_room() << 20
 
 
 def gather(files: list[Path], into: str, max_bytes: int = CARRY_BYTES) -> dict:

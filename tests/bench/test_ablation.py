@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,10 @@ from opencomposer.episode.run import run_task
 from opencomposer.tasks.format import Task
 from opencomposer.tasks.sources.humaneval import import_humaneval
 from opencomposer.protocols import ToolCall
+from testkit.scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("ablation_behaviour", ROOT / "benchmarks" / "ablation_behaviour.py")
-ab = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ab  # pydantic resolves the module's annotations through sys.modules
-spec.loader.exec_module(ab)
+ab = load_benchmark("ablation_behaviour")
 
 
 def test_shipped_config_loads_and_arms_differ_only_in_the_two_switches():

@@ -4,23 +4,18 @@ damaged part is refused naming it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from opencomposer.models import load_model
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("carry_parts", ROOT / "benchmarks" / "carry_parts.py")
-cp = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = cp
-spec.loader.exec_module(cp)
+cp = load_benchmark("carry_parts")
 
 
 @pytest.fixture

@@ -3,18 +3,12 @@ and a folder without tasks refused by name."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_fail_fast", ROOT / "benchmarks" / "bench_fail_fast.py")
-bf = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bf
-spec.loader.exec_module(bf)
+bf = load_benchmark("bench_fail_fast")
 
 
 def test_real_tasks_graded_both_ways_with_the_same_rewards(toolz_tasks, capsys):

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_gil_convoy", ROOT / "benchmarks" / "bench_gil_convoy.py")
-gc = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = gc
-spec.loader.exec_module(gc)
+gc = load_benchmark("bench_gil_convoy")
 
 
 def test_times_seeded_sampling_alone_and_beside_busy_threads(capsys):

@@ -3,21 +3,17 @@ eval-compare files, a rerun redoes nothing, other splits are refused, and the de
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from opencomposer.config import ConfigError, load_config
 from opencomposer.eval.gate import compare
+from testkit.scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("learn_run", ROOT / "benchmarks" / "learn_run.py")
-lr = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = lr  # pydantic resolves the module's annotations through sys.modules
-spec.loader.exec_module(lr)
+lr = load_benchmark("learn_run")
 
 
 def test_shipped_config_loads_and_its_humaneval_splits_are_disjoint():

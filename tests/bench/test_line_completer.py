@@ -4,21 +4,16 @@ are refused; the completer's lines come back one per sample and the JSON line co
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from opencomposer.tasks.deletion.patch import make_patch
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("line_completer", ROOT / "benchmarks" / "line_completer.py")
-lc = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = lc
-spec.loader.exec_module(lc)
+lc = load_benchmark("line_completer")
 
 REL = "src/textwrap.py"
 

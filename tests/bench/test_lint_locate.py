@@ -3,7 +3,6 @@ one that leaves the file clean is not; held-out splits are refused."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,12 +11,11 @@ import pytest
 
 from opencomposer.harness.lint import ruff_binary
 from opencomposer.tasks.deletion.patch import make_patch
+from testkit.scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-spec = importlib.util.spec_from_file_location("lint_locate", ROOT / "benchmarks" / "lint_locate.py")
-ll = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ll)
+ll = load_benchmark("lint_locate")
 
 pytestmark = pytest.mark.skipif(ruff_binary() is None, reason="ruff is not installed")
 

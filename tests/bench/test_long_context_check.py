@@ -3,18 +3,14 @@ HF's at prompts past the native context; a prompt past the extended context is r
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from testkit.scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("long_context_check", ROOT / "benchmarks" / "long_context_check.py")
-lcc = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = lcc
-spec.loader.exec_module(lcc)
+lcc = load_benchmark("long_context_check")
 
 
 @pytest.fixture(scope="module")

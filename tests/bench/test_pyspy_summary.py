@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("pyspy_summary", ROOT / "benchmarks" / "pyspy_summary.py")
-ps = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ps
-spec.loader.exec_module(ps)
+ps = load_benchmark("pyspy_summary")
 
 # three threads as py-spy 0.4 writes them under --gil --threads --format raw (one line per distinct stack)
 RAW = """\

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("rl_placement", ROOT / "benchmarks" / "rl_placement.py")
-rp = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = rp
-spec.loader.exec_module(rp)
+rp = load_benchmark("rl_placement")
 
 GOLD = """diff --git a/toolz/_signatures.py b/toolz/_signatures.py
 --- a/toolz/_signatures.py

@@ -3,17 +3,11 @@ aligned into the learner's ``Sample``s, an update per step, Adam's gradient scal
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
+from testkit.scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("rl_toy", ROOT / "benchmarks" / "rl_toy.py")
-toy = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = toy
-spec.loader.exec_module(toy)
+toy = load_benchmark("rl_toy")
 
 
 def test_a_toy_arm_updates_and_reports(capsys, monkeypatch):

@@ -48,23 +48,19 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(codec.bits(t).numpy().tobytes()).hexdigest()
 
 
-def fingerprint(reference: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]) -> str:
-    """The reference as the delta sees it: each named tensor present, cast to ``dtypes[name]``, hashed."""
+def _cast(reference: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    """The reference as the delta sees it: each tensor named in ``dtypes`` that it has, cast to that dtype on
+    the CPU (made once per delta: both the fingerprint and the XOR read it)."""
+    return {n: reference[n].detach().to("cpu", dtypes[n]).contiguous() for n in sorted(dtypes) if n in reference}
+
+
+def fingerprint(cast: Mapping[str, torch.Tensor]) -> str:
+    """A hash of the cast reference (``_cast``): names, shapes and bits."""
     h = hashlib.sha256()
-    for name in sorted(dtypes):
-        t = reference.get(name)
-        if t is None:
-            continue
+    for name, t in cast.items():
         h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
-        h.update(codec.bits(t.detach().to("cpu", dtypes[name]).contiguous()).numpy().tobytes())
+        h.update(codec.bits(t).numpy().tobytes())
     return h.hexdigest()
-
-
-def _old(reference: Mapping[str, torch.Tensor], name: str, new: torch.Tensor) -> torch.Tensor | None:
-    t = reference.get(name)
-    if t is None or tuple(t.shape) != tuple(new.shape):
-        return None
-    return codec.bits(t.detach().to("cpu", new.dtype).contiguous())
 
 
 def write_delta(model_file: Path, reference: Mapping[str, torch.Tensor], out: Path, against: str = "",
@@ -77,7 +73,9 @@ def write_delta(model_file: Path, reference: Mapping[str, torch.Tensor], out: Pa
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     for k, t in tensors.items():
         codec.dtype_name(t.dtype)  # refuses a dtype the codec cannot carry, naming it
-    encoded = {k: codec.encode(t, _old(reference, k, t), level) for k, t in tensors.items()}
+    cast = _cast(reference, {k: t.dtype for k, t in tensors.items()})
+    old = {k: codec.bits(cast[k]) for k, t in tensors.items() if k in cast and cast[k].shape == t.shape}
+    encoded = {k: codec.encode(t, old.get(k), level) for k, t in tensors.items()}  # no reference: stored whole
     entries, blobs, at = [], [], 0
     for k, enc in encoded.items():
         meta = dict(enc.meta)
@@ -88,7 +86,7 @@ def write_delta(model_file: Path, reference: Mapping[str, torch.Tensor], out: Pa
         blobs.extend(parts)
         at += sum(len(p) for p in parts)
     header = {"format_version": FORMAT_VERSION, "against": against, "metadata": metadata,
-              "reference_sha256": fingerprint(reference, {k: t.dtype for k, t in tensors.items()}),
+              "reference_sha256": fingerprint(cast),
               "from_reference": sum(e["meta"]["encoding"] != "raw" for e in entries), "tensors": entries}
     body = json.dumps(header).encode()
     tmp = temp_name(out)
@@ -128,7 +126,8 @@ def apply_delta(delta: Path, reference: Mapping[str, torch.Tensor], out: Path) -
 
     header, start = read_header(delta)
     dtypes = {e["name"]: codec.DTYPES[e["meta"]["dtype"]] for e in header["tensors"]}
-    have = fingerprint(reference, dtypes)
+    cast = _cast(reference, dtypes)
+    have = fingerprint(cast)
     if have != header["reference_sha256"]:
         raise DeltaError(f"{delta}: made against {header['against'] or 'another model'!r} (fingerprint "
                          f"{header['reference_sha256'][:16]}), the reference given is another (fingerprint {have[:16]})")
@@ -146,7 +145,7 @@ def apply_delta(delta: Path, reference: Mapping[str, torch.Tensor], out: Path) -
         if meta["encoding"] == "raw":
             target = torch.empty(meta["shape"], dtype=dtype)
         else:
-            target = reference[name].detach().to("cpu", dtype).contiguous().clone()
+            target = cast[name].clone()
         try:
             patch = codec.decode(name, meta, parts)
             codec.check([patch])

@@ -383,6 +383,19 @@ def check_manifest(m: dict, pack: Path) -> None:
                 raise PackError(f"{pack}: {e.get('path') or e.get('file')!r}: no valid sha256 and size in the manifest")
 
 
+def _manifest_of(tar: tarfile.TarFile, pack: Path) -> dict:
+    """The manifest, the first member of the pack's stream ``tar``, read and checked."""
+    first = tar.next()
+    if first is None or first.name != MANIFEST or not first.isfile():
+        raise PackError(f"{pack}: the first member is {first.name if first else 'missing'}; expected {MANIFEST}")
+    try:
+        manifest = json.loads(tar.extractfile(first).read())
+    except ValueError as e:
+        raise PackError(f"{pack}: {MANIFEST} is not valid JSON: {e}") from None
+    check_manifest(manifest, pack)
+    return manifest
+
+
 def _extract(parts: list[Path], objects: Path) -> dict:
     """Read the stream of ``parts``: the manifest, then every object into ``objects/``, each checked."""
     pack = parts[0]
@@ -390,14 +403,7 @@ def _extract(parts: list[Path], objects: Path) -> dict:
     with zstandard.ZstdDecompressor().stream_reader(PartsReader(parts), read_across_frames=True) as raw:
         try:
             tar = tarfile.open(fileobj=raw, mode="r|")
-            first = tar.next()
-            if first is None or first.name != MANIFEST or not first.isfile():
-                raise PackError(f"{pack}: the first member is {first.name if first else 'missing'}; expected {MANIFEST}")
-            try:
-                manifest = json.loads(tar.extractfile(first).read())
-            except ValueError as e:
-                raise PackError(f"{pack}: {MANIFEST} is not valid JSON: {e}") from None
-            check_manifest(manifest, pack)
+            manifest = _manifest_of(tar, pack)
             want: dict[str, tuple[int, list[str]]] = {}
             for f in manifest["files"] + [{"path": f"{ENVS}/{e['name']} wheel {w['file']}", **w}
                                           for e in manifest["envs"] for w in e["wheels"]]:
@@ -433,16 +439,9 @@ def read_manifest(pack: Path) -> dict:
     parts = find_parts(Path(pack))
     with zstandard.ZstdDecompressor().stream_reader(PartsReader(parts), read_across_frames=True) as raw:
         try:
-            tar = tarfile.open(fileobj=raw, mode="r|")
-            first = tar.next()
-            if first is None or first.name != MANIFEST or not first.isfile():
-                raise PackError(f"{parts[0]}: the first member is {first.name if first else 'missing'}; "
-                                f"expected {MANIFEST}")
-            m = json.loads(tar.extractfile(first).read())
-        except (tarfile.TarError, zstandard.ZstdError, EOFError, ValueError) as e:
+            return _manifest_of(tarfile.open(fileobj=raw, mode="r|"), parts[0])
+        except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
             raise PackError(f"{parts[0]}: the pack's stream is damaged: {e}") from None
-    check_manifest(m, parts[0])
-    return m
 
 
 def _python_version(python: str) -> str | None:
@@ -479,6 +478,7 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
         todo = m["envs"] if envs else []
         retargeted: dict[str, str] = {}
         wheel_dirs: dict[str, Path] = {}  # env -> where its wheels are installed from
+        house, house_pins = packenv.wheelhouse_pins(find_links) if fetch_wheels else (None, set())
         version = None  # X.Y of ``python``, asked once, when an env's wheels must be fetched for it
         for e in todo:
             if not e.get("venv"):
@@ -491,9 +491,8 @@ def unpack_tasks(pack: Path, dest: Path, envs: bool = True, python: str = sys.ex
                                     "--fetch-wheels where an index is reachable, or with --no-envs and link a "
                                     "matching env into _envs/ (tasks.envs.adopt_env)")
                 version = version or _python_version(python)
-                house = packenv.wheelhouse_with(e["installed"], find_links)
-                if house is not None:  # a wheel of every pin already on disk there: pip picks it at install
-                    wheel_dirs[e["name"]] = house
+                if house is not None and packenv.has_pins(e["installed"], house_pins):
+                    wheel_dirs[e["name"]] = house  # a wheel of every pin already on disk there: pip picks at install
                 else:
                     try:
                         packenv.fetch_wheels(e["installed"], wheels, version, None, find_links, timeout)

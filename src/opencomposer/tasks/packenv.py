@@ -99,14 +99,18 @@ def _have(dest: Path) -> dict[tuple[str, str], Path]:
     return {pin: p for p in sorted(dest.glob("*.whl")) if (pin := _wheel_pin(p))}
 
 
-def wheelhouse_with(reqs: list[str], find_links: list[Path] | None) -> Path | None:
-    """The one ``find_links`` dir (of exactly one) holding a wheel file of every pinned ``name==version`` of
-    ``reqs``, else None. Installing straight from it skips ``fetch_wheels``' pip call per env (68 envs: 135 s
-    here); pip still picks among its files the wheel that fits the interpreter, and says so when none does."""
+def wheelhouse_pins(find_links: list[Path] | None) -> tuple[Path | None, set[tuple[str, str]]]:
+    """The one ``find_links`` dir (of exactly one) and the ``(name, version)`` of each wheel file in it; (None,
+    empty) otherwise. An env all of whose pins are there installs straight from it: no ``fetch_wheels`` pip call
+    per env (68 envs: 135 s here); pip still picks among its files the wheel that fits the interpreter, and says
+    so when none does."""
     if not find_links or len(find_links) != 1 or not Path(find_links[0]).is_dir():
-        return None
-    have = {pin for p in Path(find_links[0]).glob("*.whl") if (pin := _wheel_pin(p))}
-    return Path(find_links[0]) if all(_pin(r) in have for r in reqs) else None
+        return None, set()
+    return Path(find_links[0]), {pin for p in Path(find_links[0]).glob("*.whl") if (pin := _wheel_pin(p))}
+
+
+def has_pins(reqs: list[str], pins: set[tuple[str, str]]) -> bool:
+    return all(_pin(r) in pins for r in reqs)
 
 
 def fetch_wheels(reqs: list[str], dest: Path, python_version: str | None = None,
