@@ -52,10 +52,10 @@ def _cuda() -> bool:
 # host ports such as 8765 and scan the host's processes) and the Ray tests (local Ray clusters). So do the
 # tests of a file whose costly fixture is made once a process: on two workers it was made twice (session 43:
 # the eval gate's trained solver 135-141 s, the async bench's runs 34-40 s).
-# NOT IN FORCE with pytest 9.2: its node ids are structured and pytest-xdist 3.8 still marks a group by
-# rewriting the old `_nodeid` field, so the groups are silently ignored (pytest-dev/pytest-xdist#1386, open;
-# found session 43: grouped tests ran on both workers). Every suite since session 42 ran that way, and passed.
-# Pinning pytest below 9.2 (or an xdist with the fix) brings them back; it wants a full run to check first.
+# pytest 9.2's node ids are structured and pytest-xdist 3.8 still marks a group by rewriting the old
+# `_nodeid` field, so there the groups are silently ignored (pytest-dev/pytest-xdist#1386, open; found
+# session 43: grouped tests ran on both workers). pyproject's dev extra pins pytest below 9.2, and
+# `_GroupsHold` fails each grouped test whose group did not take rather than let the run go on without them.
 XDIST_GROUPS = {"adversarial": "adversarial", "test_ray_rl.py": "ray", "test_ray_sandboxes.py": "ray",
                 "test_eval_gate.py": "eval_gate", "test_async_bench.py": "async_bench"}
 
@@ -65,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     records) beneath the one the run was given, so two workers never unpack or replace the same
     source tree while the other reads it; and computes on one thread."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    config.pluginmanager.register(_GroupsHold(), "opencomposer-xdist-groups-hold")
     if worker:
         from opencomposer.paths import cache_dir
         os.environ["OPENCOMPOSER_CACHE"] = str(cache_dir("xdist", worker))
@@ -88,3 +89,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             cuda = _cuda() if cuda is None else cuda
             if not cuda:
                 item.add_marker(pytest.mark.skip(reason="gpu tier: needs CUDA"))
+
+
+class _GroupsHold:
+    """On an xdist worker under ``--dist loadgroup``: every grouped test's node id must carry its group,
+    the only thing xdist's scheduler reads. Where a pytest/xdist pair drops the groups, each grouped test
+    fails at set-up naming the versions (an error raised in a worker's collection reaches the user as
+    xdist's INTERNALERROR without its message)."""
+
+    def __init__(self) -> None:
+        self.lost: set[str] = set()
+
+    @pytest.hookimpl(trylast=True)  # after xdist's, which appends "@<group>" to a grouped test's node id
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "loadgroup", False):
+            self.lost = {item.nodeid for item in items
+                         if item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if item.nodeid in self.lost:
+            import xdist
+            pytest.fail(f"--dist loadgroup: this test's xdist_group was dropped; pytest {pytest.__version__} "
+                        f"with pytest-xdist {xdist.__version__} ignores the groups (pytest-dev/pytest-xdist#1386): "
+                        "install pytest<9.2 (pip install -e '.[dev]')", pytrace=False)

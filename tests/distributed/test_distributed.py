@@ -104,6 +104,16 @@ def test_rank_0s_result_and_its_failure_reach_every_rank(tmp_path):
     assert one["raised"] == "ValueError: rank 0 could not write: OSError: disk full"  # the others: named, not a hang
 
 
+def test_leaving_stops_the_group_threads_of_a_sharded_model(data, tmp_path):
+    """A gloo thread still running at interpreter exit aborted its rank now and then ("terminate
+    called without an active exception"): the teardown at exit must stop them, even though
+    DTensor's caches keep the FSDP mesh (and so the group) alive."""
+    zero = torchrun("leave", data, tmp_path)["threads"]
+    one = torch.load(tmp_path / "leave-1.pt")["threads"]
+    for threads in (zero, one):
+        assert "python" in threads and not [t for t in threads if "gloo" in t], threads
+
+
 def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_on_two_ranks(data, tmp_path):
     got = torchrun("save", data, tmp_path)
     # one process: resume from the 2-rank checkpoint, run the second round of steps

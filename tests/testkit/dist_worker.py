@@ -19,7 +19,7 @@ import torch
 from opencomposer.models import load_model
 from opencomposer.train.loss import LossConfig
 from opencomposer.train import CheckpointError, TrainConfig, Trainer, export_model, frozen_copy, load_checkpoint, save_checkpoint
-from opencomposer.train.distributed import init_from_env, on_main, rank_device, shard_model
+from opencomposer.train.distributed import _leave, init_from_env, on_main, rank_device, shard_model
 
 
 def test_model(device: str):
@@ -86,6 +86,12 @@ def main(scenario: str, data_file: str, out: str) -> None:
         return
     device = str(rank_device(d, device))
     data = torch.load(data_file, weights_only=False)
+    if scenario == "leave":  # sharded steps, then what a rank's exit runs: the threads left after it
+        steps(Trainer(*test_model(device), TrainConfig(**data["cfg"]), dist=d), data)
+        _leave()
+        threads = [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+        torch.save({"threads": threads}, Path(out) / ("leave.pt" if d.main else f"leave-{d.rank}.pt"))
+        return
     model, tok = test_model(device)
     trainer = Trainer(model, tok, TrainConfig(**data["cfg"]), dist=d)
     out_dir = Path(out)

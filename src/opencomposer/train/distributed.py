@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,11 +113,26 @@ def init_from_env(device: str | torch.device | None = None, timeout_s: float = 1
 
 
 def _leave() -> None:
-    """The group torn down before the interpreter exits: left to static destructors, a gloo
-    rank whose peer had already gone aborted ("terminate called without an active exception",
-    about 1 exit in 20 on 2 CPU ranks) and failed a run that had finished."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """The group torn down, and its threads stopped, while the interpreter is still whole.
+
+    A gloo worker thread still releasing a finished collective's tensors takes the GIL to drop
+    their Python objects; once the interpreter finalizes, CPython ends such a thread with
+    pthread_exit, whose unwinding through C++ aborts the rank ("terminate called without an
+    active exception": about 1 exit in 20 on 2 CPU ranks when the group was left to static
+    destructors). Gloo stops its threads only when the group object is freed, and
+    ``destroy_process_group`` does not free it while a ``DeviceMesh`` holds it: DTensor's
+    sharding caches keep the FSDP mesh alive and the mesh its groups, so those are let go too.
+    """
+    if not dist.is_initialized():
+        return
+    dist.destroy_process_group()
+    from torch.distributed.device_mesh import DeviceMesh
+
+    gc.collect()  # sharded modules no longer used, held only in reference cycles, drop the group
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh):
+            # the last reference to the group: freeing it joins its threads, here
+            getattr(obj, "_pg_registry", {}).clear()
 
 
 def rank_device(d: Dist, device: str | torch.device) -> torch.device:

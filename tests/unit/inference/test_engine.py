@@ -174,7 +174,10 @@ def test_weight_update_in_flight(hf, tiny_hf, prompts):
 
 def test_an_update_waits_for_at_most_the_step_running(hf, tiny_hf, prompts):
     """A thread stepping without pause cannot starve an in-flight update: the update takes
-    the lock at the end of the step that holds it (a turnstile), not after many steps."""
+    the lock at the end of the step that holds it (a turnstile), not after many steps. Counted
+    by the engine from the moment the update holds the turnstile: steps the stepping thread
+    runs while the update is still on its way there (preparing tensors, or descheduled) are
+    not waiting and are not counted."""
     import threading
 
     other = tiny_hf("qwen2", seed=1)
@@ -191,14 +194,14 @@ def test_an_update_waits_for_at_most_the_step_running(hf, tiny_hf, prompts):
     t = threading.Thread(target=stepper)
     t.start()
     started.wait(30)
-    ran = []
+    waited = []
     for v in (1, 2, 3):
-        before = steps[0]
+        before = engine.counts()["weight_update_wait_steps"]
         engine.update_weights((other if v % 2 else hf).state_dict(), version=v)
-        ran.append(steps[0] - before)
+        waited.append(engine.counts()["weight_update_wait_steps"] - before)
     stop.set()
     t.join(30)
-    assert engine.policy_version == 3 and max(ran) <= 2, ran
+    assert engine.policy_version == 3 and steps[0] > 0 and max(waited) <= 1, waited
 
 
 def test_bad_input_is_a_clear_error(hf):

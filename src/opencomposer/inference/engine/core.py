@@ -21,8 +21,10 @@ running / waiting, prefix-cache hit tokens, preemptions, tokens and seconds spen
 decode steps, the policy version, and on CUDA which graphs exist (decode batch sizes, prefill
 token buckets) and the batch-1 GEMV plan; with run-ahead, the steps launched ahead and the rows
 of them dropped (``run_ahead_steps``, ``run_ahead_discarded_rows``: neither counts as generated
-tokens; ``steps`` counts steps whose results were used). ``cuda_graphs="eager"`` runs the decode
-graphs' bodies eagerly on their static buffers (CPU tests of the graph and run-ahead paths).
+tokens; ``steps`` counts steps whose results were used); ``weight_update_wait_steps``: the steps
+weight updates waited for (the turnstile keeps it to at most one an update). ``cuda_graphs="eager"``
+runs the decode graphs' bodies eagerly on their static buffers (CPU tests of the graph and run-ahead
+paths).
 
 Speculative decoding: ``draft`` (an ``MTPHead`` or its directory, ``models/mtp.py``) with
 ``num_draft`` drafted tokens a step; decode batches of up to ``spec_max_batch`` sequences then
@@ -127,7 +129,8 @@ class Engine:
         # passes it before each step) cannot take the lock again first
         self._turn = threading.Lock()
         self._counts = {"prompt_tokens": 0, "prefill_tokens_computed": 0, "generated_tokens": 0, "steps": 0,
-                        "weight_updates": 0, "prefill_seconds": 0.0, "decode_seconds": 0.0,
+                        "weight_updates": 0, "weight_update_wait_steps": 0,
+                        "prefill_seconds": 0.0, "decode_seconds": 0.0,
                         "run_ahead_steps": 0, "run_ahead_discarded_rows": 0,
                         # a whole step's wall time and its thread's CPU time: the difference is time spent
                         # waiting, for the device or for the interpreter (another thread holding the GIL)
@@ -376,15 +379,20 @@ class Engine:
         """Run ``edit`` (which changes weights in place) between two steps; tag later tokens
         with ``version``. A step launched ahead ran with the old weights: it is dropped and the
         next ``step()`` recomputes that position with the new ones (as without run-ahead)."""
-        with self._turn, self._lock, torch.no_grad(), self._on_device():
-            if self._inflight is not None:
-                self._drop_inflight()
-            edit()
-            self.blocks.invalidate()
-            if self.speculator is not None:
-                self.speculator.weights_changed()  # its copy of lm_head's draft-vocabulary rows
-            self.policy_version = int(version)
-            self._counts["weight_updates"] += 1
+        with self._turn:
+            steps = self._counts["steps"]
+            with self._lock, torch.no_grad(), self._on_device():
+                # the steps this edit waited for once it held the turnstile: one at most (the step
+                # running, or one already past the turnstile)
+                self._counts["weight_update_wait_steps"] += self._counts["steps"] - steps
+                if self._inflight is not None:
+                    self._drop_inflight()
+                edit()
+                self.blocks.invalidate()
+                if self.speculator is not None:
+                    self.speculator.weights_changed()  # its copy of lm_head's draft-vocabulary rows
+                self.policy_version = int(version)
+                self._counts["weight_updates"] += 1
 
     # ------------------------------------------------------------------ stats
 
