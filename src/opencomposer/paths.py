@@ -10,6 +10,7 @@ Test: ``pytest tests/unit/test_paths.py``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -130,3 +131,16 @@ def staged_dir(final: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def held_lock(name: str) -> Iterator[None]:
+    """An exclusive ``flock`` on the cache's ``locks/<name>.lock`` for the block: processes (or
+    threads) that would build the same thing take turns. The kernel drops it when its holder
+    dies, so a killed builder never leaves the next one waiting."""
+    fd = os.open(cache_dir("locks") / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -6,6 +6,7 @@ Run: ``pytest tests/unit/test_paths.py``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.paths import is_stale_temp, remove_stale_temps, staged_dir, temp_name
+from opencomposer.paths import held_lock, is_stale_temp, remove_stale_temps, staged_dir, temp_name
 
 KILLED = r"""
 import os, signal, sys
@@ -26,6 +27,15 @@ with staged_dir(Path(sys.argv[1])) as tmp:
     print(tmp, flush=True)
     if sys.argv[2] == "die":
         os.kill(os.getpid(), signal.SIGKILL)
+    sys.stdin.read()
+"""
+
+
+HOLDER = r"""
+import sys
+from opencomposer.paths import held_lock
+with held_lock("thing"):
+    print("held", flush=True)
     sys.stdin.read()
 """
 
@@ -85,3 +95,25 @@ def test_an_empty_cache_variable_means_the_default_not_the_current_directory(mon
     assert cache_dir("x") == tmp_path / ".cache" / "opencomposer" / "x"
     monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path / "c"))
     assert cache_dir("x") == tmp_path / "c" / "x"
+
+
+def test_a_lock_is_held_by_one_at_a_time_and_dropped_when_its_holder_dies(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "OPENCOMPOSER_CACHE": str(tmp_path)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(tmp_path / "locks" / "thing.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        holder.kill()
+        assert holder.wait(30) == -signal.SIGKILL
+    finally:
+        holder.kill()
+    done = []
+    with held_lock("thing"):  # the dead holder's lock went with it: no wait
+        done.append(1)
+    assert done == [1]

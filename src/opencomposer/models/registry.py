@@ -30,7 +30,6 @@ import importlib.util
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +38,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from opencomposer.models.chat import ensure_chat_template, set_tool_syntax
+from opencomposer.paths import held_lock, remove_stale_temps, replace_dir, temp_name
 
 DEFAULT_MODEL = "smollm2-135m"
 KNOWN_NAMES = ("smollm2-135m", "tiny-random", "tiny-random-moe")
@@ -223,24 +223,24 @@ def _load_gguf(file: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 
 def build_cached(name: str, build: Callable[[Path], dict[str, Any]]) -> Path:
     """The cache dir for ``name``; if missing or stale, ``build(tmp_dir)`` fills a temp dir
-    (returning a description of its source) that is then renamed into place."""
+    (returning a description of its source) that is then renamed into place. Builders of one
+    name take turns (``held_lock``): the second finds the first one's cache and builds nothing,
+    and no one removes a stale tree while another is putting a fresh one in its place."""
     final = model_cache_dir(name)
     if _valid_cache(final):
         return final
-    if final.exists():  # stale version or a tree someone half-deleted: rebuild it
-        shutil.rmtree(final, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        source = build(tmp)
-        (tmp / MARKER).write_text(json.dumps({"cache_version": CACHE_VERSION, "source": source}))
+    with held_lock(f"models-{name}"):
+        if _valid_cache(final):  # built by the one we waited for
+            return final
+        remove_stale_temps(final.parent)
+        tmp = temp_name(final)
         try:
-            os.rename(tmp, final)
-        except OSError:
-            if not _valid_cache(final):  # lost a race only if the winner left a good cache
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            source = build(tmp)
+            (tmp / MARKER).write_text(json.dumps({"cache_version": CACHE_VERSION, "source": source}))
+            replace_dir(tmp, final)  # a stale tree is swapped out, then removed
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

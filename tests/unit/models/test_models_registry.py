@@ -6,6 +6,9 @@ Run: ``pytest tests/unit/models/test_models_registry.py``.
 from __future__ import annotations
 
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -70,6 +73,33 @@ def test_cache_is_built_once_atomically_and_replaces_stale_entries(tmp_path, mon
     with pytest.raises(RuntimeError, match="disk full"):
         build_cached("other", broken)
     assert sorted(p.name for p in stale.parent.iterdir()) == ["thing"]  # nothing half-written
+
+
+def test_builders_of_one_name_take_turns_and_the_cache_is_built_once(tmp_path, monkeypatch):
+    """Ranks of one torchrun all load the model: one builds it, the others wait and read it,
+    and none removes the tree another just renamed in (CI lost a rank that way)."""
+    monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path))
+    stale = model_cache_dir("raced")
+    stale.mkdir(parents=True)
+    (stale / MARKER).write_text(json.dumps({"cache_version": CACHE_VERSION - 1}))  # every racer sees it stale
+    builds, start = [], threading.Barrier(4)
+
+    def build(out):
+        builds.append(out)
+        out.mkdir()
+        time.sleep(0.3)  # long enough for every other racer to arrive while it builds
+        (out / "config.json").write_text("{}")
+        return {"from": "test"}
+
+    def race():
+        start.wait()
+        return build_cached("raced", build)
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: race(), range(4)))
+    assert got == [stale] * 4 and len(builds) == 1
+    assert json.loads((stale / MARKER).read_text())["cache_version"] == CACHE_VERSION
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["raced"]
 
 
 def test_dtype_by_name(tiny):
