@@ -78,8 +78,12 @@ def test_rollouts_run_ahead_with_updates_in_flight(toolz_tasks: Path, tmp_path: 
     # an update reached the engine while a rollout ran: its tokens span two versions
     assert max(r["versions_per_rollout_max"] for r in rows) == 2, [r["versions_per_rollout"] for r in rows]
     for r in rows:
-        for key in ("time_wait_rollouts", "time_rollout_idle", "time_step", "time_rollout", "time_train"):
+        for key in ("time_wait_rollouts", "time_rollout_idle", "time_step", "time_rollout", "time_train",
+                    "time_update", "time_weights", "time_publish", "time_train_cpu"):
             assert r[key] >= 0, key
+        # the trainer's parts lie inside its time (each rounded to 10 ms), and its thread ran for some of it
+        assert r["time_update"] + r["time_weights"] <= r["time_train"] + 0.02
+        assert 0 < r["time_train_cpu"] <= r["time_update"] + r["time_weights"] + 0.02
     trained = torch.nn.utils.parameters_to_vector(run.learner.trainer.model.parameters())
     assert not torch.equal(start, trained)
     base, tok = load_model("tiny-random")

@@ -104,6 +104,7 @@ class Published:
     """What ``Actor.publish`` measured of a step, for its row."""
 
     train_s: float  # from handing the batch over to getting the new weights back (the learner's update)
+    publish_s: float  # the weights to the store and (ahead) to the engine
     step_s: float  # the whole step, from asking for the batch to the weights published
     rollout_idle_s: float  # the engine without work: a synchronous step's update; ahead, the thread waiting
     sync: dict[str, float]  # what the weight store cost (``publish_to_store``), {} without [sync]
@@ -437,7 +438,8 @@ class Actor:
         m = batch.marks
         # the engine idles while a synchronous step trains; ahead, while the thread waits for room
         idle = (self.ahead.idle_seconds - m["idle"]) if self.ahead is not None else t3 - m["handed"]
-        return Published(train_s=t2 - m["handed"], step_s=t3 - m["start"], rollout_idle_s=idle, sync=sync)
+        return Published(train_s=t2 - m["handed"], publish_s=t3 - t2, step_s=t3 - m["start"], rollout_idle_s=idle,
+                         sync=sync)
 
     def report(self, step: int, batch: Batch, train: dict[str, float], published: Published) -> dict[str, Any]:
         """The metrics row of ``step``: the batch's rollouts, the learner's ``train`` metrics,
@@ -460,7 +462,8 @@ class Actor:
             **{k: v for k, v in train.items() if k.startswith("distill_")}, **feedback,
             "replayed_route_tokens": train.get("replayed_route_tokens", 0.0),  # MoE: router replay
             "update_skipped": bool(train.get("skipped", 0.0)),
-            **batch.times, "time_train": round(p.train_s, 2),
+            **batch.times, "time_train": round(p.train_s, 2), "time_publish": round(p.publish_s, 2),
+            **{k: round(train[k], 2) for k in ("time_update", "time_weights", "time_train_cpu") if k in train},
             "time_step": round(p.step_s, 2), "time_wait_rollouts": round(batch.waited, 2),
             "time_rollout_idle": round(p.rollout_idle_s, 2),
             "staleness_mean": train["staleness_mean"], "staleness_max": train["staleness_max"],

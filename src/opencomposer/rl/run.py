@@ -33,6 +33,7 @@ Test: ``pytest tests/integration/test_rl_run.py tests/integration/test_async_rl.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,8 +117,15 @@ class RLRun:
     def step(self, step: int) -> dict[str, Any] | None:
         """One RL step; its metrics row (None on ranks other than 0)."""
         batch = distributed.on_main(self.dist, self.actor.next_batch, "rank 0 stopped the run while collecting rollouts")
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         metrics = self.learner.update(batch.train)
-        published = self.actor.publish(self.learner.weights(), batch)
+        t1 = time.perf_counter()
+        weights = self.learner.weights()
+        # where the trainer's time goes: the update, the weights gathered for the actor, and how much of
+        # it this thread ran (a CUDA wait spins, so it counts; the GIL held by the rollouts' threads does not)
+        metrics.update(time_update=t1 - t0, time_weights=time.perf_counter() - t1,
+                       time_train_cpu=time.thread_time() - cpu0)
+        published = self.actor.publish(weights, batch)
         return self.actor.report(step + 1, batch, metrics, published)
 
     def run(self) -> list[dict]:

@@ -190,7 +190,7 @@ def test_the_row_counts_groups_and_its_pass_rate_is_of_every_group_drawn(monkeyp
     a = fake_actor(monkeypatch, outcomes, pool=10, zero_variance="skip")
     batch = a.collect_batch()
     train = {"samples": 0.0, "staleness_mean": 0.0, "staleness_max": 0.0, "skipped": 1.0}
-    row = a.report(1, batch, train, Published(0.0, 0.0, 0.0, {}))
+    row = a.report(1, batch, train, Published(train_s=0.0, publish_s=0.0, step_s=0.0, rollout_idle_s=0.0, sync={}))
     assert row["pass@1"] == 1.0 and row["tasks"] == 2  # not the (empty) trained part
     assert row["groups_zero_variance"] == 2 == row["groups_all_pass"] and row["groups_trained"] == 0
     assert row["update_skipped"] and row["task_ids"] == [p.name for p in batch.paths]
