@@ -280,6 +280,20 @@ if [ "${1:-}" = ship ]; then  # ship DIR GROUP [--bf16]: DIR (under runs/learn-g
   exit $?
 fi
 T=$RUN/tasks
+# code for continued pretraining ([pretrain] data = ["runs/learn-gpu/stdlib"], the CPT arms of issue 30): the image's
+# Python standard library, copied once a machine without site-packages or dist-packages (no task library in it)
+if [ ! -d $RUN/stdlib ]; then
+  python3 - $RUN/stdlib <<'PY'
+import shutil, sys, sysconfig
+from pathlib import Path
+dst = Path(sys.argv[1])
+tmp = dst.with_name(dst.name + ".tmp")
+shutil.rmtree(tmp, ignore_errors=True)
+shutil.copytree(sysconfig.get_paths()["stdlib"], tmp, symlinks=True,
+                ignore=shutil.ignore_patterns("site-packages", "dist-packages", "__pycache__"))
+tmp.rename(dst)
+PY
+fi
 if [ -f $L/hparts/sha256 ] && [ ! -d $L/wheelhouse ]; then  # the wheelhouse, once its parts are all here
   if [ "$(cat $L/hparts/wheelhouse.tar.part-* | sha256sum | cut -c1-64)" = "$(cat $L/hparts/sha256)" ]; then
     mkdir -p $L/wheelhouse.tmp && cat $L/hparts/wheelhouse.tar.part-* | tar -x -C $L/wheelhouse.tmp \
@@ -344,23 +358,6 @@ if [ "${1:-}" = longctx ]; then  # issue 32: the embedded model's context x4 (8,
     2>&1 | grep -v "Loading weights" | tee -a ${OUT:-/tmp}/longctx.log
   exit ${PIPESTATUS[0]}
 fi
-if [ "${1:-}" = cpt ]; then  # issue 30's CPT finding: continued pretraining of the embedded model on the image's
-  # Python standard library (nothing carried; no task library's code in it), CPT_STEPS optimizer steps of
-  # 16 x 2,048 tokens; held-out loss on the stdlib's held-out files and on one workspace of each held-out library
-  # (measured, never trained on); resumes from its checkpoints (call again). The model it writes starts a
-  # learning arm: SET='model.name="runs/learn-gpu/cpt-N/model";run.out_dir="runs/learn-gpu/lines-more-cpt-N"'
-  STD=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
-  N=${CPT_STEPS:-100}; C=$RUN/cpt-$N
-  EV=(); for lib in $(ls $T/lines-heldout 2>/dev/null | grep -v '^_' | sed 's/__.*//' | sort -u); do
-    w=$(ls -d $T/lines-heldout/${lib}__*/workspace | head -1); EV+=(--eval-data "$w"); done
-  LEFT=$(( ${BUDGET_S:-550} - ($(date +%s) - START) ))
-  timeout --kill-after=5 $(( LEFT - 30 )) python3 -m opencomposer.cli pretrain "$STD" --model smollm2-135m --out $C \
-    --steps $N --seq-len 2048 --batch-size 16 --lr ${CPT_LR:-5e-5} --warmup-steps $(( N / 10 )) --eval-every $(( N / 4 > 0 ? N / 4 : 1 )) \
-    --save-every 25 "${EV[@]}" 2>&1 | grep --line-buffered -v "Loading weights" | tee -a ${OUT:-/tmp}/cpt-$N.log
-  rc=${PIPESTATUS[0]}
-  [ -f $C/result.json ] && cp $C/result.json ${OUT:-/tmp}/cpt-$N-result.json
-  exit $rc
-fi
 if [ "${1:-}" = async ]; then  # issue 31: the same RL run at max_staleness 0, 1, 2 (configs/train/async-gpu.toml)
   M=smollm2-135m  # an SFT model made on this machine (gpu-lines.toml's, gpu.toml's) when there is one
   for d in lines-more/sft_model lines-grounded/sft_model lines/sft_model replace-lines/sft_model; do [ -f $RUN/$d/config.json ] && { M=$RUN/$d; break; }; done
@@ -393,6 +390,12 @@ print(L.config_with(sys.argv[1], sys.argv[2:]).run.out_dir)" $CFG "${sets[@]}"
 }
 run_arm() {  # run_arm I SETS LOG: one learning run; prints its out_dir's results to $OUT[/armI]
   local i=$1 x rc rd dest=${OUT:-}; local -a sets ls=()
+  # TRACES_FROM=runs/learn-gpu/lines-more-lint: an arm without SFT traces of its own starts with that run's (carried
+  # as .gput; e.g. a CPT arm, whose SFT must be the long run's): the same traces, so the same SFT data
+  if [ -n "${TRACES_FROM:-}" ] && [ -d "$TRACES_FROM/sft/traces" ]; then
+    rd=$(out_dir_of "$2")
+    if [ ! -d "$rd/sft/traces" ]; then mkdir -p "$rd/sft" && cp -r "$TRACES_FROM/sft/traces" "$rd/sft/"; fi
+  fi
   IFS=';' read -ra sets <<< "$2"
   for x in "${sets[@]}"; do [ -n "$x" ] && ls+=(--set "$x"); done
   # the script stops itself between units before --deadline-s; `timeout` is the backstop that still

@@ -17,7 +17,10 @@ The splits (written once to ``<out>/splits.json``; a resume with other splits is
   never trained on or used to choose anything);
 - ``humaneval_heldout``: the HumanEval problems of ``humaneval_heldout``.
 
-Stages, each resumable and each written when complete: ``sft`` (oracle traces of the train
+Stages, each resumable and each written when complete: ``pretrain`` (with ``[pretrain] enabled``:
+continued pretraining of ``[model] name`` on raw code into ``<out>/pretrain``, resumed from its
+checkpoints; its held-out code losses before and after go to the summary, and SFT starts from
+its export: an arm of Composer's CPT finding, ``benchmarks/cpt_table.py``), ``sft`` (oracle traces of the train
 split, ``[sft]`` epochs, evaluated), ``rl`` (``[run] steps`` GRPO updates from the SFT model,
 every ``[learn] eval_every`` steps the validation split evaluated, after the last step every
 split), then ``base`` (the model before any training, evaluated; last, because its figures
@@ -65,14 +68,16 @@ from opencomposer.config import ConfigError, Strict, load_config, validate  # no
 from opencomposer.eval.gate import paired_bootstrap  # noqa: E402
 from opencomposer.eval.results import SCHEMA, summarize  # noqa: E402
 from opencomposer.eval.run import episode_record, run_episodes  # noqa: E402
-from opencomposer.paths import atomic_write_bytes, atomic_write_text  # noqa: E402
+from opencomposer.paths import atomic_write_bytes, atomic_write_text, staged_dir  # noqa: E402
 from opencomposer.pipeline.report import episodes_checkpoint, figure, points_tensorboard  # noqa: E402
+from opencomposer.pipeline.run import continued_pretraining, pretrain_summary  # noqa: E402
 from opencomposer.pipeline.warm_start import Interrupted, oracle_traces, sft_warm_start  # noqa: E402
 from opencomposer.rl.config import RLRunConfig  # noqa: E402
 from opencomposer.rl.metrics import train_curves  # noqa: E402
 from opencomposer.rl.run import RLRun  # noqa: E402
 from opencomposer.tasks.format import Task  # noqa: E402
 from opencomposer.tasks.splits import Split, split_by_file  # noqa: E402
+from opencomposer.train import distributed  # noqa: E402
 from opencomposer.train.checkpoint import load_weights  # noqa: E402
 from opencomposer.train.checkpoint_files import step_dir_name  # noqa: E402
 from opencomposer.train.export import export_model  # noqa: E402
@@ -142,6 +147,14 @@ class LearnSection(Strict):
 
 class LearnConfig(RLRunConfig):
     learn: LearnSection
+
+    @model_validator(mode="after")
+    def _one_start(self) -> LearnConfig:
+        if self.pretrain.enabled and self.learn.sft_model:
+            raise ValueError(f"[pretrain] enabled with [learn] sft_model = {self.learn.sft_model!r}: SFT starts from "
+                             "the continued-pretraining export, so an earlier SFT model cannot stand in for it; "
+                             "drop one of the two")
+        return self
 
 
 # --------------------------------------------------------------------------- splits
@@ -354,6 +367,19 @@ def eval_split(run: RLRun, cfg: LearnConfig, stage: str, split: str, tasks: list
     return res
 
 
+def same_weights_read(out: Path, done: str, stage: str, split: str, log) -> bool:
+    """``stage`` holds the same weights as ``done`` (``rl`` after the last step is ``rl@<last>``): its
+    ``split`` read there is taken (copied whole) instead of evaluated again. False when there is none."""
+    src, dest = out / done / split, out / stage / split
+    if not (src / "results.json").exists() or (dest / "results.json").exists():
+        return (dest / "results.json").exists()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with staged_dir(dest) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    log(f"{stage}: {split} is {done}'s (the same weights), not evaluated again")
+    return True
+
+
 def read_chunks(chunks_dir: Path, ids: set[str], k: int) -> list[dict]:
     """The chunks an earlier call finished, in order; one of other tasks or another k is refused by name
     (a split's tasks never change mid-run: ``splits.json``)."""
@@ -483,9 +509,26 @@ def earlier_sft_model(cfg: LearnConfig, splits: dict[str, list[Path]]) -> Path:
     return model_dir
 
 
-def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log) -> Path:
+def cpt_stage(cfg: LearnConfig, out: Path, clock: Clock, log) -> Path | None:
+    """``[pretrain] enabled``: continued pretraining of ``[model] name`` into ``<out>/pretrain``
+    (``pipeline.run.continued_pretraining``: skipped once done, resumed from its checkpoints when a call
+    ended inside it); its export, which SFT starts from. Off: None (SFT starts from ``[model] name``)."""
+    if not cfg.pretrain.enabled or (out / "sft_model" / "config.json").exists():  # SFT done: not needed again
+        return None
+    done = out / "pretrain" / "result.json"
+    if not (done.exists() and json.loads(done.read_text()).get("steps") == cfg.pretrain.steps):
+        if not clock.fits(SFT_MARGIN_S):  # a checkpoint and the export must fit after its last step
+            raise OutOfTime("continued pretraining")
+        cfg.pretrain.check_paths()
+    res = continued_pretraining(cfg, out, True, distributed.init_from_env(cfg.model.device), log)
+    return Path(res["model_dir"])
+
+
+def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock: Clock, log,
+              start: Path | None = None) -> Path:
     """SFT on oracle traces of the train split (exported to ``<out>/sft_model``), then evaluated; with
-    ``[learn] sft_model``, that model evaluated instead."""
+    ``[learn] sft_model``, that model evaluated instead. ``start``: the model SFT trains (the CPT stage's
+    export; None: ``[model] name``)."""
     model_dir = earlier_sft_model(cfg, splits) if cfg.learn.sft_model else out / "sft_model"
     done = (model_dir / "config.json").exists()
     if done and ("sft" not in cfg.eval.stages or not _missing(cfg, out, "sft", splits)):
@@ -493,7 +536,8 @@ def sft_stage(cfg: LearnConfig, splits: dict[str, list[Path]], out: Path, clock:
     trajs = [] if done else sft_traces(cfg, splits, out, clock, log)  # before the model loads: no GPU needed
     seed_all(cfg.run.seed)
     scfg = sub_config(cfg, out / "sft")
-    run = RLRun(scfg, splits["train"], out / "sft", start_model=str(model_dir) if done else None)
+    run = RLRun(scfg, splits["train"], out / "sft",
+                start_model=str(model_dir) if done else str(start) if start is not None else None)
     try:
         if not done:
             log(f"SFT: {cfg.sft.epochs} epochs at lr {cfg.sft.lr} ...")
@@ -571,7 +615,8 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
                 eval_split(run, cfg, f"rl@{end}", "validation", splits["validation"], out, clock, log)
             if final:
                 for s in evaluated(cfg):
-                    eval_split(run, cfg, "rl", s, splits[s], out, clock, log)
+                    if not same_weights_read(out, f"rl@{end}", "rl", s, log):
+                        eval_split(run, cfg, "rl", s, splits[s], out, clock, log)
         finally:
             run.actor.policy.close()
     metrics = rl_out / "metrics.jsonl"
@@ -618,6 +663,8 @@ def summary(cfg: LearnConfig, out: Path) -> dict:
                     "completion_tokens": s["mean_completion_tokens"], "invalid_calls": s["invalid_calls"],
                     "outcomes": {o: sum(e.get("outcome") == o for e in eps) for o in OUTCOMES}}
     comparisons: dict[str, dict] = {}
+    cpt = out / "pretrain" / "result.json"
+    pretrain = {"pretrain": pretrain_summary(json.loads(cpt.read_text()))} if cpt.exists() else {}
     for sp in EVAL_SPLITS:
         milestones = [("sft", st) for st in stages if st.startswith("rl@")]  # rl@N against SFT, in step order
         for a, b in (("base", "sft"), *milestones, ("sft", "rl"), ("base", "rl")):
@@ -625,7 +672,7 @@ def summary(cfg: LearnConfig, out: Path) -> dict:
             if fa.exists() and fb.exists():
                 ra, rb = json.loads(fa.read_text()), json.loads(fb.read_text())
                 comparisons[f"{sp}: {a} -> {b}"] = {"pass@1": paired(ra, rb, 0), f"pass@{rb['k']}": paired(ra, rb, 1)}
-    return {"table": table, "comparisons": comparisons}
+    return {**pretrain, "table": table, "comparisons": comparisons}
 
 
 def stage_order(stage: str) -> tuple:
@@ -663,6 +710,10 @@ def summary_md(s: dict, header: str) -> str:
             lines.append(f"| {sp} | {st} | {m['tasks']} x {m['episodes'] // max(m['tasks'], 1)} | {m['pass@1']:.3f} | "
                          f"{pk:.3f} | {m['completion_tokens']:.0f} | {m['invalid_calls']:.2f} | "
                          + " / ".join(str(m["outcomes"][o]) for o in OUTCOMES) + " |")
+    if "pretrain" in s:
+        p = s["pretrain"]
+        lines += ["", f"Continued pretraining ({p['steps']} steps): held-out loss "
+                  + "; ".join(f"{k} {p['loss_before'][k]:.4f} -> {p['loss_after'][k]:.4f}" for k in p["loss_before"])]
     lines += ["", "| comparison | metric | tasks | delta | 95% CI (paired bootstrap) |", "|---|---|---|---|---|"]
     for name, c in s["comparisons"].items():
         for metric, v in c.items():
@@ -730,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # the base model last: its figures never change, so a time-limited session spends its time on
         # training first and measures the base whenever time is left (once for every later run)
-        sft_model = sft_stage(cfg, splits, out, clock, log)
+        sft_model = sft_stage(cfg, splits, out, clock, log, start=cpt_stage(cfg, out, clock, log))
         if "rl" in cfg.eval.stages and cfg.run.steps:
             rl_stage(cfg, splits, sft_model, out, clock, log)
             heldout_milestones(cfg, splits, sft_model, out, clock, log)

@@ -10,6 +10,7 @@ import pytest
 
 from opencomposer.config import ConfigError, load_config
 from opencomposer.eval.gate import compare
+from testkit.learn_config import write_config
 from testkit.scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,48 +31,12 @@ def test_overlapping_humaneval_splits_are_refused(tmp_path):
         load_config(p, lr.LearnConfig)
 
 
-def write_config(tmp_path: Path, toolz: Path, out: Path) -> Path:
-    cfg = tmp_path / "learn.toml"
-    cfg.write_text(f"""
-[learn]
-train_dirs = ["{toolz}"]
-heldout_share = 0.25
-validation_share = 0.0
-humaneval_train = [53]
-humaneval_validation = [23]
-humaneval_heldout = [2]
-oracle_workers = 2
-heldout_k = 3
-[model]
-name = "tiny-random"
-[tasks]
-dir = "{tmp_path / 'he'}"
-[rollout]
-k = 2
-tasks_per_step = 1
-max_new_tokens = 8
-backend = "local"
-engine = "builtin"
-[agent]
-max_turns = 4
-max_tokens = 2000
-[sft]
-epochs = 1
-[eval]
-stages = ["base", "sft", "rl"]
-k = 2
-[run]
-out_dir = "{out}"
-steps = 1
-""")
-    return cfg
-
-
 def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
     out = tmp_path / "run"
     cfg = write_config(tmp_path, toolz_tasks, out)
     assert lr.main(["--config", str(cfg)]) == 0
-    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out
+    last = json.loads(printed.strip().splitlines()[-1])
     assert last["stopped_before"] is None
     splits = json.loads((out / "splits.json").read_text())
     ids = [t for v in splits.values() for t in v]
@@ -83,6 +48,10 @@ def test_a_tiny_run_end_to_end(tmp_path, toolz_tasks, capsys):
         # one transcript a validation task (its first sample), to read what failed; none of other splits
         assert [p.name for p in (out / stage / "validation" / "transcripts").iterdir()] == ["HumanEval_23.json"]
         assert not (out / stage / "heldout_functions" / "transcripts").exists()
+    # after the last step the weights are rl@1's: its validation read is taken, not made again
+    assert (out / "rl" / "validation" / "results.json").read_bytes() == \
+        (out / "rl@1" / "validation" / "results.json").read_bytes()
+    assert "rl: validation is rl@1's (the same weights), not evaluated again" in printed
     for stage in ("base", "sft", "rl"):
         for split in ("heldout_functions", "humaneval_heldout"):
             res = json.loads((out / stage / split / "results.json").read_text())  # [learn] heldout_k

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from opencomposer.config import (
     AgentConfig,
@@ -367,6 +367,17 @@ class TrainRunSection(RunSection):
     keep_checkpoints: int = Field(2, ge=1)
     keep_every: int = Field(0, ge=0, description="also keep the weights of every N-th step's checkpoint (no "
                             "optimizer state): milestones a later evaluation reads; 0: none")
+    profile_steps: list[int] = Field(default_factory=list, description="RL steps whose update (and the weights "
+                                     "gathered after it) torch.profiler records: <out_dir>/profile/step-NNNN.txt, "
+                                     "the ops by self device and CPU time, with a JSON line of totals")
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _positive_steps(cls, v: list[int]) -> list[int]:
+        bad = [s for s in v if s < 1]
+        if bad:
+            raise ValueError(f"run.profile_steps: {bad}: steps count from 1")
+        return v
 
 
 class RLRunConfig(Strict):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from opencomposer.rl.actor import Actor, sandbox_pool  # noqa: F401 (sandbox_poo
 from opencomposer.rl.config import RLRunConfig
 from opencomposer.rl.learner import Learner
 from opencomposer.train import distributed
+from opencomposer.train.update_profile import profiled
 
 # the key of a checkpoint's actor state that holds how many sampling calls the rollout policy made:
 # its seed for call n is seed + n (policies/model.py, engine.py, server.py), so a resumed run
@@ -117,10 +119,12 @@ class RLRun:
     def step(self, step: int) -> dict[str, Any] | None:
         """One RL step; its metrics row (None on ranks other than 0)."""
         batch = distributed.on_main(self.dist, self.actor.next_batch, "rank 0 stopped the run while collecting rollouts")
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        metrics = self.learner.update(batch.train)
-        t1 = time.perf_counter()
-        weights = self.learner.weights()
+        profile = step + 1 in self.cfg.run.profile_steps and self.dist.main
+        with profiled(self.out / "profile" / f"step-{step + 1:04d}.txt") if profile else nullcontext():
+            t0, cpu0 = time.perf_counter(), time.thread_time()
+            metrics = self.learner.update(batch.train)
+            t1 = time.perf_counter()
+            weights = self.learner.weights()
         # where the trainer's time goes: the update, the weights gathered for the actor, and how much of
         # it this thread ran (a CUDA wait spins, so it counts; the GIL held by the rollouts' threads does not)
         metrics.update(time_update=t1 - t0, time_weights=time.perf_counter() - t1,
