@@ -119,7 +119,7 @@ class RLRun:
     def step(self, step: int) -> dict[str, Any] | None:
         """One RL step; its metrics row (None on ranks other than 0)."""
         batch = distributed.on_main(self.dist, self.actor.next_batch, "rank 0 stopped the run while collecting rollouts")
-        profile = step + 1 in self.cfg.run.profile_steps and self.dist.main
+        profile = distributed.main_does(self.dist, lambda: step + 1 in self.cfg.run.profile_steps)  # rank 0's
         with profiled(self.out / "profile" / f"step-{step + 1:04d}.txt") if profile else nullcontext():
             t0, cpu0 = time.perf_counter(), time.thread_time()
             metrics = self.learner.update(batch.train)
