@@ -149,7 +149,8 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
                   engine_stats: Mapping[str, float] | None = None) -> dict[str, float]:
     """Where a rollout batch's time went, per episode and in the engine (this batch's deltas).
 
-    Per episode (means; ``episode_s_max``: the slowest, which the step waits for): ``sandbox``
+    Per episode (means; ``episode_s_max``: the slowest, which the step waits for, and its parts as
+    ``episode_max_<part>_s``): ``sandbox``
     set-up, the agent loop split into ``policy`` (waiting for generation, queue included) and
     ``tools`` (the rest: commands, edits), and ``reward`` (grading in a fresh sandbox).
     ``queue_s_mean``: a request's wait for room in the engine (``[rollout] max_batch``). Engine
@@ -168,6 +169,11 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
            "episode_tools_s_mean": sum(max(a - p, 0.0) for a, p in zip(agent, policy)) / n,
            "episode_reward_s_mean": sum(e.seconds.get("reward", 0.0) for e in eps) / n,
            "queue_s_mean": _ratio(float(policy_stats.get("queue_seconds", 0.0)), float(policy_stats.get("requests", 0)))}
+    if eps:  # the slowest episode, which the step waited for, in the same parts
+        i = max(range(len(eps)), key=total.__getitem__)
+        out.update({"episode_max_sandbox_s": eps[i].seconds.get("sandbox", 0.0), "episode_max_policy_s": policy[i],
+                    "episode_max_tools_s": max(agent[i] - policy[i], 0.0),
+                    "episode_max_reward_s": eps[i].seconds.get("reward", 0.0)})
     if engine_stats:
         prompt = float(engine_stats.get("prompt_tokens", 0))
         out.update({"engine_prefill_s": float(engine_stats.get("prefill_seconds", 0.0)),

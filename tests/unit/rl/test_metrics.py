@@ -75,6 +75,9 @@ def test_rollout_times_split_an_episode_into_sandbox_policy_tools_and_grading():
     assert t["episode_s_mean"] == pytest.approx(36.5) and t["episode_s_max"] == 65.5
     assert t["episode_sandbox_s_mean"] == 1.0 and t["episode_reward_s_mean"] == 31.0
     assert t["episode_policy_s_mean"] == 3.5 and t["episode_tools_s_mean"] == 1.0  # (5 - 3) and (4 - 4)
+    # the slowest episode (65.5 s), in parts: its grade held the step
+    assert (t["episode_max_sandbox_s"], t["episode_max_policy_s"], t["episode_max_tools_s"],
+            t["episode_max_reward_s"]) == (1.5, 4.0, 0.0, 60.0)
     assert t["queue_s_mean"] == 0.5 and t["prefix_hit_fraction"] == 0.75
     assert t["engine_prefill_s"] == 1.5 and t["engine_generated_tokens"] == 80
     assert (t["engine_step_s"], t["engine_step_cpu_s"], t["engine_step_runqueue_s"]) == (4.2, 1.1, 0.7)
