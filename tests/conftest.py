@@ -57,7 +57,8 @@ def _cuda() -> bool:
 # session 43: grouped tests ran on both workers). pyproject's dev extra pins pytest below 9.2, and
 # `_GroupsHold` fails each grouped test whose group did not take rather than let the run go on without them.
 XDIST_GROUPS = {"adversarial": "adversarial", "test_ray_rl.py": "ray", "test_ray_sandboxes.py": "ray",
-                "test_eval_gate.py": "eval_gate", "test_async_bench.py": "async_bench"}
+                "test_eval_gate.py": "eval_gate", "test_async_bench.py": "async_bench",
+                "test_cpt_table.py": "cpt_table"}  # two tiny learning arms, made once
 
 
 def pytest_configure(config: pytest.Config) -> None:
