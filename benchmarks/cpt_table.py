@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learn_run import EVAL_SPLITS, paired, stage_order  # noqa: E402
 
+from opencomposer.eval.gate import paired_bootstrap  # noqa: E402
 from opencomposer.paths import atomic_write_text  # noqa: E402
 
 BOOT = 10_000
@@ -68,11 +69,9 @@ def rl_rows(out: Path) -> list[dict]:
 
 
 def interval(values: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """Mean and 95% percentile-bootstrap interval of ``values``."""
+    """Mean and 95% percentile-bootstrap interval of ``values`` (``eval.gate.paired_bootstrap``'s)."""
     v = np.asarray(values, dtype=float)
-    means = v[np.random.default_rng(seed).integers(0, len(v), size=(BOOT, len(v)))].mean(axis=1)
-    lo, hi = np.quantile(means, [0.025, 0.975])
-    return float(v.mean()), float(lo), float(hi)
+    return (float(v.mean()), *paired_bootstrap(v, BOOT, seed, 0.95))
 
 
 def cpt_losses(out: Path) -> dict | None:

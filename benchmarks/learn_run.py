@@ -70,7 +70,7 @@ from opencomposer.eval.results import SCHEMA, summarize  # noqa: E402
 from opencomposer.eval.run import episode_record, run_episodes  # noqa: E402
 from opencomposer.paths import atomic_write_bytes, atomic_write_text, staged_dir  # noqa: E402
 from opencomposer.pipeline.report import episodes_checkpoint, figure, points_tensorboard  # noqa: E402
-from opencomposer.pipeline.run import continued_pretraining, pretrain_summary  # noqa: E402
+from opencomposer.pipeline.run import continued_pretraining, pretrain_done, pretrain_summary  # noqa: E402
 from opencomposer.pipeline.warm_start import Interrupted, oracle_traces, sft_warm_start  # noqa: E402
 from opencomposer.rl.config import RLRunConfig  # noqa: E402
 from opencomposer.rl.metrics import train_curves  # noqa: E402
@@ -515,8 +515,7 @@ def cpt_stage(cfg: LearnConfig, out: Path, clock: Clock, log) -> Path | None:
     ended inside it); its export, which SFT starts from. Off: None (SFT starts from ``[model] name``)."""
     if not cfg.pretrain.enabled or (out / "sft_model" / "config.json").exists():  # SFT done: not needed again
         return None
-    done = out / "pretrain" / "result.json"
-    if not (done.exists() and json.loads(done.read_text()).get("steps") == cfg.pretrain.steps):
+    if pretrain_done(cfg, out) is None:
         if not clock.fits(SFT_MARGIN_S):  # a checkpoint and the export must fit after its last step
             raise OutOfTime("continued pretraining")
         cfg.pretrain.check_paths()

@@ -65,13 +65,9 @@ def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distr
     stage = out / "pretrain"
 
     def done() -> dict | None:
-        path = stage / "result.json"
-        if resume and path.exists() and (stage / "model").is_dir():
-            res = json.loads(path.read_text())
-            if res.get("steps") == p.steps:  # the model here, wherever the run dir was when it was made
-                return {**res, "model_dir": str(stage / "model")}
-        if not resume:  # a fresh run: an old stage's checkpoint is not continued
-            shutil.rmtree(stage / "checkpoints", ignore_errors=True)
+        if resume:
+            return pretrain_done(cfg, out)
+        shutil.rmtree(stage / "checkpoints", ignore_errors=True)  # a fresh run: an old stage's is not continued
         return None
 
     res = distributed.on_main(dist, done, "rank 0 could not read the pretrain stage")
@@ -89,6 +85,18 @@ def continued_pretraining(cfg: RLRunConfig, out: Path, resume: bool, dist: distr
         if name != "step":
             log(f"  held-out loss ({name}): {before['loss']} -> {res['after'][name]['loss']}")
     return res
+
+
+def pretrain_done(cfg: RLRunConfig, out: Path) -> dict | None:
+    """The ``[pretrain]`` stage's result when ``out/pretrain`` holds it complete (its steps, its model), else None;
+    ``model_dir`` is the model here, wherever the run dir was when it was made."""
+    stage = out / "pretrain"
+    path = stage / "result.json"
+    if path.exists() and (stage / "model").is_dir():
+        res = json.loads(path.read_text())
+        if res.get("steps") == cfg.pretrain.steps:
+            return {**res, "model_dir": str(stage / "model")}
+    return None
 
 
 def pretrain_summary(res: dict) -> dict:
