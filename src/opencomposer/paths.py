@@ -134,13 +134,15 @@ def staged_dir(final: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def held_lock(name: str) -> Iterator[None]:
-    """An exclusive ``flock`` on the cache's ``locks/<name>.lock`` for the block: processes (or
-    threads) that would build the same thing take turns. The kernel drops it when its holder
-    dies, so a killed builder never leaves the next one waiting."""
+def held_lock(name: str, shared: bool = False) -> Iterator[None]:
+    """A ``flock`` on the cache's ``locks/<name>.lock`` for the block: exclusive, so processes (or
+    threads) that would build the same thing take turns; ``shared``, so readers of a built thing
+    read together while no builder replaces it under them. The kernel drops it when its holder
+    dies, so a killed builder never leaves the next one waiting. A shared holder must not ask for
+    the exclusive lock inside its block (it would wait for itself)."""
     fd = os.open(cache_dir("locks") / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

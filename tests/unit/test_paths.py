@@ -34,7 +34,7 @@ with staged_dir(Path(sys.argv[1])) as tmp:
 HOLDER = r"""
 import sys
 from opencomposer.paths import held_lock
-with held_lock("thing"):
+with held_lock("thing", shared=sys.argv[1] == "shared"):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -97,18 +97,45 @@ def test_an_empty_cache_variable_means_the_default_not_the_current_directory(mon
     assert cache_dir("x") == tmp_path / "c" / "x"
 
 
+def _holder(cache: Path, mode: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLDER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OPENCOMPOSER_CACHE": str(cache)})
+
+
+def _can_take(cache: Path, kind: int) -> bool:
+    """Whether this process would get the lock ``thing`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) at once."""
+    fd = os.open(cache / "locks" / "thing.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_readers_share_a_lock_that_keeps_the_builder_out(tmp_path, monkeypatch):
+    """A model being loaded (shared) cannot be swapped out by a builder (exclusive) until the
+    readers are done; readers do not wait for each other."""
+    monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path))
+    reader = _holder(tmp_path, "shared")
+    try:
+        assert reader.stdout.readline().strip() == "held"
+        assert _can_take(tmp_path, fcntl.LOCK_SH)  # a second reader: at once
+        assert not _can_take(tmp_path, fcntl.LOCK_EX)  # a builder: not while one reads
+        reader.stdin.close()  # the reader finishes
+        assert reader.wait(30) == 0
+    finally:
+        reader.kill()
+    assert _can_take(tmp_path, fcntl.LOCK_EX)  # and then the builder gets it
+
+
 def test_a_lock_is_held_by_one_at_a_time_and_dropped_when_its_holder_dies(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "OPENCOMPOSER_CACHE": str(tmp_path)})
+    holder = _holder(tmp_path, "exclusive")
     try:
         assert holder.stdout.readline().strip() == "held"
-        fd = os.open(tmp_path / "locks" / "thing.lock", os.O_RDWR)
-        try:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(fd)
+        assert not _can_take(tmp_path, fcntl.LOCK_SH) and not _can_take(tmp_path, fcntl.LOCK_EX)
         holder.kill()
         assert holder.wait(30) == -signal.SIGKILL
     finally:

@@ -87,13 +87,11 @@ def load_model(
 
 def _load(name: str, dtype: torch.dtype | str, device: str | torch.device, local_files_only: bool) -> tuple[Any, Any]:
     dtype = _as_dtype(dtype)
-    if name == "smollm2-135m":
-        path = build_cached("smollm2-135m", _build_smollm2)
-    elif name == "tiny-random":
-        path = build_cached("tiny-random", _build_tiny(tiny_random_model))
-    elif name == "tiny-random-moe":
-        path = build_cached("tiny-random-moe", _build_tiny(tiny_random_moe_model))
-    elif Path(name).expanduser().exists():
+    builders = {"smollm2-135m": _build_smollm2, "tiny-random": _build_tiny(tiny_random_model),
+                "tiny-random-moe": _build_tiny(tiny_random_moe_model)}
+    if name in builders:
+        return _place(*_load_cached(name, builders[name], dtype), device)
+    if Path(name).expanduser().exists():
         path = Path(name).expanduser()
     elif name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
         raise ModelLoadError(f"model path {name!r} does not exist. {_HINT}")
@@ -135,7 +133,9 @@ def _load_dir(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return _load_gguf(ggufs[0], dtype)
-        raise ModelLoadError(f"{config_file}: missing; {path} is not a Hugging Face model directory")
+        held = sorted(p.name for p in path.iterdir())[:8] if path.is_dir() else None
+        raise ModelLoadError(f"{config_file}: missing; {path} is not a Hugging Face model directory "
+                             f"({'it does not exist' if held is None else f'it holds {held}'})")
     try:
         json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -221,6 +221,18 @@ def _load_gguf(file: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- cached builds
 
 
+def _load_cached(name: str, build: Callable[[Path], dict[str, Any]], dtype: torch.dtype) -> tuple[Any, Any]:
+    """Load the cached build of ``name`` (``build_cached``) under a shared lock: no builder swaps
+    a stale tree out while another process reads its files."""
+    for _ in range(3):
+        path = build_cached(name, build)  # takes and drops the exclusive lock when it must build
+        with held_lock(f"models-{name}", shared=True):
+            if _valid_cache(path):  # not replaced between the build and the lock
+                return _load_dir(path, dtype)
+    raise ModelLoadError(f"{model_cache_dir(name)}: the cached build of {name!r} was replaced three times while "
+                         "loading it; is another process rebuilding it with a different opencomposer version?")
+
+
 def build_cached(name: str, build: Callable[[Path], dict[str, Any]]) -> Path:
     """The cache dir for ``name``; if missing or stale, ``build(tmp_dir)`` fills a temp dir
     (returning a description of its source) that is then renamed into place. Builders of one
@@ -247,9 +259,25 @@ def build_cached(name: str, build: Callable[[Path], dict[str, Any]]) -> Path:
 def _valid_cache(path: Path) -> bool:
     try:
         marker = json.loads((path / MARKER).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
+        return False  # not built, or half of an old layout: build it; any other OSError (a process out of
+        # file descriptors, a disk error) propagates rather than swap a good tree out for a rebuild
     return marker.get("cache_version") == CACHE_VERSION and (path / "config.json").is_file()
+
+
+def _save_dir(model: Any, tokenizer: Any, out: Path) -> None:
+    """``save_pretrained`` of both, on whichever process builds the cache. Under torch.distributed,
+    transformers writes a model's files on rank 0 only (``should_save_on_this_rank``), silently: a
+    torchrun rank 1 that won the build left a tree of tokenizer files alone (CI failed so twice)."""
+    model.should_save_on_this_rank = lambda is_main_process: True  # this process's own build, whatever its rank
+    try:
+        model.save_pretrained(out)
+    finally:
+        del model.should_save_on_this_rank
+    tokenizer.save_pretrained(out)
+    if not (out / "config.json").is_file() or not any(out.glob("*.safetensors")):
+        raise ModelLoadError(f"{out}: save_pretrained wrote no config.json or weights (it holds "
+                             f"{sorted(p.name for p in out.iterdir())}); transformers {transformers.__version__}")
 
 
 def _build_smollm2(out: Path) -> dict[str, Any]:
@@ -257,8 +285,7 @@ def _build_smollm2(out: Path) -> dict[str, Any]:
     model, tokenizer = _load_gguf(gguf, torch.float32)  # fp32: keep the dequantized values exact
     model.config._name_or_path = "smollm2-135m"
     _prepare_tokenizer(tokenizer, model.config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    _save_dir(model, tokenizer, out)
     return {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size}
 
 
@@ -269,8 +296,7 @@ def _build_tiny(make: Callable[[Any], Any]) -> Callable[[Path], dict[str, Any]]:
         tokenizer = _smollm2_tokenizer()
         model = make(tokenizer)
         _prepare_tokenizer(tokenizer, model.config)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        _save_dir(model, tokenizer, out)
         return {"seed": TINY_SEED, "tokenizer": "smollm2-135m"}
 
     return build

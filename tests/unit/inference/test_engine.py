@@ -136,6 +136,32 @@ def test_stop_strings_cut_the_text():
     assert len(c.token_ids) < len(free.token_ids)
 
 
+def test_ignore_eos_generates_past_end_of_turn_tokens_to_max_tokens():
+    """The model's EOS ends a sequence unless ``ignore_eos`` (vLLM's extension: benchmarks and
+    tests that need a fixed length); an explicit stop token still ends it."""
+    from opencomposer.models.registry import load_model
+
+    hf, tok = load_model("tiny-random")
+    p = tok.encode("The list: one, two, three")
+    free = Engine(hf, tok, max_model_len=128).generate([p], SamplingParams(max_tokens=12, temperature=0))[0]
+    eos = free.token_ids[3]
+    hf.generation_config.eos_token_id = eos  # this model's turn now ends at the 4th token it writes
+    engine = Engine(hf, tok, max_model_len=128)
+    assert eos in engine.eos_ids
+    cut = free.token_ids.index(eos) + 1
+    ended = engine.generate([p], SamplingParams(max_tokens=12, temperature=0))[0]
+    assert ended.token_ids == free.token_ids[:cut] and ended.finish_reason == "stop"
+    assert ended.text == tok.decode(free.token_ids[:cut - 1])
+    on = engine.generate([p], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    assert on.token_ids == free.token_ids and on.finish_reason == "length" and on.text == free.text
+    stopped = engine.generate([p], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                  stop_token_ids=(eos,)))[0]
+    assert stopped.token_ids == free.token_ids[:cut] and stopped.finish_reason == "stop"
+    with pytest.raises(ValueError, match=r"ignore_eos='yes' \(True or False\)"):
+        engine.add_request(p, SamplingParams(ignore_eos="yes"))
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(hf, prompts):
     ps = prompts(3, seed=11)
     engine = Engine(hf, None, max_model_len=128)

@@ -291,9 +291,26 @@ def test_disconnect_mid_stream_aborts_and_frees_kv_blocks(srv):
     assert m["engine"]["kv_blocks_used"] == 0 and m["engine"]["running"] == 0
 
 
+def test_ignore_eos_runs_a_completion_to_max_tokens(srv):
+    """vLLM's extension field: the end-of-turn token does not end the answer (a fixed length for
+    benchmarks); without it this prompt ends after about 200 tokens."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}
+    free = httpx.post(srv.url + "/completions", json=body, timeout=60).json()
+    assert free["choices"][0]["finish_reason"] == "stop" and free["usage"]["completion_tokens"] < 400
+    full = httpx.post(srv.url + "/completions", json={**body, "ignore_eos": True}, timeout=60).json()
+    assert full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 400
+    bad = httpx.post(srv.url + "/completions", json={**body, "ignore_eos": "sometimes"}, timeout=60)
+    assert bad.status_code == 400 and "ignore_eos" in bad.text
+    no_leaks(srv)
+
+
 def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(srv):
+    """The answer runs to max_tokens (ignore_eos: ~1,500 tokens, seconds on a CPU), so the server
+    must notice the client that gave up after 0.3 s; without it the model's own end of turn (~200
+    tokens, under 0.4 s on an idle machine) could come first (CI saw that once)."""
     before = srv.metrics()["server"]["aborted"]
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": MAX_LEN - 64, "temperature": 0}
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": MAX_LEN - 64, "temperature": 0,
+            "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
     m = srv.wait_idle()

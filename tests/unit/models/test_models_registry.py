@@ -77,7 +77,7 @@ def test_cache_is_built_once_atomically_and_replaces_stale_entries(tmp_path, mon
 
 def test_builders_of_one_name_take_turns_and_the_cache_is_built_once(tmp_path, monkeypatch):
     """Ranks of one torchrun all load the model: one builds it, the others wait and read it,
-    and none removes the tree another just renamed in (CI lost a rank that way)."""
+    and none removes the tree another just renamed in."""
     monkeypatch.setenv("OPENCOMPOSER_CACHE", str(tmp_path))
     stale = model_cache_dir("raced")
     stale.mkdir(parents=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.inference.engine.sequence import Sequence
+from opencomposer.inference.engine.sequence import SamplingParams, Sequence
 
 
 @dataclass
@@ -74,9 +74,10 @@ class Completion:
 
 def stop_reason(seq: Sequence, eos_ids: frozenset[int], tokenizer: Any, max_model_len: int) -> str | None:
     """Why ``seq`` stops after its last token: "stop" (an end-of-turn or stop token, or a stop
-    string in the decoded tail), "length" (``max_tokens`` or ``max_model_len``), else None."""
+    string in the decoded tail; end-of-turn ids not under ``ignore_eos``), "length" (``max_tokens``
+    or ``max_model_len``), else None."""
     p = seq.params
-    if seq.token_ids[-1] in eos_ids or seq.token_ids[-1] in p.stop_token_ids:
+    if _ends_turn(seq.token_ids[-1], p, eos_ids):
         return "stop"
     if p.stop and tokenizer is not None:
         window = max(len(s) for s in p.stop) + 8  # tokens: each one is at least a char, mostly
@@ -88,13 +89,17 @@ def stop_reason(seq: Sequence, eos_ids: frozenset[int], tokenizer: Any, max_mode
     return None
 
 
+def _ends_turn(token: int, p: SamplingParams, eos_ids: frozenset[int]) -> bool:
+    return token in p.stop_token_ids or (token in eos_ids and not p.ignore_eos)
+
+
 def completion_text(seq: Sequence, reason: str, eos_ids: frozenset[int], tokenizer: Any) -> str:
     """The finished ``seq``'s decoded completion, without its stop token and cut before the
     first stop string ("" without a tokenizer)."""
     if tokenizer is None:
         return ""
     ids = seq.completion_ids
-    if reason == "stop" and ids and (ids[-1] in eos_ids or ids[-1] in seq.params.stop_token_ids):
+    if reason == "stop" and ids and _ends_turn(ids[-1], seq.params, eos_ids):
         ids = ids[:-1]
     text = tokenizer.decode(ids, skip_special_tokens=False)
     cuts = [text.find(s) for s in seq.params.stop if s in text]

@@ -26,6 +26,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's/model's end-of-turn ids
     seed: int | None = None
     top_logprobs: int = 0  # also return the N most likely tokens' logprobs per sampled token (N <= 20)
+    ignore_eos: bool = False  # go on past the end-of-turn ids to max_tokens (stop_token_ids and stop still end it)
 
     def check(self) -> None:
         bad = []
@@ -43,6 +44,8 @@ class SamplingParams:
             bad.append(f"stop={self.stop!r} (a tuple of non-empty strings)")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             bad.append(f"top_logprobs={self.top_logprobs!r} (an int in [0, {MAX_TOP_LOGPROBS}])")
+        if not isinstance(self.ignore_eos, bool):
+            bad.append(f"ignore_eos={self.ignore_eos!r} (True or False)")
         if bad:
             raise ValueError("bad SamplingParams: " + "; ".join(bad))
 

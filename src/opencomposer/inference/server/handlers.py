@@ -168,7 +168,7 @@ class OpenAIServer:
         max_tokens = explicit if explicit is not None else min(default or room, room)
         return SamplingParams(
             max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-            stop=req.stop_strings(),
+            stop=req.stop_strings(), ignore_eos=req.ignore_eos,
             seed=None if req.seed is None else req.seed + seq,
             top_logprobs=(req.top_logprobs or 0) if isinstance(req, wire.ChatRequest) and req.logprobs
             else (req.logprobs or 0) if isinstance(req, wire.CompletionRequest) else 0,

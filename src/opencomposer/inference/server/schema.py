@@ -40,6 +40,7 @@ class _Request(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # an extension (vLLM has it too); 0 = off
+    ignore_eos: bool = False  # an extension (vLLM's): generate to max_tokens past end-of-turn tokens
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
