@@ -21,7 +21,8 @@
 #                           EXCLUDE_LIBS="jsonpickle": libraries whose wheels cannot be had for 3.12 left out); it
 #                           prints which part is which
 #     .gput/                with TRACE_SETS='run|;replace-lines|--set agent.edit_tools=["replace_lines","write_file"]':
-#                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session);
+#                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session), and
+#                           kept in git as data/traces/<out_dir>.tgz (then the tree carries them: not made again);
 #                           for gpu-lines.toml: CFG=configs/learn/gpu-lines.toml TRACE_SETS='lines|' ... prepare
 #   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
 #     carry [.gpuw] / [.gpug0] / [.gpug1] / ... / [.gpup1] / ... (each call <= 64 MiB with the tree: carry_room.sh):
@@ -57,7 +58,9 @@
 #     on the CPU (`tasks make --config configs/tasks/lines-extra.toml`, then `prepare` again with out/packs/lines-extra*
 #     removed) while the run goes on, and single-epoch RL reaches its 100 steps.
 #   Evaluations that came back (results.tgz) are not run again: put them in .gpur/<out_dir under runs/learn-gpu>.tgz
-#   (e.g. .gpur/replace-lines.tgz holding sft/validation/results.json) and carry .gpur with a `stash`.
+#   (e.g. .gpur/replace-lines.tgz holding sft/validation/results.json) and carry .gpur with a `stash`; and keep them in
+#   git without transcripts: `benchmarks/learn_device.sh keep-results RESULTS_TGZ OUT_DIR` -> data/runs/OUT_DIR.tgz
+#   (every call reads it from the tree; session 46 lost sessions 40-44's per-task results with a fresh clone).
 #   SET='agent.edit_tools=["replace_lines", "write_file"];run.out_dir="runs/learn-gpu/x"' overrides settings
 #   (benchmarks/learn_run.py --set, one per `;`).
 #   SET1='...' runs a second arm at once on the second GPU of nvidia-h200-x2 (results in $OUT/arm0, $OUT/arm1).
@@ -73,7 +76,7 @@
 #   when the config's stages are done; its results come back under $OUT (summary, per-stage results, log).
 set -euo pipefail
 START=$(date +%s)
-L=/tmp/learn
+L=${LEARN_DIR:-/tmp/learn}  # where the device keeps what calls carried (a test points it elsewhere)
 CFG_GIVEN=${CFG:-}  # `watch` and `stop` take the config `start` was given (kept in $L/cfg)
 CFG=${CFG:-configs/learn/gpu.toml}
 # every task pack: NAME:FOLDER:SOURCE -- out/packs/NAME.ocpack, unpacked to runs/learn-gpu/tasks/FOLDER, made from
@@ -89,6 +92,17 @@ if [ "${1:-}" = factory-prepare ]; then  # FACTORY=lines-extra: what `factory` n
   tar -cf - -C .gpuf-$N . | split -b "$(benchmarks/carry_room.sh)m" -d - /tmp/fparts/$N.tar.part-  # beside the tree
   i=0; for f in /tmp/fparts/$N.tar.part-*; do i=$((i + 1)); mkdir -p .gpuf$i && mv "$f" .gpuf$i/; echo ".gpuf$i: $(basename "$f")"; done
   grep -q "^/.gpuf\*/" .git/info/exclude 2>/dev/null || echo "/.gpuf*/" >> .git/info/exclude
+  exit 0
+fi
+if [ "${1:-}" = keep-results ]; then  # HERE: keep-results RESULTS_TGZ OUT_DIR (under runs/learn-gpu): what came back,
+  # kept in git as data/runs/OUT_DIR.tgz without its transcripts (the tree carries it to every call: evaluations and
+  # metrics rows survive a fresh clone and are not run again; the transcripts stay in .gpur)
+  [ -f "${2:-}" ] && [ -n "${3:-}" ] || { echo "usage: $0 keep-results RESULTS_TGZ OUT_DIR" >&2; exit 2; }
+  T=$(mktemp -d); tar -xzf "$2" -C $T
+  find $T -path '*/transcripts/*' -delete; find $T -type d -empty -delete 2>/dev/null || true
+  mkdir -p data/runs && tar -czf data/runs/.$3.tgz.tmp -C $T . && mv data/runs/.$3.tgz.tmp data/runs/$3.tgz
+  rm -rf $T
+  echo "{\"kept\": \"data/runs/$3.tgz\", \"bytes\": $(stat -c %s data/runs/$3.tgz)}"
   exit 0
 fi
 if [ "${1:-}" = prepare ]; then
@@ -167,18 +181,30 @@ sys.exit(0 if key(a) == key(b) else 1)" out/packs-nowheels/$n.ocpack data/tasks/
     IFS=';' read -ra arms <<< "$TRACE_SETS"
     for arm in "${arms[@]}"; do
       out=${arm%%|*}; read -ra extra <<< "${arm#*|}"
+      if [ -f data/traces/$out.tgz ]; then  # kept in git: the tree carries them, nothing to make or stash
+        echo "$out: traces kept in data/traces/$out.tgz"; continue
+      fi
       .venv/bin/python benchmarks/learn_run.py --config $CFG --set 'model.device="cpu"' \
         --set 'learn.heldout_library_dirs=[]' --set 'learn.rl_extra_dirs=[]' --set "run.out_dir=\"runs/learn-gpu/$out\"" \
         "${extra[@]}" --traces-only  # (SFT's traces read the train split only: RL's extra pool need not be here)
       dirs+=("$out/sft/traces")
+      # kept in git (session 46 began on a fresh clone: the traces, hours of the CPU, were gone with .gput)
+      mkdir -p data/traces && tar -czf data/traces/.$out.tgz.tmp -C runs/learn-gpu "$out/sft/traces" \
+        && mv data/traces/.$out.tgz.tmp data/traces/$out.tgz && echo "$out: traces kept in data/traces/$out.tgz (git add it)"
     done
-    tar -czf .gput/traces.tgz -C runs/learn-gpu "${dirs[@]}"
+    [ ${#dirs[@]} -gt 0 ] && tar -czf .gput/traces.tgz -C runs/learn-gpu "${dirs[@]}"
   fi
   du -sh .gpuw .gpug* .gpup* .gpuh* .gput 2>/dev/null
   exit 0
 fi
 
 # ---- on the device: keep what this call carried
+restore_results() {  # results that came back (results.tgz of an out_dir, named <out_dir under runs/learn-gpu>.tgz),
+  # carried in .gpur or kept in git (data/runs/); not rl_run/: a shipped rl_run, checkpoints and all, is restored in
+  # its place at set-up
+  mkdir -p "$L/run/$(basename "$1" .tgz)" && tar -xzf "$1" --skip-old-files --exclude=./rl_run \
+    -C "$L/run/$(basename "$1" .tgz)"
+}
 mkdir -p $L/wheels $L/packs $L/gguf $L/run $L/incoming
 for d in .gpuw* .gpug* .gpup* .gpuh* .gput .gpur .gpuz* .gpuf[0-9]*; do
   if [ -d "$d" ]; then case $d in
@@ -188,13 +214,14 @@ for d in .gpuw* .gpug* .gpup* .gpuh* .gput .gpur .gpuz* .gpuf[0-9]*; do
     .gpuz*) cp -n $d/* $L/incoming/ ;;  # parts of a shipped directory (benchmarks/carry_parts.py)
     .gpuf[0-9]*) mkdir -p $L/fparts && cp -n $d/* $L/fparts/ ;;  # a factory's sdists and wheels (`factory-prepare`)
     .gput) for f in $d/*.tgz; do tar -xzf "$f" -C $L/run; done ;;  # oracle traces made here (`prepare`)
-    .gpur) for f in $d/*.tgz; do  # results that came back (results.tgz of an out_dir, named <out_dir under runs/learn-gpu>.tgz)
-             # (not rl_run/: a shipped rl_run, checkpoints and all, is restored in its place at set-up)
-             mkdir -p "$L/run/$(basename "$f" .tgz)" && tar -xzf "$f" --skip-old-files --exclude=./rl_run \
-               -C "$L/run/$(basename "$f" .tgz)"; done ;;
+    .gpur) for f in $d/*.tgz; do restore_results "$f"; done ;;
     *) cp -n $d/* $L/gguf/ ;;
   esac; fi
 done
+# the SFT oracle traces kept in git (data/traces/<out_dir>.tgz, `prepare`): they came with the tree
+for f in data/traces/*.tgz; do [ -e "$f" ] && tar -xzf "$f" --skip-old-files -C $L/run; done
+# and the results of earlier sessions kept in git (data/runs/<out_dir>.tgz: evaluations and metrics rows, not run again)
+for f in data/runs/*.tgz; do [ -e "$f" ] && restore_results "$f"; done
 ls $L/wheels | wc -l | sed 's/^/wheels: /'; ls $L/gguf $L/packs
 echo "wheelhouse parts: $(ls $L/hparts 2>/dev/null | grep -c part-); shipped parts: $(ls $L/incoming | grep -c part-)"
 [ "${1:-}" = stash ] && exit 0

@@ -96,3 +96,44 @@ def test_arms_outlive_the_call_and_stop_between_units(tmp_path):
             assert "./rl_run/metrics.jsonl" in t.getnames()
     finally:
         (tmp_path / "L" / "stop").touch()
+
+
+def _tgz(path: Path, files: dict[str, str]) -> None:
+    src = path.parent / (path.name + ".src")
+    for name, text in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    with tarfile.open(path, "w:gz") as t:
+        t.add(src, arcname=".")
+
+
+def test_results_and_traces_kept_in_git_reach_every_call(tmp_path):
+    """What must outlive a fresh clone travels with the tree: `keep-results` keeps what came back without its
+    transcripts (data/runs/OUT.tgz) and `prepare` the SFT traces (data/traces/OUT.tgz); a device call (here
+    `stash`) puts both where the run reads them, leaving files already there alone."""
+    script = ROOT / "benchmarks" / "learn_device.sh"
+    back = tmp_path / "results.tgz"
+    _tgz(back, {"sft/validation/results.json": '{"pass@1": 0.013}', "sft/validation/transcripts/t1.json": "{}",
+                "rl_run/metrics.jsonl": '{"step": 1}\n', "summary.json": "{}"})
+    kept = subprocess.run(["bash", str(script), "keep-results", str(back), "arm-a"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0, kept.stderr
+    assert '"kept": "data/runs/arm-a.tgz"' in kept.stdout.splitlines()[-1]
+    with tarfile.open(tmp_path / "data/runs/arm-a.tgz") as t:
+        names = set(t.getnames())
+    assert "./sft/validation/results.json" in names and not any("transcripts" in n for n in names)
+    bad = subprocess.run(["bash", str(script), "keep-results", str(tmp_path / "nothing.tgz"), "arm-a"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+    (tmp_path / "data/traces").mkdir(parents=True)
+    _tgz(tmp_path / "data/traces/arm-a.tgz", {"arm-a/sft/traces/0001.json": '{"messages": []}'})
+    L = tmp_path / "L"
+    (L / "run/arm-a/sft").mkdir(parents=True)
+    (L / "run/arm-a/summary.json").write_text('{"newer": true}')  # made by a call before: kept
+    r = subprocess.run(["bash", str(script), "stash"], cwd=tmp_path, env={**os.environ, "LEARN_DIR": str(L)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (L / "run/arm-a/sft/traces/0001.json").read_text() == '{"messages": []}'
+    assert (L / "run/arm-a/sft/validation/results.json").read_text() == '{"pass@1": 0.013}'
+    assert (L / "run/arm-a/summary.json").read_text() == '{"newer": true}'
+    assert not (L / "run/arm-a/rl_run").exists()  # an rl_run comes back whole, with its checkpoints, or not at all
