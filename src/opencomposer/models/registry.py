@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
@@ -226,7 +227,11 @@ def _load_cached(name: str, build: Callable[[Path], dict[str, Any]], dtype: torc
     a stale tree out while another process reads its files."""
     for _ in range(3):
         path = build_cached(name, build)  # takes and drops the exclusive lock when it must build
-        with held_lock(f"models-{name}", shared=True):
+        with ExitStack() as lock:
+            try:
+                lock.enter_context(held_lock(f"models-{name}", shared=True))
+            except OSError:  # a read-only cache (a shared, pre-built one): no one can rebuild it there either
+                pass
             if _valid_cache(path):  # not replaced between the build and the lock
                 return _load_dir(path, dtype)
     raise ModelLoadError(f"{model_cache_dir(name)}: the cached build of {name!r} was replaced three times while "

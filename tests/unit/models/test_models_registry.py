@@ -102,6 +102,23 @@ def test_builders_of_one_name_take_turns_and_the_cache_is_built_once(tmp_path, m
     assert sorted(p.name for p in stale.parent.iterdir()) == ["raced"]
 
 
+def test_a_built_cache_loads_where_no_lock_can_be_made(tiny, monkeypatch):
+    """A shared, pre-built cache mounted read-only: the readers' lock file cannot be created there,
+    and the model still loads (nothing can rebuild it there either)."""
+    from contextlib import contextmanager
+
+    from opencomposer.models import registry
+
+    @contextmanager
+    def read_only(name, shared=False):
+        raise PermissionError(13, "Read-only file system", f"locks/{name}.lock")
+        yield
+
+    monkeypatch.setattr(registry, "held_lock", read_only)
+    model, _ = load_model("tiny-random")  # built already (the fixture): no lock needed to build
+    assert all(torch.equal(t, tiny[0].state_dict()[k]) for k, t in model.state_dict().items())
+
+
 def test_dtype_by_name(tiny):
     model, _ = load_model("tiny-random", dtype="bfloat16")
     assert model.dtype == torch.bfloat16
