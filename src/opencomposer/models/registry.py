@@ -88,10 +88,8 @@ def load_model(
 
 def _load(name: str, dtype: torch.dtype | str, device: str | torch.device, local_files_only: bool) -> tuple[Any, Any]:
     dtype = _as_dtype(dtype)
-    builders = {"smollm2-135m": _build_smollm2, "tiny-random": _build_tiny(tiny_random_model),
-                "tiny-random-moe": _build_tiny(tiny_random_moe_model)}
-    if name in builders:
-        return _place(*_load_cached(name, builders[name], dtype), device)
+    if name in _BUILDS:
+        return _place(*_load_cached(name, _BUILDS[name], dtype), device)
     if Path(name).expanduser().exists():
         path = Path(name).expanduser()
     elif name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
@@ -384,3 +382,9 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
     # transformers renamed ``torch_dtype`` to ``dtype`` in 4.56; accept both generations.
     major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+# the named models built into the cache on first use (``load_model(name)``)
+_BUILDS: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "smollm2-135m": _build_smollm2, "tiny-random": _build_tiny(tiny_random_model),
+    "tiny-random-moe": _build_tiny(tiny_random_moe_model)}

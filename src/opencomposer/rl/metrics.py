@@ -160,20 +160,14 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
     the device or for the GIL; ``engine_step_runqueue_s``: the stepping thread runnable but without a core)."""
     eps = [r.result for r in rollouts if r.result is not None]
     n = max(len(eps), 1)
-    policy = [sum(s.policy_seconds for s in e.trajectory.steps) for e in eps]
-    agent = [e.seconds.get("episode", 0.0) for e in eps]
     total = [e.seconds.get("total", 0.0) for e in eps]
+    parts = [_episode_parts(e) for e in eps]  # each episode's sandbox, policy, tools and reward seconds
     out = {"episode_s_mean": sum(total) / n, "episode_s_max": max(total, default=0.0),
-           "episode_sandbox_s_mean": sum(e.seconds.get("sandbox", 0.0) for e in eps) / n,
-           "episode_policy_s_mean": sum(policy) / n,
-           "episode_tools_s_mean": sum(max(a - p, 0.0) for a, p in zip(agent, policy)) / n,
-           "episode_reward_s_mean": sum(e.seconds.get("reward", 0.0) for e in eps) / n,
+           **{f"episode_{k}_s_mean": sum(p[k] for p in parts) / n for k in EPISODE_PARTS},
            "queue_s_mean": _ratio(float(policy_stats.get("queue_seconds", 0.0)), float(policy_stats.get("requests", 0)))}
     if eps:  # the slowest episode, which the step waited for, in the same parts
-        i = max(range(len(eps)), key=total.__getitem__)
-        out.update({"episode_max_sandbox_s": eps[i].seconds.get("sandbox", 0.0), "episode_max_policy_s": policy[i],
-                    "episode_max_tools_s": max(agent[i] - policy[i], 0.0),
-                    "episode_max_reward_s": eps[i].seconds.get("reward", 0.0)})
+        slowest = parts[max(range(len(eps)), key=total.__getitem__)]
+        out.update({f"episode_max_{k}_s": slowest[k] for k in EPISODE_PARTS})
     if engine_stats:
         prompt = float(engine_stats.get("prompt_tokens", 0))
         out.update({"engine_prefill_s": float(engine_stats.get("prefill_seconds", 0.0)),
@@ -187,6 +181,17 @@ def rollout_times(rollouts: list[Rollout], policy_stats: Mapping[str, float],
                     "engine_step_cpu_s": float(engine_stats.get("step_cpu_seconds", 0.0)),
                     "engine_step_runqueue_s": float(engine_stats.get("step_runqueue_seconds", 0.0))})
     return {k: round(v, 4) for k, v in out.items()}
+
+
+EPISODE_PARTS = ("sandbox", "policy", "tools", "reward")
+
+
+def _episode_parts(e: Any) -> dict[str, float]:
+    """An episode's seconds by ``EPISODE_PARTS``: the agent loop is waiting for generation (policy,
+    queue included) and the rest (tools: commands, edits)."""
+    policy = sum(s.policy_seconds for s in e.trajectory.steps)
+    return {"sandbox": e.seconds.get("sandbox", 0.0), "policy": policy,
+            "tools": max(e.seconds.get("episode", 0.0) - policy, 0.0), "reward": e.seconds.get("reward", 0.0)}
 
 
 def wall_clock(key: str) -> bool:
