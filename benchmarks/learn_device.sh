@@ -24,9 +24,13 @@
 #                           each arm's SFT oracle traces, made here (minutes of GPU time saved each session), and
 #                           kept in git as data/traces/<out_dir>.tgz (then the tree carries them: not made again);
 #                           for gpu-lines.toml: CFG=configs/learn/gpu-lines.toml TRACE_SETS='lines|' ... prepare
-#   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree (~3 MB):
-#     carry [.gpuw] / [.gpug0] / [.gpug1] / ... / [.gpup1] / ... (each call <= 64 MiB with the tree: carry_room.sh):
-#                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn)
+#   THEN, on one warm device machine, call after call, each carrying <= 64 MiB with the tree:
+#     first HERE: benchmarks/tree_slim.sh on   (data/tasks/, 44 of the tree's 53 MB, out of the travelling tree;
+#                 `off` after the session, before any commit), and
+#     .venv/bin/python benchmarks/carry_parts.py plan .gpuw* .gpug? .gpuh* .gpuz-* data/tasks   (the calls' carries)
+#     carry each call's folders (data/tasks once; session 47: 6 calls, ~6 s of device time each once warm):
+#                                    benchmarks/learn_device.sh stash   (copies what came to /tmp/learn; data/tasks'
+#                                    packs too: the machine drops a carried folder at the next call)
 #     then, with nothing carried:    benchmarks/learn_device.sh run     (set up once, run until the deadline)
 #     or first:                      benchmarks/learn_device.sh bench   (set up, then `bench train --device cuda`;
 #                                    BENCH_ARGS="--model shape:qwen2.5-1.5b --batches dense ..." for other shapes)
@@ -218,6 +222,11 @@ for d in .gpuw* .gpug* .gpup* .gpuh* .gput .gpur .gpuz* .gpuf[0-9]*; do
     *) cp -n $d/* $L/gguf/ ;;
   esac; fi
 done
+# the task packs kept in git (data/tasks/): with the tree, or carried once (benchmarks/tree_slim.sh on: a carried
+# ignored folder is not kept on the machine for the next call, so its files are kept in $L/datatasks)
+mkdir -p $L/datatasks data/tasks
+cp -n data/tasks/* $L/datatasks/ 2>/dev/null || true
+cp -n $L/datatasks/* data/tasks/ 2>/dev/null || true
 # the SFT oracle traces kept in git (data/traces/<out_dir>.tgz, `prepare`): they came with the tree
 for f in data/traces/*.tgz; do [ -e "$f" ] && tar -xzf "$f" --skip-old-files -C $L/run; done
 # and the results of earlier sessions kept in git (data/runs/<out_dir>.tgz: evaluations and metrics rows, not run again)

@@ -5,6 +5,7 @@ reports their new lines and results, `stop` ends them between units with the run
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tarfile
@@ -137,3 +138,70 @@ def test_results_and_traces_kept_in_git_reach_every_call(tmp_path):
     assert (L / "run/arm-a/sft/validation/results.json").read_text() == '{"pass@1": 0.013}'
     assert (L / "run/arm-a/summary.json").read_text() == '{"newer": true}'
     assert not (L / "run/arm-a/rl_run").exists()  # an rl_run comes back whole, with its checkpoints, or not at all
+
+
+def test_task_packs_carried_once_reach_every_later_call(tmp_path):
+    """With the tree slimmed (benchmarks/tree_slim.sh on) data/tasks/ travels only in the call that carries it,
+    and the device does not keep a carried folder for the next call: `stash` keeps its packs in the run's
+    folder and puts them back into data/tasks/ on every later call, leaving a pack the tree brought alone."""
+    script = ROOT / "benchmarks" / "learn_device.sh"
+    env = {**os.environ, "LEARN_DIR": str(tmp_path / "L")}
+    (tmp_path / "data/tasks").mkdir(parents=True)
+    (tmp_path / "data/tasks/lines.ocpack").write_bytes(b"pack v1")
+    first = subprocess.run(["bash", str(script), "stash"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "data/tasks/lines.ocpack").unlink()  # the next call: the carried folder is gone
+    (tmp_path / "data/tasks/other.ocpack").write_bytes(b"with the tree")
+    second = subprocess.run(["bash", str(script), "stash"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "data/tasks/lines.ocpack").read_bytes() == b"pack v1"
+    assert (tmp_path / "data/tasks/other.ocpack").read_bytes() == b"with the tree"
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_tree_slim_takes_the_packs_out_of_the_travelling_tree_and_back(tmp_path):
+    """`tree_slim.sh on` leaves data/tasks/ in place but out of git's index and ignored, so the tree a device call
+    carries shrinks by its size; a commit meanwhile is refused (the packs would be deleted from git); `off` gives
+    back the committed index exactly; `on` with uncommitted pack changes is refused and changes nothing."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    for f in ("tree_slim.sh", "carry_room.sh"):
+        (repo / "benchmarks" / f).write_text((ROOT / "benchmarks" / f).read_text())
+        (repo / "benchmarks" / f).chmod(0o755)
+    (repo / "data/tasks").mkdir(parents=True)
+    (repo / "data/tasks/lines.ocpack").write_bytes(os.urandom(3 << 20))
+    (repo / "README.md").write_text("front door\n")
+    assert _git(repo, "init", "-q").returncode == 0
+    _git(repo, "add", ".")
+    assert _git(repo, "commit", "-qm", "packs").returncode == 0
+    slim = repo / "benchmarks" / "tree_slim.sh"
+
+    def run(arg: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(slim), arg], cwd=repo, capture_output=True, text=True, timeout=60)
+
+    before = json.loads(run("status").stdout.splitlines()[-1])
+    on = run("on")
+    assert on.returncode == 0, on.stderr
+    after = json.loads(on.stdout.splitlines()[-1])
+    assert after["slim"] == "on" and before["tree_bytes"] - after["tree_bytes"] == 3 << 20
+    assert (repo / "data/tasks/lines.ocpack").stat().st_size == 3 << 20  # the files stay
+    (repo / "README.md").write_text("front DOOR\n")  # the same size: the tree compares
+    _git(repo, "add", "README.md")
+    refused = _git(repo, "commit", "-qm", "meanwhile")
+    assert refused.returncode != 0 and "tree_slim.sh off" in refused.stderr
+    off = run("off")
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout.splitlines()[-1]) == {**before, "slim": "off"}
+    assert _git(repo, "diff", "--cached", "--quiet", "--", "data/tasks").returncode == 0
+    assert _git(repo, "commit", "-qm", "after").returncode == 0
+    assert "data/tasks/lines.ocpack" in _git(repo, "ls-files").stdout
+    (repo / "data/tasks/lines.ocpack").write_bytes(b"changed, not committed")
+    dirty = run("on")
+    assert dirty.returncode == 2 and "not committed" in dirty.stderr
+    assert "/data/tasks/" not in (repo / ".git/info/exclude").read_text()
