@@ -553,6 +553,8 @@ case "${1:-}" in
   start)
     for i in 0 1; do [ -f $L/sets-arm$i ] && [ ! -f $L/rc-arm$i ] && { echo "arm$i is still running: watch or stop it"; exit 2; }; done
     rm -f $L/stop $L/sets-arm0 $L/sets-arm1
+    # a rollout server ([learn] rollout_server) that outlived an arm killed outright would hold its GPU memory
+    pkill -f 'opencomposer.cli serve --model' 2>/dev/null && echo "stopped a rollout server left by an earlier arm"
     printf '%s' "$CFG" > $L/cfg
     daemon_arm 0 "${SET:-}" $L/device.log
     if [ -n "${SET1:-}" ]; then

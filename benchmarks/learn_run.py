@@ -47,6 +47,7 @@ Test: ``pytest tests/bench/test_learn_run.py``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -125,6 +126,12 @@ class LearnSection(Strict):
                                                  "validation 1.6%)")
     eval_splits: list[EvalSplit] = Field(list(EVAL_SPLITS), min_length=1,
                                          description="the splits each stage evaluates (a settings arm: validation)")
+    rollout_server: bool = Field(False, description="RL's rollouts (and the RL stages' evaluations) on an `opencomposer "
+                                 "serve` of the SFT model that this run starts in a process of its own on [model] "
+                                 "device, following a weight store under the run (<out_dir>/serve_store): its "
+                                 "decode loop then no longer shares the trainer's interpreter (RESULTS.md, session "
+                                 "47: an update 32-53 s beside the in-process engine, 4-10 s of it the trainer's own "
+                                 "CPU); false: [rollout] engine as set")
     sft_model: str | None = Field(None, description="the sft_model directory of an earlier run: this run's sft "
                                   "stage evaluates it instead of training one and RL starts from it; none of "
                                   "this run's held-out libraries may be a library that run trained on (read "
@@ -428,7 +435,7 @@ def check_heldout_at(cfg: LearnConfig) -> None:
 
 
 def heldout_milestones(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
-                       log) -> None:
+                       log, served: RolloutServer | None = None) -> None:
     """After the last RL step: the held-out splits at each ``[learn] heldout_at`` step (stage ``rl@N``), with
     the weights ``[run] keep_every`` kept of that step (``train.checkpoint.load_weights``)."""
     rl_out = out / "rl_run"
@@ -437,7 +444,7 @@ def heldout_milestones(cfg: LearnConfig, splits: dict[str, list[Path]], sft_mode
         todo = [s for s in held if not (out / f"rl@{m}" / s / "results.json").exists()]
         if not todo:
             continue
-        rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=cfg.run.steps)
+        rcfg = sub_config(served.config() if served else cfg, rl_out, lora=cfg.learn.rl_lora, steps=cfg.run.steps)
         rcfg.sft.enabled = False
         run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
                     grown_from=earlier_rl_pool(cfg, splits, out))
@@ -572,10 +579,66 @@ def rl_pool(cfg: LearnConfig, splits: dict[str, list[Path]], log) -> list[Path]:
     return tasks
 
 
+class RolloutServer:
+    """``[learn] rollout_server``: the RL stages' config with its rollouts on an ``opencomposer serve`` of
+    the SFT model in a child process (``inference.server.process.serve_process``), started at the first
+    ``config()`` (a call with no RL work left starts none) and stopped by ``close()``. The server follows
+    ``<out>/serve_store`` (``[sync]``, at the engine's float32: each version exact there), emptied at each
+    start: a new server reads from the first version this run publishes, a resumed run's included. Its
+    stderr goes to ``<out>/serve.log``. Without the setting, ``config()`` is ``cfg`` itself."""
+
+    DTYPE = "float32"  # the in-process engine's (rl/engines.rollout_policy loads the model at float32)
+
+    def __init__(self, cfg: LearnConfig, sft_model: Path, out: Path, log):
+        self.cfg, self.sft_model, self.out, self.log = cfg, sft_model, out, log
+        self._served: LearnConfig | None = None
+        self._stack = contextlib.ExitStack()
+
+    def config(self) -> LearnConfig:
+        if not self.cfg.learn.rollout_server:
+            return self.cfg
+        if self._served is None:
+            self._served = self._start()
+        return self._served
+
+    def _start(self) -> LearnConfig:
+        from opencomposer.inference.server.process import serve_process
+
+        cfg, store = self.cfg, self.out / "serve_store"
+        shutil.rmtree(store, ignore_errors=True)
+        store.mkdir(parents=True)
+        r = cfg.rollout
+        in_flight = max(r.k * r.tasks_per_step * (r.max_staleness + 1), cfg.learn.eval_concurrency)
+        args = ["--model", str(self.sft_model), "--port", "0", "--weights-from", str(store),
+                "--max-num-seqs", str(r.max_batch), "--max-pending", str(2 * in_flight), "--dtype", self.DTYPE,
+                "--device", "cuda" if cfg.model.device.startswith("cuda") else cfg.model.device]
+        err = self._stack.enter_context(open(self.out / "serve.log", "a"))
+        t0 = time.perf_counter()
+        try:
+            ready = self._stack.enter_context(serve_process(*args, stderr=err))
+        except BaseException:
+            self._stack.close()
+            raise
+        self.log(f"RL: rollouts on {ready['serving']} (opencomposer serve of {self.sft_model}, a process of its "
+                 f"own, following {store}; up in {time.perf_counter() - t0:.0f}s)")
+        data = cfg.model_dump()
+        data["rollout"].update(engine="server", base_url=ready["serving"], base_urls=None)
+        # LoRA's merged weights change in every adapted matrix each update, so a delta is about a whole version:
+        # every version whole, and only the two newest kept (a 135M model at float32: 0.5 GB a version)
+        data["sync"] = {**(data.get("sync") or {}), "store": str(store), "dtype": self.DTYPE, "full_every": 1,
+                        "keep_full": 2}
+        return LearnConfig.model_validate(data)
+
+    def close(self) -> None:
+        self._served = None
+        self._stack.close()
+
+
 def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
-             log) -> list[dict]:
+             log, served: RolloutServer | None = None) -> list[dict]:
     """``[run] steps`` RL updates from the SFT model in chunks of ``eval_every`` steps (validation
-    evaluated after each chunk as ``rl@<step>``), then every split as ``rl``."""
+    evaluated after each chunk as ``rl@<step>``), then every split as ``rl``; ``served``: their rollouts'
+    server (``[learn] rollout_server``)."""
     rl_out = out / "rl_run"
     every = cfg.learn.eval_every or cfg.run.steps
     ends = sorted({min(e, cfg.run.steps) for e in range(every, cfg.run.steps + every, every)})
@@ -586,7 +649,7 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
         if val_done and (not final or not _missing(cfg, out, "rl", splits)):
             continue
         seed_all(cfg.run.seed)
-        rcfg = sub_config(cfg, rl_out, lora=cfg.learn.rl_lora, steps=end)
+        rcfg = sub_config(served.config() if served else cfg, rl_out, lora=cfg.learn.rl_lora, steps=end)
         rcfg.sft.enabled = False
         run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
                     grown_from=earlier_rl_pool(cfg, splits, out),
@@ -782,8 +845,12 @@ def main(argv: list[str] | None = None) -> int:
         # training first and measures the base whenever time is left (once for every later run)
         sft_model = sft_stage(cfg, splits, out, clock, log, start=cpt_stage(cfg, out, clock, log))
         if "rl" in cfg.eval.stages and cfg.run.steps:
-            rl_stage(cfg, splits, sft_model, out, clock, log)
-            heldout_milestones(cfg, splits, sft_model, out, clock, log)
+            served = RolloutServer(cfg, sft_model, out, log)
+            try:
+                rl_stage(cfg, splits, sft_model, out, clock, log, served)
+                heldout_milestones(cfg, splits, sft_model, out, clock, log, served)
+            finally:
+                served.close()
         base_stage(cfg, splits, out, clock, log)
     except OutOfTime as e:
         stopped = str(e)

@@ -429,3 +429,38 @@ def test_a_split_longer_than_a_call_is_evaluated_in_chunks_over_calls(tmp_path, 
     (other / "0000.json").write_text(json.dumps({"k": k, "seconds": 1.0, "episodes": [{"task_id": "not-in-this-split"}]}))
     with pytest.raises(SystemExit, match=r"0000.json: a partial evaluation of other tasks \(\['not-in-this-split'\]\)"):
         lr.eval_split(None, cfg, "rl", "humaneval_heldout", tasks, out, lr.Clock(None), lambda *_: None)
+
+
+def test_rl_rollouts_on_a_server_process_of_its_own(tmp_path, toolz_tasks, capsys, monkeypatch):
+    """[learn] rollout_server: RL samples from an `opencomposer serve` of the SFT model that the run starts in a
+    child process, which follows a weight store under the run (LoRA's weights merged, as the GPU run trains); the
+    RL stages' evaluations go through it too (no engine is built in this process once it is up), and the server
+    is gone when the run returns."""
+    import subprocess
+
+    from opencomposer.inference.engine.core import Engine
+
+    start = lr.RolloutServer._start
+
+    def start_then_no_engine_here(self):
+        served = start(self)
+        monkeypatch.setattr(Engine, "for_agents", classmethod(lambda *a, **k: pytest.fail("an in-process engine")))
+        return served
+
+    monkeypatch.setattr(lr.RolloutServer, "_start", start_then_no_engine_here)
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path, toolz_tasks, out)
+    assert lr.main(["--config", str(cfg), "--set", 'eval.stages=["sft", "rl"]', "--set", "learn.rl_lora=true",
+                    "--set", 'learn.eval_splits=["validation"]', "--set", "learn.rollout_server=true"]) == 0
+    printed = capsys.readouterr().out
+    assert "RL: rollouts on http://127.0.0.1:" in printed and "opencomposer serve of" in printed
+    row = json.loads((out / "rl_run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["step"] == 1 and row["rollouts"] == 2 and row["policy_version"] == 0
+    # the weights RL starts from went to the store whole (tiny-random's 20 tensors, adapters merged)
+    snapshot = json.loads(next((out / "serve_store").glob("0000000000-*-full/rank00000-of-00001.json")).read_text())
+    names = set(snapshot["tensors"])
+    assert snapshot["version"] == 0 and "model.layers.0.self_attn.q_proj.weight" in names
+    assert not [n for n in names if "lora" in n or "base_layer" in n]
+    assert (out / "rl@1" / "validation" / "results.json").exists() and (out / "rl" / "validation" / "results.json").exists()
+    left = subprocess.run(["pgrep", "-f", f"--weights-from {out / 'serve_store'}"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"the server outlived the run: pid {left.stdout.strip()}"

@@ -438,7 +438,4 @@ class RLRunConfig(Strict):
             raise ValueError("rollout.max_staleness >= 1 with rollout.engine='hf': 'hf' samples with the trainer's own "
                              "model object, which the optimizer would change under running rollouts; use "
                              "rollout.engine='builtin' or 'server', or rollout.max_staleness = 0")
-        if self.sync is not None and self.train.lora:
-            raise ValueError("[sync] with train.lora=true: followers take full weights; merge the adapters "
-                             "(export the model) or train without LoRA")
-        return self
+        return self  # [sync] with LoRA: followers get whole weights, the adapters merged (Trainer.full_state_dict)
