@@ -17,6 +17,8 @@ Test: ``pytest tests/integration/test_cli_errors.py``.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from opencomposer.cli import run  # noqa: F401  (registers agent/train/sft/serve on the root app)
@@ -32,7 +34,23 @@ app.add_typer(realtime_app, name="realtime")
 app.add_typer(eval_app, name="eval")
 
 
+def _on_sigterm(signum: int, frame) -> None:
+    """SIGTERM (``kill``, a scheduler's stop): this process's sandboxes go first, with every command
+    running in them (``cleanup.reap_own``), then the process ends at once, as after SIGKILL: runs
+    resume from their last atomic write (checkpoints, journals, results)."""
+    from opencomposer.sandbox import cleanup
+
+    try:
+        gone = cleanup.reap_own()
+        sys.stderr.write(f"opencomposer: SIGTERM: {gone['sandboxes']} sandbox(es) and {gone['processes']} "
+                         "process(es) in them stopped\n")
+    finally:
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)  # `serve` replaces it with uvicorn's graceful shutdown
     try:
         app()
     except KeyboardInterrupt:
