@@ -612,6 +612,8 @@ class RolloutServer:
         args = ["--model", str(self.sft_model), "--port", "0", "--weights-from", str(store),
                 "--max-num-seqs", str(r.max_batch), "--max-pending", str(2 * in_flight), "--dtype", self.DTYPE,
                 "--device", "cuda" if cfg.model.device.startswith("cuda") else cfg.model.device]
+        if torch.cuda.is_available():  # an evaluation's engine before (the SFT stage's) left its KV cache in this
+            torch.cuda.empty_cache()   # process's allocator: the server sizes its own cache from what is free
         err = self._stack.enter_context(open(self.out / "serve.log", "a"))
         t0 = time.perf_counter()
         try:
