@@ -111,7 +111,7 @@ if [ "${1:-}" = keep-results ]; then  # HERE: keep-results RESULTS_TGZ OUT_DIR (
 fi
 if [ "${1:-}" = prepare ]; then
   [ -f .gpug0/sha256 ] || benchmarks/ablation_device.sh prepare
-  P=(--part-size "$(benchmarks/carry_room.sh)M" --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+  P=(--part-size "$(benchmarks/carry_room.sh --slim)M" --python-version 3.12 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
      --platform manylinux_2_28_x86_64 --level 12)
   mkdir -p out/packs
   # EXCLUDE_LIBS="jsonpickle ...": libraries left out of every pack (session 41: jsonpickle's test env needs atheris,
@@ -141,7 +141,7 @@ print(' '.join(sorted({Task.load(d).meta.source.name for d in task_dirs(sys.argv
   # .gpuh2/, ...; a set kept in git with the same tasks and environments (data/tasks/, benchmarks/keep_tasks.sh)
   # travels with the tree and is not carried again. There, set-up rebuilds each set from its wheel-less pack and
   # the wheelhouse (`tasks unpack --fetch-wheels --find-links`, offline).
-  ROOM=$(benchmarks/carry_room.sh)
+  ROOM=$(benchmarks/carry_room.sh --slim)  # the parts are carried with the tree slimmed (tree_slim.sh on)
   rm -rf .gpup* .gpuh* out/packs-nowheels out/wheelhouse /tmp/wheelhouse.tar.part-*
   mkdir -p out/packs-nowheels
   for f in out/packs/*.ocpack.part-000; do

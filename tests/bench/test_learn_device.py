@@ -186,11 +186,15 @@ def test_tree_slim_takes_the_packs_out_of_the_travelling_tree_and_back(tmp_path)
         return subprocess.run(["bash", str(slim), arg], cwd=repo, capture_output=True, text=True, timeout=60)
 
     before = json.loads(run("status").stdout.splitlines()[-1])
+    room = repo / "benchmarks" / "carry_room.sh"
+    predicted = subprocess.run(["bash", str(room), "--slim", "--bytes"], cwd=repo, capture_output=True, text=True)
     on = run("on")
     assert on.returncode == 0, on.stderr
     after = json.loads(on.stdout.splitlines()[-1])
     assert after["slim"] == "on" and before["tree_bytes"] - after["tree_bytes"] == 3 << 20
     assert (repo / "data/tasks/lines.ocpack").stat().st_size == 3 << 20  # the files stay
+    # what `prepare` cuts its parts to beforehand (carry_room.sh --slim) is the room a slimmed call has
+    assert int(predicted.stdout) == (64 << 20) - after["tree_bytes"]
     (repo / "README.md").write_text("front DOOR\n")  # the same size: the tree compares
     _git(repo, "add", "README.md")
     refused = _git(repo, "commit", "-qm", "meanwhile")
