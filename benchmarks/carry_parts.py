@@ -153,6 +153,13 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, 
 
 def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, bf16: bool = False,
          in_place: bool = False, against: str | None = None, part_bytes: int | None = None) -> dict:
+    began = sorted((src.parent / "rl_run" / "checkpoints").glob("step-*"))
+    if in_place and bf16 and began and not (src / ".shipped").exists():
+        # (session 47: an SFT model shipped in place after 12 RL updates; their checkpoints record the fp32
+        # weights they started from, so they could not resume on the bf16 copy and RL began again)
+        raise PartsError(f"{src}: RL has already trained from these weights ({len(began)} checkpoint(s) in "
+                         f"{began[0].parent}, which record them); --in-place would round them to bf16 and those "
+                         "checkpoints could not resume: ship without --in-place, or before RL begins")
     info = prepare(src, work, run, bf16, group, against, part_bytes)
     if in_place and info["bf16"] and not (src / ".shipped").exists():
         # src becomes what was shipped, so this machine goes on from exactly what a later one restores
@@ -193,8 +200,9 @@ def _carry_room(*args: str) -> int:
 
 
 def carry_room_bytes() -> int:
-    """What one device call can carry beside the working tree now (``benchmarks/carry_room.sh``), in bytes."""
-    return _carry_room() << 20
+    """What one device call carries beside the working tree of a device session, in bytes: with the task packs
+    out of it (``benchmarks/carry_room.sh --slim``; ``tree_slim.sh on`` while the session runs)."""
+    return _carry_room("--slim") << 20
 
 
 def gather(files: list[Path], into: str, max_bytes: int = CARRY_BYTES) -> dict:
@@ -309,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("files", type=Path, nargs="+")
     g.add_argument("--into", required=True)
     g.add_argument("--max-mib", type=int, default=None,
-                   help="each folder at most this many MiB (default: what a call carries beside the tree now, "
-                        "benchmarks/carry_room.sh)")
+                   help="each folder at most this many MiB (default: what a call of a device session carries beside "
+                        "the tree, benchmarks/carry_room.sh --slim)")
     pl = sub.add_parser("plan", help="group carried folders into device calls (what `carry` each call takes)")
     pl.add_argument("folders", type=Path, nargs="+")
     pl.add_argument("--max-mib", type=int, default=None,

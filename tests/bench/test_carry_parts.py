@@ -174,3 +174,17 @@ def test_a_plan_groups_carried_folders_into_the_fewest_calls_it_finds(tmp_path):
     with pytest.raises(cp.PartsError, match="no such folder"):
         cp.plan([tmp_path / "zz"], 8 << 10)
     assert 0 < cp.call_room_bytes() < 64 << 20  # 64 MiB less the tree that travels now
+
+
+def test_in_place_is_refused_once_rl_trained_from_the_weights(model_dir, tmp_path):
+    """An SFT model rounded to bf16 in place after RL began would strand RL's checkpoints: they record the weights
+    they started from and refuse to resume on others. `ship --in-place` is refused then, leaving the model as it
+    was; without --in-place it ships."""
+    before = {f.name: f.read_bytes() for f in model_dir.iterdir()}
+    (model_dir.parent / "rl_run" / "checkpoints" / "step-0012").mkdir(parents=True)
+    run, work = tmp_path / "run", tmp_path / "work"
+    with pytest.raises(cp.PartsError, match=r"RL has already trained from these weights \(1 checkpoint"):
+        cp.ship(model_dir, work, tmp_path / "out", 0, run, bf16=True, in_place=True)
+    assert {f.name: f.read_bytes() for f in model_dir.iterdir()} == before
+    res = cp.ship(model_dir, work, tmp_path / "out", 0, run, bf16=True)
+    assert res["ship"] == "arm/sft_model" and {f.name: f.read_bytes() for f in model_dir.iterdir()} == before
