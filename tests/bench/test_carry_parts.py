@@ -41,7 +41,7 @@ def test_a_model_goes_over_in_parts_and_comes_back_in_bf16(model_dir, tmp_path, 
     assert group >= 2
     with pytest.raises(cp.PartsError, match="more than a call can carry beside the tree"):
         cp.gather(returned, str(tmp_path / "carry" / ".gpuz-sft"), max_bytes=1_000_000)  # a part is 1.5 MB
-    # the command: folders sized by --max-mib, or by what a call carries beside this tree now (carry_room.sh)
+    # the command: folders sized by --max-mib, or by what a device session's call carries beside the tree (carry_room.sh --slim)
     assert cp.main(["gather", *map(str, returned), "--into", str(tmp_path / "cli" / ".gpuz-a"), "--max-mib", "1"]) == 2
     assert cp.main(["gather", *map(str, returned), "--into", str(tmp_path / "cli" / ".gpuz-b")]) == 0
     room = cp.carry_room_bytes()
