@@ -153,8 +153,8 @@ def prepare(src: Path, work: Path, run: Path | None = None, bf16: bool = False, 
 
 def ship(src: Path, work: Path, out: Path, group: int, run: Path | None = None, bf16: bool = False,
          in_place: bool = False, against: str | None = None, part_bytes: int | None = None) -> dict:
-    began = sorted((src.parent / "rl_run" / "checkpoints").glob("step-*"))
-    if in_place and bf16 and began and not (src / ".shipped").exists():
+    if in_place and bf16 and not (src / ".shipped").exists() and (
+            began := sorted((src.parent / "rl_run" / "checkpoints").glob("step-*"))):
         # (session 47: an SFT model shipped in place after 12 RL updates; their checkpoints record the fp32
         # weights they started from, so they could not resume on the bf16 copy and RL began again)
         raise PartsError(f"{src}: RL has already trained from these weights ({len(began)} checkpoint(s) in "

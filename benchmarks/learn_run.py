@@ -435,7 +435,7 @@ def check_heldout_at(cfg: LearnConfig) -> None:
 
 
 def heldout_milestones(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
-                       log, served: RolloutServer | None = None) -> None:
+                       log, served: RolloutServer) -> None:
     """After the last RL step: the held-out splits at each ``[learn] heldout_at`` step (stage ``rl@N``), with
     the weights ``[run] keep_every`` kept of that step (``train.checkpoint.load_weights``)."""
     rl_out = out / "rl_run"
@@ -444,7 +444,7 @@ def heldout_milestones(cfg: LearnConfig, splits: dict[str, list[Path]], sft_mode
         todo = [s for s in held if not (out / f"rl@{m}" / s / "results.json").exists()]
         if not todo:
             continue
-        rcfg = sub_config(served.config() if served else cfg, rl_out, lora=cfg.learn.rl_lora, steps=cfg.run.steps)
+        rcfg = sub_config(served.config(), rl_out, lora=cfg.learn.rl_lora, steps=cfg.run.steps)
         rcfg.sft.enabled = False
         run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
                     grown_from=earlier_rl_pool(cfg, splits, out))
@@ -637,10 +637,10 @@ class RolloutServer:
 
 
 def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, out: Path, clock: Clock,
-             log, served: RolloutServer | None = None) -> list[dict]:
+             log, served: RolloutServer) -> list[dict]:
     """``[run] steps`` RL updates from the SFT model in chunks of ``eval_every`` steps (validation
-    evaluated after each chunk as ``rl@<step>``), then every split as ``rl``; ``served``: their rollouts'
-    server (``[learn] rollout_server``)."""
+    evaluated after each chunk as ``rl@<step>``), then every split as ``rl``; ``served``: the config their
+    rollouts run under (``[learn] rollout_server``: on a server)."""
     rl_out = out / "rl_run"
     every = cfg.learn.eval_every or cfg.run.steps
     ends = sorted({min(e, cfg.run.steps) for e in range(every, cfg.run.steps + every, every)})
@@ -651,7 +651,7 @@ def rl_stage(cfg: LearnConfig, splits: dict[str, list[Path]], sft_model: Path, o
         if val_done and (not final or not _missing(cfg, out, "rl", splits)):
             continue
         seed_all(cfg.run.seed)
-        rcfg = sub_config(served.config() if served else cfg, rl_out, lora=cfg.learn.rl_lora, steps=end)
+        rcfg = sub_config(served.config(), rl_out, lora=cfg.learn.rl_lora, steps=end)
         rcfg.sft.enabled = False
         run = RLRun(rcfg, rl_pool(cfg, splits, log), rl_out, resume=True, start_model=str(sft_model),
                     grown_from=earlier_rl_pool(cfg, splits, out),

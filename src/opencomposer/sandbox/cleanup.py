@@ -258,21 +258,33 @@ def unmount_disk(root: Path) -> None:
 TMP_GRACE_S = 60.0
 
 
-def reap(state: Path | None = None) -> dict[str, int]:
-    """Remove every sandbox whose owner is dead; returns counts of what went."""
-    state = state or state_dir()
-    counts = {"sandboxes": 0, "processes": 0, "cgroups": 0, "dirs": 0}
-    locks_in_use: set[str] = set()
+COUNTS = ("sandboxes", "processes", "cgroups", "dirs")  # what ``reap`` and ``reap_own`` count
+
+
+def _records(state: Path):
+    """(record path, body) of each readable sandbox record, its ``cgroups`` a list; others are skipped
+    (half-written by a dying owner: atomic writes make that a tmp file, not a record)."""
     for record in sorted(state.glob("*.json")):
         try:
             body = json.loads(record.read_text())
-            lock, root, cgroups = body["owner_lock"], body["root"], list(body.get("cgroups", []))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # half-written by a dying owner: atomic writes make this a tmp file, not a record
-        if _owner_alive(lock):
-            locks_in_use.add(lock)
+            if not isinstance(body, dict) or "owner_lock" not in body or "root" not in body:
+                continue
+            body["cgroups"] = list(body.get("cgroups", []))
+        except (OSError, ValueError, TypeError):
             continue
-        _remove(record, body, root, cgroups, counts)
+        yield record, body
+
+
+def reap(state: Path | None = None) -> dict[str, int]:
+    """Remove every sandbox whose owner is dead; returns counts of what went."""
+    state = state or state_dir()
+    counts = dict.fromkeys(COUNTS, 0)
+    locks_in_use: set[str] = set()
+    for record, body in _records(state):
+        if _owner_alive(body["owner_lock"]):
+            locks_in_use.add(body["owner_lock"])
+            continue
+        _remove(record, body, counts)
     for lock in state.glob("owner-*.lock"):  # locks of dead owners with no records left
         if str(lock) not in locks_in_use and not _owner_alive(str(lock)):
             lock.unlink(missing_ok=True)
@@ -285,8 +297,9 @@ def reap(state: Path | None = None) -> dict[str, int]:
     return counts
 
 
-def _remove(record: Path, body: dict, root: str, cgroups: list[str], counts: dict[str, int]) -> None:
+def _remove(record: Path, body: dict, counts: dict[str, int]) -> None:
     """One recorded sandbox gone: its processes, cgroups, disk, directory and record."""
+    root, cgroups = body["root"], body["cgroups"]
     if body.get("backend") == "local":  # its processes carry its marker, not its dir, in argv
         counts["processes"] += kill_marked(str(body.get("id", "")))
     counts["processes"] += kill_sandbox_processes(root, cgroups)
@@ -305,15 +318,10 @@ def reap_own(state: Path | None = None) -> dict[str, int]:
     runs on (a local sandbox's graders would, to their own end, as their timeouts died with it).
     Takes no lock of this module: it may run in a signal handler that interrupted one."""
     state = state or state_dir()
-    counts = {"sandboxes": 0, "processes": 0, "cgroups": 0, "dirs": 0}
-    for record in sorted(state.glob("*.json")):
-        try:
-            body = json.loads(record.read_text())
-            mine, root, cgroups = body["owner_pid"] == os.getpid(), body["root"], list(body.get("cgroups", []))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if mine:
-            _remove(record, body, root, cgroups, counts)
+    counts = dict.fromkeys(COUNTS, 0)
+    for record, body in _records(state):
+        if body.get("owner_pid") == os.getpid():
+            _remove(record, body, counts)
     return counts
 
 
